@@ -1,0 +1,158 @@
+"""`triton`: the plain-Triton 2-simplicial attention forward.
+
+Tile: the G = Hq/Hk query heads of one KV head, times T = BLOCK_M // G neighbouring tokens, form the
+BLOCK_M rows (row r = token i0 + r // G, head g*G + r % G). Every row shares one K1/K2/V1/V2 head.
+
+Loop order: K2/V2 blocks outside, the w1 window of K1/V1 inside. A K2/V2 block is loaded once per
+tile and stays in shared memory while all (T + w1 - 1) rows j of K1/V1 pass over it:
+    A  = Q * K1[j]              (CUDA cores, registers)     [BLOCK_M, D]
+    S  = A @ K2[blk]^T          (tensor cores)              [BLOCK_M, BLOCK_N]
+    online softmax in exp2 over all (j, k) seen so far
+    acc = acc * alpha + (P @ V2[blk]) * V1[j]
+The key range of a tile is cut into unmasked blocks (every row sees every key) and the few edge
+blocks that need a mask (partial last block; with T > 1 the first/last T - 1 keys); j needs a mask
+only when T > 1. Supports any B, N, Hk, w1 <= w2 (the launcher swaps), D in {64, 128}, G a power of
+two up to 128.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+LOG2E = 1.4426950408889634
+SUPPORTED_G = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@triton.jit
+def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs_n, offs_d,
+           w1, w2, qk_scale, HK: tl.constexpr, D: tl.constexpr, MASK_J: tl.constexpr,
+           MASK_K: tl.constexpr):
+    """One K2/V2 block against every j of the tile's K1/V1 window."""
+    k2t = tl.trans(k2)
+    if MASK_K:
+        kpos = kb + offs_n
+        kvalid = (kpos[None, :] <= tok[:, None]) & (kpos[None, :] > tok[:, None] - w2)
+    for j in range(j_lo, j_hi + 1):
+        k1j = tl.load(k1_base + j * (HK * D) + offs_d)
+        v1j = tl.load(v1_base + j * (HK * D) + offs_d).to(tl.float32)
+        a = q * k1j[None, :]
+        s = tl.dot(a, k2t) * qk_scale
+        if MASK_J:  # rows whose token does not see key j
+            jvalid = (j <= tok) & (j > tok - w1)
+            s = tl.where(jvalid[:, None], s, float("-inf"))
+        if MASK_K:
+            s = tl.where(kvalid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pv = tl.dot(p.to(tl.bfloat16), v2)
+        acc = acc * alpha[:, None] + pv * v1j[None, :]
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
+                          HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    T: tl.constexpr = BLOCK_M // G  # tokens per tile
+    tile = tl.program_id(0)
+    bg = tl.program_id(1)
+    b = bg // HK
+    g = bg % HK
+    i0 = tile * T
+    i_hi = tl.minimum(i0 + T, N) - 1  # last real token of the tile
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    tok = i0 + offs_m // G
+    head = g * G + offs_m % G
+    row_ok = tok < N
+    q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + head * D
+    q = tl.load(Q + q_off[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)
+    k1_base = K1 + kv_base
+    v1_base = V1 + kv_base
+    j_lo = tl.maximum(i0 - w1 + 1, 0)
+    k_lo = tl.maximum(i0 - w2 + 1, 0)
+    L = i_hi - k_lo + 1                     # keys in the tile's range
+    n_blocks = tl.cdiv(L, BLOCK_N)
+    n_lo = tl.cdiv(T - 1, BLOCK_N)          # leading blocks that hold some row's too-old keys
+    n_hi = tl.maximum(n_lo, tl.minimum((L - T + 1) // BLOCK_N, n_blocks))  # first trailing edge block
+
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows give 0, never NaN
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    MASK_J: tl.constexpr = T > 1
+
+    for n in range(n_lo, n_hi):  # interior blocks: every row sees every key
+        kb = k_lo + n * BLOCK_N
+        kv_off = kv_base + (kb + offs_n)[:, None] * (HK * D) + offs_d[None, :]
+        k2 = tl.load(K2 + kv_off)
+        v2 = tl.load(V2 + kv_off)
+        acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
+                               offs_n, offs_d, w1, w2, qk_scale, HK, D, MASK_J, False)
+    n_edge = n_lo + n_blocks - n_hi
+    for e in range(0, n_edge):  # edge blocks: masked per (row, key)
+        n = tl.where(e < n_lo, e, e - n_lo + n_hi)
+        kb = k_lo + n * BLOCK_N
+        kpos = kb + offs_n
+        kv_off = kv_base + kpos[:, None] * (HK * D) + offs_d[None, :]
+        kmask = (kpos <= i_hi)[:, None]
+        k2 = tl.load(K2 + kv_off, mask=kmask, other=0.0)
+        v2 = tl.load(V2 + kv_off, mask=kmask, other=0.0)
+        acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
+                               offs_n, offs_d, w1, w2, qk_scale, HK, D, MASK_J, True)
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    tl.store(Out + q_off[:, None] + offs_d[None, :], out.to(tl.bfloat16), mask=row_ok[:, None])
+    lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
+    lse_off = (b.to(tl.int64) * HQ + head) * N + tok
+    tl.store(Lse + lse_off, lse, mask=row_ok)
+
+
+def _config(spec: ProblemSpec) -> dict:
+    """Tile shape for a problem: BLOCK_M = 128 rows (two warp groups) unless G forces otherwise."""
+    block_m = 128
+    block_n = 64
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8, num_stages=1)
+
+
+def supports(spec: ProblemSpec) -> str | None:
+    if spec.G not in SUPPORTED_G:
+        return f"G = Hq/Hk = {spec.G} must be a power of two <= 128"
+    if spec.D not in (64, 128):
+        return f"D = {spec.D} not in (64, 128)"
+    return None
+
+
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse) -> None:
+    cfg = _config(spec)
+    T = cfg["BLOCK_M"] // spec.G
+    grid = (triton.cdiv(spec.N, T), spec.B * spec.Hk)
+    simplicial_fwd_kernel[grid](
+        q, k1, k2, v1, v2, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
+        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def compile_configs() -> list[CompileConfig]:
+    sig = {n: "*bf16" for n in ("Q", "K1", "K2", "V1", "V2", "Out")}
+    sig.update(Lse="*fp32", N="i32", w1="i32", w2="i32", qk_scale="fp32")
+    out = []
+    for hq, d in ((128, 128), (64, 128), (16, 64)):
+        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=1, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+        cfg = _config(spec)
+        consts = dict(HQ=hq, HK=1, G=hq, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"])
+        s = dict(sig, **{k: "constexpr" for k in consts})
+        out.append(CompileConfig(f"G{hq}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}",
+                                 simplicial_fwd_kernel, s, consts, cfg["num_warps"],
+                                 cfg["num_stages"]))
+    return out

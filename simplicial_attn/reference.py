@@ -1,0 +1,78 @@
+"""Plain-PyTorch 2-simplicial attention, written to read like the math. Never imported by kernels.
+
+    s[i,j,k] = sm_scale * sum_d Q[i,h,d] K1[j,g,d] K2[k,g,d]   j in (i-w1, i], k in (i-w2, i], j,k >= 0
+    O[i,h]   = sum_{j,k} softmax_{j,k}(s)[i,j,k] * V1[j,g,:] * V2[k,g,:]
+    LSE[i,h] = log sum_{j,k} exp(s[i,j,k])
+
+Queries are processed in chunks so that N = 4096 with full-size windows fits in memory.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .spec import validate
+
+_CHUNK_ELEMENTS = 1 << 25  # score-tensor elements per chunk of queries
+
+
+def _window(x: torch.Tensor, i0: int, i1: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows (i-w, i] of x for each query i in [i0, i1): returns x_win [B, C, w, H, D] and valid [C, w]."""
+    i = torch.arange(i0, i1, device=x.device)[:, None]
+    pos = i - w + 1 + torch.arange(w, device=x.device)[None, :]  # [C, w], position of each window slot
+    valid = pos >= 0
+    return x[:, pos.clamp(min=0)], valid
+
+
+def reference(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, dtype=torch.float64):
+    """Forward pass in `dtype` (fp64 by default) on the inputs' device. Returns (out [B,N,Hq,D] in
+    `dtype`, lse [B,Hq,N] natural log in `dtype`). Same argument checks as `forward`, any device."""
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
+    B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
+    w1, w2 = spec.w1, spec.w2
+    if spec.swapped:  # the form is symmetric in (K1, V1, w1) <-> (K2, V2, w2)
+        k1, v1, k2, v2 = k2, v2, k1, v1
+    q, k1, k2, v1, v2 = (t.to(dtype) for t in (q, k1, k2, v1, v2))
+    out = torch.empty(B, N, Hq, D, dtype=dtype, device=q.device)
+    lse = torch.empty(B, Hq, N, dtype=dtype, device=q.device)
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, B * Hq * w1 * w2))
+    for i0 in range(0, N, chunk):
+        i1 = min(N, i0 + chunk)
+        C = i1 - i0
+        qc = q[:, i0:i1].reshape(B, C, Hk, G, D)
+        k1w, ok1 = _window(k1, i0, i1, w1)  # [B, C, w1, Hk, D]
+        v1w, _ = _window(v1, i0, i1, w1)
+        k2w, ok2 = _window(k2, i0, i1, w2)  # [B, C, w2, Hk, D]
+        v2w, _ = _window(v2, i0, i1, w2)
+        # s[b,c,g,h,j,k] = scale * sum_d q[b,c,g,h,d] k1[b,c,j,g,d] k2[b,c,k,g,d]
+        s = torch.einsum("bcghd,bcjgd,bckgd->bcghjk", qc, k1w, k2w) * spec.sm_scale
+        valid = ok1[:, :, None] & ok2[:, None, :]  # [C, w1, w2]
+        s = s.masked_fill(~valid[None, :, None, None], float("-inf"))
+        s = s.reshape(B, C, Hk, G, w1 * w2)
+        lse_c = torch.logsumexp(s, dim=-1)  # every query sees at least (j, k) = (i, i)
+        p = torch.exp(s - lse_c[..., None]).reshape(B, C, Hk, G, w1, w2)
+        o = torch.einsum("bcghjk,bcjgd,bckgd->bcghd", p, v1w, v2w)
+        out[:, i0:i1] = o.reshape(B, C, Hq, D)
+        lse[:, :, i0:i1] = lse_c.reshape(B, C, Hq).transpose(1, 2)
+    return out, lse
+
+
+def brute_force(q, k1, k2, v1, v2, w1, w2, sm_scale=None):
+    """The same function from the full N x N x N score tensor, fp64, for tiny shapes only (tests)."""
+    B, N, Hq, D = q.shape
+    Hk = k1.shape[2]
+    G = Hq // Hk
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    q, k1, k2, v1, v2 = (t.double() for t in (q, k1, k2, v1, v2))
+    kv = [t.repeat_interleave(G, dim=2) for t in (k1, k2, v1, v2)]  # [B, N, Hq, D]
+    s = torch.einsum("bihd,bjhd,bkhd->bhijk", q, kv[0], kv[1]) * scale
+    i = torch.arange(N)[:, None, None]
+    j = torch.arange(N)[None, :, None]
+    k = torch.arange(N)[None, None, :]
+    mask = (j <= i) & (j > i - w1) & (k <= i) & (k > i - w2)
+    s = s.masked_fill(~mask, float("-inf")).reshape(B, Hq, N, N * N)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).reshape(B, Hq, N, N, N)
+    out = torch.einsum("bhijk,bjhd,bkhd->bihd", p, kv[2], kv[3])
+    return out, lse

@@ -1,0 +1,64 @@
+"""The variant registry: one line per forward kernel. Modules are imported only when used.
+
+A variant module (e.g. `kernels_triton/fwd.py`) defines:
+    supports(spec: ProblemSpec) -> str | None   # None when it can run the shape, else the reason
+    launch(spec, q, k1, k2, v1, v2, out, lse)   # fills out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32
+    compile_configs() -> list[CompileConfig]    # default configs, compiled by profiling.resources
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    module: str          # import path of the kernel module
+    needs_hopper: bool   # TLX kernels use wgmma/TMA/setmaxnreg: sm_90 only
+    rank: int            # "auto" tries variants from the highest rank down (measured speed order)
+    supports: str        # one line: which shapes it takes
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+
+_REGISTRY: dict[str, Variant] = {}
+
+
+def register(v: Variant) -> None:
+    if v.name in _REGISTRY:
+        raise ValueError(f"variant {v.name!r} registered twice")
+    _REGISTRY[v.name] = v
+
+
+register(Variant("triton", "kernels_triton.fwd", needs_hopper=False, rank=0,
+                 supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
+
+
+def get(name: str) -> Variant:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown variant {name!r}; known: {', '.join(_REGISTRY)} (or 'auto')")
+    return _REGISTRY[name]
+
+
+def all_variants() -> list[Variant]:
+    return list(_REGISTRY.values())
+
+
+def variants() -> dict[str, str]:
+    """Registered variant names, each with the shapes it supports."""
+    return {v.name: v.supports for v in _REGISTRY.values()}
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """One default config of a variant, compilable for sm_90a without a GPU (profiling.resources)."""
+
+    name: str
+    fn: object            # the @triton.jit kernel
+    signature: dict       # argument name -> Triton type string ("*bf16", "i32", "fp32", "constexpr")
+    constexprs: dict      # argument name -> value
+    num_warps: int
+    num_stages: int

@@ -1,0 +1,113 @@
+"""The problem a call describes, and the checks that turn bad input into a clear Python error.
+
+Every check here runs before any device work, so CI exercises all of them on CPU tensors.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_DTYPES = (torch.bfloat16,)
+SUPPORTED_HEAD_DIMS = (64, 128)
+NAMES = ("q", "k1", "k2", "v1", "v2")
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """Shape of one forward call. Windows are already ordered so that w1 <= w2 (see `swapped`)."""
+
+    B: int
+    N: int
+    Hq: int
+    Hk: int
+    D: int
+    w1: int
+    w2: int
+    sm_scale: float
+    swapped: bool = False  # True when the caller's (k1, v1, w1) and (k2, v2, w2) were exchanged
+
+    @property
+    def G(self) -> int:
+        """Query heads per KV head."""
+        return self.Hq // self.Hk
+
+    def short(self) -> str:
+        return (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} D={self.D} "
+                f"w1={self.w1} w2={self.w2}")
+
+
+def _check_window(name: str, w) -> int:
+    if isinstance(w, bool) or not isinstance(w, int):
+        raise TypeError(f"{name} must be a positive int, got {type(w).__name__} {w!r}")
+    if w < 1:
+        raise ValueError(f"{name} must be a positive int (a window of at least one token), got {w}")
+    return w
+
+
+def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None) -> ProblemSpec:
+    """Check arguments, dtypes and shapes (not the device) and return the problem spec.
+
+    q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all bfloat16 on one device.
+    The returned spec has w1 <= w2; `spec.swapped` says whether the caller's pairs must be exchanged.
+    """
+    tensors = (q, k1, k2, v1, v2)
+    for name, t in zip(NAMES, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in zip(NAMES, tensors):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have rank 4 [B, N, H, D], got shape {tuple(t.shape)}")
+    for name, t in zip(NAMES, tensors):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be torch.bfloat16 (the only supported dtype), got {t.dtype}")
+    B, N, Hq, D = q.shape
+    Hk = k1.shape[2]
+    for name, t in zip(NAMES[1:], tensors[1:]):
+        b, n, h, d = t.shape
+        for what, got, want in (("B (dim 0)", b, B), ("N (dim 1)", n, N), ("D (dim 3)", d, D)):
+            if got != want:
+                raise ValueError(f"{name} has {what} = {got} but q has {want}: shapes "
+                                 f"q{tuple(q.shape)} vs {name}{tuple(t.shape)}")
+        if h != Hk:
+            raise ValueError(f"{name} has Hk (dim 2) = {h} but k1 has {Hk}: k1, k2, v1, v2 must "
+                             f"share one KV head count")
+    if Hk < 1 or Hq < 1:
+        raise ValueError(f"head counts must be >= 1, got Hq={Hq} Hk={Hk}")
+    if Hq % Hk != 0:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hk={Hk} (grouped-query heads)")
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim D={D} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
+    w1 = _check_window("w1", w1)
+    w2 = _check_window("w2", w2)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(D)
+    else:
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+            raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
+        sm_scale = float(sm_scale)
+        if not math.isfinite(sm_scale) or sm_scale <= 0:
+            raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}")
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError("q, k1, k2, v1, v2 must be on one device, got "
+                         + ", ".join(f"{n}:{t.device}" for n, t in zip(NAMES, tensors)))
+    swapped = w1 > w2
+    if swapped:
+        w1, w2 = w2, w1
+    return ProblemSpec(B, N, Hq, Hk, D, w1, w2, sm_scale, swapped)
+
+
+def check_device(q: torch.Tensor, *, needs_hopper: bool, variant: str) -> None:
+    """Raise a clear error when the tensors are not on a GPU this variant can run on."""
+    if q.device.type != "cuda":
+        raise ValueError(f"variant {variant!r} needs the tensors on a CUDA GPU "
+                         f"({'sm_90 Hopper' if needs_hopper else 'sm_80 or newer'}); "
+                         f"they are on {q.device}")
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if needs_hopper and major != 9:
+        raise RuntimeError(f"variant {variant!r} is a TLX kernel for Hopper (sm_90); this GPU is "
+                           f"sm_{major}{minor}. Use variant='triton'.")
+    if major < 8:
+        raise RuntimeError(f"variant {variant!r} needs sm_80 or newer; this GPU is sm_{major}{minor}")
