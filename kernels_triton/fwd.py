@@ -1,10 +1,12 @@
 """`triton`: the plain-Triton 2-simplicial attention forward.
 
-Tile: the G = Hq/Hk query heads of one KV head, times T = BLOCK_M // G neighbouring tokens, form the
-BLOCK_M rows (row r = token i0 + r // G, head g*G + r % G). Every row shares one K1/K2/V1/V2 head.
+Tile: HPT = min(G, BLOCK_M) query heads of one KV head (G = Hq/Hk), times T = BLOCK_M // HPT
+neighbouring tokens, form the BLOCK_M rows (row r = token i0 + r // HPT, head h0 + r % HPT). When
+G > BLOCK_M the G heads are split over G // BLOCK_M neighbouring programs, which read the same
+K2/V2 window while it is hot in L2. Every row of a tile shares one K1/K2/V1/V2 head.
 
 Loop order: K2/V2 blocks outside, the w1 window of K1/V1 inside. A K2/V2 block is loaded once per
-tile and stays in shared memory while all (T + w1 - 1) rows j of K1/V1 pass over it:
+tile by TMA (a tensor descriptor: straight into shared memory, no register staging) and stays in shared memory while all (T + w1 - 1) rows j of K1/V1 pass over it:
     A  = Q * K1[j]              (CUDA cores, registers)     [BLOCK_M, D]
     S  = A @ K2[blk]^T          (tensor cores)              [BLOCK_M, BLOCK_N]
     online softmax in exp2 over all (j, k) seen so far
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -32,9 +35,7 @@ def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs
            MASK_K: tl.constexpr):
     """One K2/V2 block against every j of the tile's K1/V1 window."""
     k2t = tl.trans(k2)
-    if MASK_K:
-        kpos = kb + offs_n
-        kvalid = (kpos[None, :] <= tok[:, None]) & (kpos[None, :] > tok[:, None] - w2)
+    kpos = kb + offs_n
     for j in range(j_lo, j_hi + 1):
         k1j = tl.load(k1_base + j * (HK * D) + offs_d)
         v1j = tl.load(v1_base + j * (HK * D) + offs_d).to(tl.float32)
@@ -43,7 +44,8 @@ def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs
         if MASK_J:  # rows whose token does not see key j
             jvalid = (j <= tok) & (j > tok - w1)
             s = tl.where(jvalid[:, None], s, float("-inf"))
-        if MASK_K:
+        if MASK_K:  # built here, not above the loop: a 2-D mask held across it costs registers
+            kvalid = (kpos[None, :] <= tok[:, None]) & (kpos[None, :] > tok[:, None] - w2)
             s = tl.where(kvalid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -59,8 +61,11 @@ def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs
 def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                           HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    T: tl.constexpr = BLOCK_M // G  # tokens per tile
-    tile = tl.program_id(0)
+    HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G  # heads per tile
+    T: tl.constexpr = BLOCK_M // HPT                    # tokens per tile
+    SPLIT: tl.constexpr = G // HPT                      # tiles sharing one token block
+    tile = tl.program_id(0) // SPLIT
+    h0 = (tl.program_id(0) % SPLIT) * HPT
     bg = tl.program_id(1)
     b = bg // HK
     g = bg % HK
@@ -70,8 +75,8 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    tok = i0 + offs_m // G
-    head = g * G + offs_m % G
+    tok = i0 + offs_m // HPT
+    head = g * G + h0 + offs_m % HPT
     row_ok = tok < N
     q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + head * D
     q = tl.load(Q + q_off[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -93,20 +98,16 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
 
     for n in range(n_lo, n_hi):  # interior blocks: every row sees every key
         kb = k_lo + n * BLOCK_N
-        kv_off = kv_base + (kb + offs_n)[:, None] * (HK * D) + offs_d[None, :]
-        k2 = tl.load(K2 + kv_off)
-        v2 = tl.load(V2 + kv_off)
+        k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)
+        v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
                                offs_n, offs_d, w1, w2, qk_scale, HK, D, MASK_J, False)
     n_edge = n_lo + n_blocks - n_hi
     for e in range(0, n_edge):  # edge blocks: masked per (row, key)
         n = tl.where(e < n_lo, e, e - n_lo + n_hi)
         kb = k_lo + n * BLOCK_N
-        kpos = kb + offs_n
-        kv_off = kv_base + kpos[:, None] * (HK * D) + offs_d[None, :]
-        kmask = (kpos <= i_hi)[:, None]
-        k2 = tl.load(K2 + kv_off, mask=kmask, other=0.0)
-        v2 = tl.load(V2 + kv_off, mask=kmask, other=0.0)
+        k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros
+        v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
                                offs_n, offs_d, w1, w2, qk_scale, HK, D, MASK_J, True)
 
@@ -119,10 +120,21 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
 
 
 def _config(spec: ProblemSpec) -> dict:
-    """Tile shape for a problem: BLOCK_M = 128 rows (two warp groups) unless G forces otherwise."""
-    block_m = 128
-    block_n = 64
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8, num_stages=1)
+    """Tile shape: 64 rows (one warp group) x 128 keys; measured best at G = 64 (docs/perf-notes.md)."""
+    return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1)
+
+
+def grid(spec: ProblemSpec, block_m: int) -> tuple[int, int]:
+    hpt = min(spec.G, block_m)
+    return (triton.cdiv(spec.N, block_m // hpt) * (spec.G // hpt), spec.B * spec.Hk)
+
+
+def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, N, Hk, D] tensor as [B, N, Hk*D]; a block is one head's
+    [1, block_n, D] token run (coordinates [b, token, g*D])."""
+    hd = spec.Hk * spec.D
+    return TensorDescriptor(t, shape=[spec.B, spec.N, hd], strides=[spec.N * hd, hd, 1],
+                            block_shape=[1, block_n, spec.D])
 
 
 def supports(spec: ProblemSpec) -> str | None:
@@ -135,21 +147,21 @@ def supports(spec: ProblemSpec) -> str | None:
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse) -> None:
     cfg = _config(spec)
-    T = cfg["BLOCK_M"] // spec.G
-    grid = (triton.cdiv(spec.N, T), spec.B * spec.Hk)
-    simplicial_fwd_kernel[grid](
-        q, k1, k2, v1, v2, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
+    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
+    simplicial_fwd_kernel[grid(spec, cfg["BLOCK_M"])](
+        q, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
         HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def compile_configs() -> list[CompileConfig]:
-    sig = {n: "*bf16" for n in ("Q", "K1", "K2", "V1", "V2", "Out")}
-    sig.update(Lse="*fp32", N="i32", w1="i32", w2="i32", qk_scale="fp32")
     out = []
     for hq, d in ((128, 128), (64, 128), (16, 64)):
         spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=1, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
         cfg = _config(spec)
+        desc = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{d}]>"
+        sig = dict(Q="*bf16", K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
+                   N="i32", w1="i32", w2="i32", qk_scale="fp32")
         consts = dict(HQ=hq, HK=1, G=hq, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"])
         s = dict(sig, **{k: "constexpr" for k in consts})
         out.append(CompileConfig(f"G{hq}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}",

@@ -16,7 +16,7 @@ from types import ModuleType
 class Variant:
     name: str
     module: str          # import path of the kernel module
-    needs_hopper: bool   # TLX kernels use wgmma/TMA/setmaxnreg: sm_90 only
+    needs_hopper: bool   # uses TMA descriptors / wgmma / setmaxnreg: sm_90 only
     rank: int            # "auto" tries variants from the highest rank down (measured speed order)
     supports: str        # one line: which shapes it takes
 
@@ -33,7 +33,7 @@ def register(v: Variant) -> None:
     _REGISTRY[v.name] = v
 
 
-register(Variant("triton", "kernels_triton.fwd", needs_hopper=False, rank=0,
+register(Variant("triton", "kernels_triton.fwd", needs_hopper=True, rank=0,
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
 
 

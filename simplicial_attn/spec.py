@@ -107,7 +107,7 @@ def check_device(q: torch.Tensor, *, needs_hopper: bool, variant: str) -> None:
                          f"they are on {q.device}")
     major, minor = torch.cuda.get_device_capability(q.device)
     if needs_hopper and major != 9:
-        raise RuntimeError(f"variant {variant!r} is a TLX kernel for Hopper (sm_90); this GPU is "
-                           f"sm_{major}{minor}. Use variant='triton'.")
+        raise RuntimeError(f"variant {variant!r} needs a Hopper GPU (sm_90: TMA, wgmma); this GPU "
+                           f"is sm_{major}{minor}")
     if major < 8:
         raise RuntimeError(f"variant {variant!r} needs sm_80 or newer; this GPU is sm_{major}{minor}")

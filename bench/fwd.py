@@ -1,0 +1,405 @@
+"""Forward benchmark: time the registered 2-simplicial attention variants on one shape or a sweep.
+
+    python bench/fwd.py                                  # every variant, `star` shape
+    python bench/fwd.py --variant triton --preset small --peers
+    python bench/fwd.py --sweep --csv out/fwd.csv --plot out/fwd.png
+
+Each variant is first checked against `simplicial_attn.reference` (fp32, on the GPU) on a reduced
+shape (B=1, N = min(N, 2*max(w1, w2) + 37), other dims kept), then timed with bench.common.median_ms
+(triton's do_bench, median, L2 flushed before every timed call). TFLOPS use `simplicial_attn.flops`.
+
+Memory and caches: one input set per shape, no rotation. The `star` q alone is 0.5 GB, far above the
+50 MB L2, and do_bench writes a 256 MB buffer before every timed call, so each call starts with a
+cold L2 whether or not inputs rotate; rotating would only cost memory (and with --peers the cuDNN
+inputs for the largest sweep point already take ~10 GB).
+
+Exit status: 0 done; 1 a correctness check failed; 2 bad arguments or no CUDA GPU.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import warnings  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from typing import Callable, Sequence  # noqa: E402
+
+import torch  # noqa: E402
+
+import simplicial_attn  # noqa: E402
+from bench.common import (PRESETS, SWEEP_N, SWEEP_W2, Shape, make_inputs, median_ms,  # noqa: E402
+                          metadata_line, plot_tflops_vs_n, print_table, run_metadata,
+                          sweep_shapes, tflops, write_rows)
+from simplicial_attn import launcher, registry  # noqa: E402
+from simplicial_attn.spec import SUPPORTED_HEAD_DIMS, check_device, validate  # noqa: E402
+
+PROG = "bench/fwd.py"
+
+# Correctness thresholds of the pre-timing check (bf16 kernel vs fp32 reference).
+OUT_REL_TOL = 2e-2   # ||out - ref||_F / ||ref||_F
+LSE_ABS_TOL = 2e-2   # max |lse - ref_lse|
+
+H100_SXM_BF16_DENSE_TFLOPS = 989.0  # H100 SXM dense bf16 tensor-core peak (datasheet)
+MATMUL_SIZE = 8192                   # the --peers matmul: M = N = K
+
+TABLE_COLUMNS = [
+    ("variant", "variant"),
+    ("shape", "shape"),
+    ("ms", "ms"),
+    ("tflops", "TFLOPS"),
+    ("pct_peak", f"% of {H100_SXM_BF16_DENSE_TFLOPS:.0f}"),
+    ("pct_matmul", "% of matmul"),
+    ("note", "note"),
+]
+
+
+class CheckFailed(Exception):
+    """A variant's output differs from the reference by more than the thresholds."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    names = [v.name for v in registry.all_variants()]
+    presets = ", ".join(f"{k}: {v.short()}" for k, v in PRESETS.items())
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Time the 2-simplicial attention forward variants (needs a CUDA GPU).",
+        epilog=f"Presets (H = Hq/Hk): {presets}. Sweep: N in {list(SWEEP_N)} x w2 in "
+               f"{list(SWEEP_W2)}. Check thresholds: out rel. Frobenius error <= {OUT_REL_TOL}, "
+               f"lse max abs error <= {LSE_ABS_TOL}. Exit status: 0 ok, 1 check failed, "
+               f"2 bad arguments or no GPU.")
+    p.add_argument("--variant", action="append", choices=names + ["all"], metavar="NAME",
+                   help=f"variant to time, repeatable; one of {', '.join(names)}, or 'all' "
+                        f"(default: all)")
+    p.add_argument("--preset", choices=list(PRESETS), default="star",
+                   help="base shape (default: star)")
+    for flag, dest, what in (("--B", "B", "batch"), ("--N", "N", "sequence length"),
+                             ("--hq", "hq", "query heads Hq"), ("--hk", "hk", "KV heads Hk"),
+                             ("--d", "d", "head dim D"), ("--w1", "w1", "window of K1/V1"),
+                             ("--w2", "w2", "window of K2/V2")):
+        p.add_argument(flag, dest=dest, type=_positive_int, metavar="INT",
+                       help=f"override the preset's {what}")
+    p.add_argument("--sweep", action="store_true",
+                   help="time every N x w2 of the sweep (other dims from preset/overrides)")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the correctness check against the reference")
+    p.add_argument("--peers", action="store_true",
+                   help=f"also time cuDNN SDPA on equal work (Lkv = w1*w2) and a bf16 "
+                        f"{MATMUL_SIZE}^3 matmul")
+    p.add_argument("--csv", metavar="PATH", help="write the rows (with run metadata) as CSV")
+    p.add_argument("--json", metavar="PATH", help="write the rows (with run metadata) as JSON")
+    p.add_argument("--plot", metavar="PATH.png", help="plot TFLOPS vs N per variant (matplotlib)")
+    p.add_argument("--seed", type=int, default=0, metavar="INT", help="input seed (default: 0)")
+    p.add_argument("--warmup-ms", type=_positive_float, default=100.0, metavar="MS",
+                   help="do_bench warm-up time per measurement (default: 100)")
+    p.add_argument("--rep-ms", type=_positive_float, default=1000.0, metavar="MS",
+                   help="do_bench timed-repetition time per measurement (default: 1000)")
+    return p
+
+
+def base_shape(args: argparse.Namespace) -> Shape:
+    """The preset with the command line's overrides applied."""
+    s = PRESETS[args.preset]
+    overrides = dict(B=args.B, N=args.N, Hq=args.hq, Hk=args.hk, D=args.d, w1=args.w1, w2=args.w2)
+    return replace(s, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
+    if path is None:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        parser.error(f"{flag} {path}: directory {parent} does not exist")
+
+
+def parse_args(argv: Sequence[str] | None = None
+               ) -> tuple[argparse.Namespace, list[Shape], list[str]]:
+    """Parse and validate everything that needs no GPU; argument errors exit 2 via parser.error."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    if args.sweep and (args.N is not None or args.w2 is not None):
+        parser.error("--sweep sets N and w2 itself; drop --N/--w2")
+    shape = base_shape(args)
+    if shape.Hq % shape.Hk != 0:
+        parser.error(f"--hq {shape.Hq} must be a multiple of --hk {shape.Hk} (grouped-query heads)")
+    if shape.D not in SUPPORTED_HEAD_DIMS:
+        parser.error(f"--d {shape.D}: head dim not supported; supported: "
+                     f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    shapes = sweep_shapes(shape) if args.sweep else [shape]
+    for s in shapes:  # the library's own checks, on meta tensors (no memory, no device)
+        q = torch.empty(s.B, s.N, s.Hq, s.D, dtype=torch.bfloat16, device="meta")
+        kv = [torch.empty(s.B, s.N, s.Hk, s.D, dtype=torch.bfloat16, device="meta")
+              for _ in range(4)]
+        try:
+            validate(q, *kv, s.w1, s.w2)
+        except (ValueError, TypeError) as e:
+            parser.error(f"shape {s.short()}: {e}")
+
+    if args.plot is not None and not args.plot.lower().endswith(".png"):
+        parser.error(f"--plot {args.plot}: the plot is written as PNG; give a path ending in .png")
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib, which is not installed")
+    for flag in ("csv", "json", "plot"):
+        _check_out_path(parser, f"--{flag}", getattr(args, flag))
+
+    chosen = args.variant or ["all"]
+    names: list[str] = []
+    for n in chosen:
+        for m in ([v.name for v in registry.all_variants()] if n == "all" else [n]):
+            if m not in names:
+                names.append(m)
+    return args, shapes, names
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress bar (tqdm when importable, else one line on stderr)
+
+
+class Progress:
+    """Counts finished steps; `write` prints a message without breaking the bar."""
+
+    def __init__(self, total: int, enabled: bool = True, width: int = 30) -> None:
+        self.total, self.done, self.width, self.desc = total, 0, width, ""
+        self.enabled = enabled
+        self._tqdm = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self._tqdm = tqdm(total=total, file=sys.stderr, dynamic_ncols=True)
+            except ImportError:
+                self._draw()
+
+    def _draw(self) -> None:
+        filled = self.width * self.done // max(1, self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {self.desc}\033[K")
+        sys.stderr.flush()
+
+    def set_description(self, desc: str) -> None:
+        self.desc = desc
+        if self._tqdm is not None:
+            self._tqdm.set_description(desc)
+        elif self.enabled:
+            self._draw()
+
+    def update(self) -> None:
+        self.done += 1
+        if self._tqdm is not None:
+            self._tqdm.update(1)
+        elif self.enabled:
+            self._draw()
+
+    def write(self, msg: str) -> None:
+        if self._tqdm is not None:
+            self._tqdm.write(msg, file=sys.stderr)
+        elif self.enabled:
+            sys.stderr.write("\r\033[K" + msg + "\n")
+            self._draw()
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._tqdm is not None:
+            self._tqdm.close()
+        elif self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+
+
+def check_shape(s: Shape) -> Shape:
+    """The reduced shape of the correctness check: B=1 and N long enough to pass both windows."""
+    return replace(s, B=1, N=min(s.N, 2 * max(s.w1, s.w2) + 37))
+
+
+def check_variant(name: str, s: Shape, seed: int) -> tuple[float, float]:
+    """Compare `name` with the fp32 reference on `check_shape(s)`; raise CheckFailed above the
+    thresholds (NaN fails). Returns (out relative Frobenius error, lse max abs error)."""
+    c = check_shape(s)
+    inputs = make_inputs(c.B, c.N, c.Hq, c.Hk, c.D, device="cuda", seed=seed + 1)
+    out, lse = simplicial_attn.forward(*inputs, c.w1, c.w2, variant=name)
+    ref_out, ref_lse = simplicial_attn.reference(*inputs, c.w1, c.w2, dtype=torch.float32)
+    out_err = float(torch.linalg.norm(out.float() - ref_out) / torch.linalg.norm(ref_out))
+    lse_err = float((lse - ref_lse).abs().max())
+    if not (out_err <= OUT_REL_TOL and lse_err <= LSE_ABS_TOL):
+        raise CheckFailed(
+            f"variant {name!r} on {c.short()}: out relative error {out_err:.3g} "
+            f"(OUT_REL_TOL={OUT_REL_TOL}), lse max abs error {lse_err:.3g} "
+            f"(LSE_ABS_TOL={LSE_ABS_TOL})")
+    return out_err, lse_err
+
+
+def _timed_row(base: dict, ms: float) -> dict:
+    tf = tflops(base["flops"], ms)
+    return {**base, "ms": ms, "tflops": tf, "pct_peak": 100.0 * tf / H100_SXM_BF16_DENSE_TFLOPS}
+
+
+def bench_variant(name: str, s: Shape, inputs: tuple[torch.Tensor, ...], args: argparse.Namespace,
+                  checked: dict, log: Callable[[str], None]) -> dict:
+    """One row: the variant's time on `s`, or a note saying why it was not timed."""
+    base = {"kind": "variant", "variant": name, "shape": s.short(), **s.fields(),
+            "flops": simplicial_attn.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)}
+    q = inputs[0]
+    spec = validate(*inputs, s.w1, s.w2)
+    hopper = torch.cuda.get_device_capability(q.device)[0] == 9
+    try:
+        v = launcher.pick(spec, name, hopper)
+        check_device(q, needs_hopper=v.needs_hopper, variant=name)
+    except (ValueError, RuntimeError) as e:
+        return {**base, "note": f"not run: {e}"}
+    if args.check:
+        key = (name, check_shape(s))
+        if key not in checked:
+            checked[key] = check_variant(name, s, args.seed)
+            out_err, lse_err = checked[key]
+            log(f"check {name} {key[1].short()}: out rel err {out_err:.2e}, "
+                f"lse max abs err {lse_err:.2e} (ok)")
+        base["check_out_rel"], base["check_lse_abs"] = checked[key]
+
+    def fn() -> object:
+        return simplicial_attn.forward(*inputs, s.w1, s.w2, variant=name)
+
+    try:
+        ms = median_ms(fn, args.warmup_ms, args.rep_ms)
+    except torch.cuda.OutOfMemoryError as e:
+        return {**base, "note": f"out of memory: {str(e).splitlines()[0]}"}
+    return _timed_row(base, ms)
+
+
+def bench_sdpa(s: Shape, args: argparse.Namespace) -> dict:
+    """cuDNN SDPA on equal work: q [B, Hq, N, D], k/v [B, Hq, w1*w2, D], non-causal, bf16."""
+    lkv = s.w1 * s.w2
+    base = {"kind": "peer", "variant": "cudnn_sdpa", "shape": f"B{s.B} H{s.Hq} N{s.N} "
+            f"Lkv{lkv} D{s.D}", **s.fields(), "Lkv": lkv, "flops": 4 * s.B * s.Hq * s.N * lkv * s.D}
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:
+        return {**base, "note": f"cuDNN SDPA unavailable: {e}"}
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    try:
+        q = torch.randn(s.B, s.Hq, s.N, s.D, generator=gen, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(s.B, s.Hq, lkv, s.D, generator=gen, device="cuda",
+                            dtype=torch.bfloat16) for _ in range(2))
+    except torch.cuda.OutOfMemoryError as e:
+        return {**base, "note": f"cuDNN SDPA inputs: out of memory: {str(e).splitlines()[0]}"}
+
+    def fn() -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except RuntimeError as e:
+                why = "; ".join([str(e).splitlines()[0]] + [str(w.message).splitlines()[0]
+                                                           for w in caught])
+                return {**base, "note": f"cuDNN SDPA unavailable: {why}"}
+        ms = median_ms(fn, args.warmup_ms, args.rep_ms)
+    return _timed_row(base, ms)
+
+
+def bench_matmul(args: argparse.Namespace) -> dict:
+    """bf16 MATMUL_SIZE^3 matmul (torch / cuBLAS): the measured tensor-core ceiling."""
+    n = MATMUL_SIZE
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    a, b = (torch.randn(n, n, generator=gen, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    ms = median_ms(lambda: a @ b, args.warmup_ms, args.rep_ms)
+    return _timed_row({"kind": "matmul", "variant": "matmul_bf16", "shape": f"{n}x{n}x{n}",
+                       "flops": 2 * n * n * n}, ms)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, shapes, names = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{PROG}: no CUDA GPU found; this benchmark needs one (H100/H200)", file=sys.stderr)
+        return 2
+
+    meta = run_metadata()
+    print(metadata_line(meta), flush=True)
+    progress = Progress(len(shapes), enabled=args.sweep)
+    rows: list[dict] = []
+    checked: dict = {}
+    try:
+        matmul = None
+        if args.peers:
+            progress.set_description("matmul")
+            matmul = bench_matmul(args)
+            rows.append(matmul)
+        for s in shapes:
+            progress.set_description(s.short())
+            inputs = make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cuda", seed=args.seed)
+            for name in names:
+                rows.append(bench_variant(name, s, inputs, args, checked, progress.write))
+            del inputs
+            if args.peers:
+                rows.append(bench_sdpa(s, args))
+                torch.cuda.empty_cache()
+            progress.update()
+    except CheckFailed as e:
+        progress.close()
+        print(f"{PROG}: correctness check FAILED: {e}", file=sys.stderr)
+        return 1
+    progress.close()
+
+    for r in rows:
+        r.setdefault("ms", None)
+        r.setdefault("tflops", None)
+        r.setdefault("pct_peak", None)
+        r["pct_matmul"] = (100.0 * r["tflops"] / matmul["tflops"]
+                           if matmul is not None and r["tflops"] is not None else None)
+        r.setdefault("note", "")
+        r.update(meta)
+    print_table(rows, TABLE_COLUMNS)
+
+    write_rows(rows, csv_path=args.csv, json_path=args.json)
+    for flag in ("csv", "json"):
+        if getattr(args, flag):
+            print(f"wrote {getattr(args, flag)}")
+    if args.plot:
+        plot_tflops_vs_n(rows, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

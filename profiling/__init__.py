@@ -1,0 +1,1 @@
+"""Profiling tools: `python -m profiling.resources` reports registers, spills and shared memory."""

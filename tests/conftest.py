@@ -1,0 +1,99 @@
+"""Shared test machinery: markers, per-test seeds, random inputs.
+
+Markers
+    gpu   needs a CUDA device; skipped cleanly (with a reason) when there is none.
+    slow  takes more than ~20 s on a 2-core CPU machine; deselect with -m "not slow".
+
+Seeds
+    Every test that draws random numbers gets its own seed, derived from its test id (so two tests
+    never share a stream and a rerun of one test reproduces it exactly). Set SIMPLICIAL_TEST_SALT to
+    any string to draw a different set of inputs for the whole run. The seed is printed in the
+    report of every failing test that used it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # plain `pytest` from anywhere, not only `python -m pytest` at the root
+    sys.path.insert(0, str(ROOT))
+
+HAS_CUDA = torch.cuda.is_available()
+requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none found)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped when none is present")
+    config.addinivalue_line("markers", "slow: takes more than ~20 s on the 2-core CI machine")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(requires_gpu)
+
+
+def seed_for(nodeid: str) -> int:
+    """A 31-bit seed from the test id (and the optional salt): stable across runs and machines."""
+    salt = os.environ.get("SIMPLICIAL_TEST_SALT", "")
+    return zlib.crc32(f"{salt}|{nodeid}".encode()) & 0x7FFFFFFF
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item, "_simplicial_seed", None)
+    if report.failed and seed is not None:
+        salt = os.environ.get("SIMPLICIAL_TEST_SALT", "")
+        report.sections.append(("random inputs", f"seed = {seed} (SIMPLICIAL_TEST_SALT={salt!r})"))
+
+
+@pytest.fixture
+def seed(request) -> int:
+    s = seed_for(request.node.nodeid)
+    request.node._simplicial_seed = s
+    return s
+
+
+@pytest.fixture
+def gen(seed) -> torch.Generator:
+    """CPU generator seeded from the test id; successive draws give fresh inputs per check."""
+    return torch.Generator().manual_seed(seed)
+
+
+def rand_inputs(B: int, N: int, Hq: int, Hk: int, D: int, device="cpu",
+                generator: torch.Generator | None = None, scale: float = 1.0):
+    """Fresh random bf16 inputs (q [B,N,Hq,D]; k1, k2, v1, v2 [B,N,Hk,D]), standard normal * scale.
+
+    Drawn with `generator` on the generator's own device and moved to `device`, so one CPU
+    generator gives the same numbers whatever device the test runs on."""
+    gdev = generator.device if generator is not None else torch.device("cpu")
+
+    def draw(h):
+        x = torch.randn(B, N, h, D, generator=generator, device=gdev, dtype=torch.float32)
+        return (x * scale).to(torch.bfloat16).to(device)
+
+    q = draw(Hq)
+    k1, k2, v1, v2 = (draw(Hk) for _ in range(4))
+    return q, k1, k2, v1, v2
+
+
+@pytest.fixture
+def rand(gen):
+    """rand(B, N, Hq, Hk, D, device="cpu", scale=1.0) -> (q, k1, k2, v1, v2), from this test's seed."""
+    def make(B, N, Hq, Hk, D, device="cpu", scale=1.0):
+        return rand_inputs(B, N, Hq, Hk, D, device, gen, scale)
+    return make
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_capability() -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability() if HAS_CUDA else None

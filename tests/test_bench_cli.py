@@ -1,0 +1,147 @@
+"""CPU tests of the benchmark CLI (bench/fwd.py) and its helpers (bench/common.py)."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from bench import common  # noqa: E402
+
+META_KEYS = ("gpu", "torch", "triton", "commit", "time_utc")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join("bench", "fwd.py"), *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--variant", "no_such_kernel"], "--variant"),
+    (["--N", "0"], "--N"),
+    (["--B", "-3"], "--B"),
+    (["--w1", "0"], "--w1"),
+    (["--w2", "abc"], "--w2"),
+    (["--hq", "12", "--hk", "5"], "--hq 12 must be a multiple of --hk 5"),
+    (["--d", "96"], "--d 96"),
+    (["--plot", "tflops.svg"], "--plot"),
+    (["--preset", "huge"], "--preset"),
+    (["--sweep", "--N", "4096"], "--sweep"),
+    (["--csv", os.path.join("no", "such", "dir", "rows.csv")], "--csv"),
+    (["--rep-ms", "0"], "--rep-ms"),
+])
+def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
+    res = run_cli(*args)
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr
+    assert "error:" in res.stderr
+    assert "no CUDA GPU" not in res.stderr  # argument errors come before the GPU check
+
+
+def test_help_exits_0() -> None:
+    res = run_cli("--help")
+    assert res.returncode == 0
+    for flag in ("--variant", "--preset", "--sweep", "--no-check", "--peers", "--csv", "--json",
+                 "--plot"):
+        assert flag in res.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+@pytest.mark.parametrize("args", [[], ["--variant", "all", "--preset", "small", "--peers"],
+                                  ["--sweep", "--preset", "star64", "--hq", "16", "--hk", "2"]])
+def test_no_gpu_exits_2_with_one_line(args: list[str]) -> None:
+    res = run_cli(*args)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "no CUDA GPU" in lines[0]
+    assert res.stdout == ""
+
+
+def test_sweep_shapes() -> None:
+    base = common.PRESETS["small"]
+    shapes = common.sweep_shapes(base)
+    assert len(shapes) == len(common.SWEEP_N) * len(common.SWEEP_W2) == 15
+    assert {(s.N, s.w2) for s in shapes} == {(n, w) for n in (1024, 2048, 4096, 8192, 16384)
+                                             for w in (256, 512, 1024)}
+    for s in shapes:  # everything else comes from the base shape
+        assert (s.B, s.Hq, s.Hk, s.D, s.w1) == (base.B, base.Hq, base.Hk, base.D, base.w1)
+    assert [s.N for s in shapes[:5]] == sorted(common.SWEEP_N)
+    assert common.sweep_shapes(base, ns=(64,), w2s=(8, 16)) == [
+        common.Shape(1, 64, 64, 1, 128, 32, 8), common.Shape(1, 64, 64, 1, 128, 32, 16)]
+
+
+def _fake_rows() -> list[dict]:
+    meta = common.run_metadata()
+    rows = []
+    for w2 in (256, 512):
+        for n in (1024, 2048, 4096):
+            s = common.Shape(B=1, N=n, Hq=64, Hk=1, D=128, w1=32, w2=w2)
+            rows.append({"kind": "variant", "variant": "triton", "shape": s.short(), **s.fields(),
+                         "ms": 1.0, "tflops": 100.0 + n / 100 + w2 / 10, "note": "", **meta})
+            rows.append({"kind": "peer", "variant": "cudnn_sdpa", "shape": "x", **s.fields(),
+                         "ms": 1.0, "tflops": 300.0, "note": "", **meta})
+    rows.append({"kind": "variant", "variant": "tlx", "shape": "y", "B": 1, "N": 1024,
+                 "w2": 256, "ms": None, "tflops": None, "note": "not run: G", **meta})
+    rows.append({"kind": "matmul", "variant": "matmul_bf16", "shape": "8192x8192x8192",
+                 "ms": 1.4, "tflops": 780.0, "note": "", **meta})
+    return rows
+
+
+def test_plot_tflops_vs_n_writes_png(tmp_path) -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib not installed")
+    for rows in (_fake_rows(), _fake_rows()[:1]):
+        path = tmp_path / f"plot{len(rows)}.png"
+        common.plot_tflops_vs_n(rows, str(path))
+        data = path.read_bytes()
+        assert len(data) > 1000
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_rows_round_trip(tmp_path) -> None:
+    rows = _fake_rows()
+    csv_path, json_path = tmp_path / "rows.csv", tmp_path / "rows.json"
+    common.write_rows(rows, csv_path=str(csv_path), json_path=str(json_path))
+
+    with open(csv_path, newline="") as f:
+        back = list(csv.DictReader(f))
+    assert len(back) == len(rows)
+    for key in META_KEYS + ("variant", "B", "N", "Hq", "Hk", "D", "w1", "w2", "ms", "tflops"):
+        assert key in back[0]
+    assert back[0]["N"] == "1024" and back[0]["variant"] == "triton"
+    assert back[-1]["B"] == ""  # the matmul row has no shape fields: empty, not 'None'
+
+    loaded = json.loads(json_path.read_text())
+    assert loaded == rows
+    assert all(k in loaded[0] for k in META_KEYS)
+
+
+def test_run_metadata_and_table() -> None:
+    meta = common.run_metadata()
+    assert set(META_KEYS) <= set(meta)
+    assert meta["gpu"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "none")
+    assert meta["commit"]  # a hash, or 'unknown' outside a checkout
+    text = common.format_table([{"a": "x", "b": 1.5}, {"a": "longer", "b": None}],
+                               [("a", "name"), ("b", "ms")])
+    lines = text.splitlines()
+    assert lines[0].split() == ["name", "ms"]
+    assert len(lines) == 4 and "1.500" in lines[2]
+
+
+def test_make_inputs_cpu() -> None:
+    q, k1, k2, v1, v2 = common.make_inputs(2, 16, 4, 2, 64, device="cpu", seed=3)
+    assert q.shape == (2, 16, 4, 64) and q.dtype == torch.bfloat16
+    assert all(t.shape == (2, 16, 2, 64) for t in (k1, k2, v1, v2))
+    again = common.make_inputs(2, 16, 4, 2, 64, device="cpu", seed=3)
+    assert all(torch.equal(a, b) for a, b in zip((q, k1, k2, v1, v2), again))
+    assert not torch.equal(k1, k2)
