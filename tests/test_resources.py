@@ -35,7 +35,6 @@ def rows() -> dict:
     return {(r["variant"], r["config"]): r for r in resources.report()}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("variant,config", _cases())
 def test_config_resources(rows, variant, config):
     r = rows[(variant.name, config)]
@@ -50,7 +49,6 @@ def test_config_resources(rows, variant, config):
         assert r["wgmma"] >= 1, f"{where} is Hopper-only but its PTX has no wgmma.mma_async"
 
 
-@pytest.mark.slow
 def test_cli_json(rows):
     p = subprocess.run([sys.executable, "-m", "profiling.resources", "--json"], cwd=ROOT,
                        capture_output=True, text=True, timeout=900, check=False)
