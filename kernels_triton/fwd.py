@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels_triton.tiling import (key_block, key_blocks, load_q, mask_scores, row_coords,
+                                   softmax_step, store_rows, tile_coords)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
@@ -35,25 +37,15 @@ def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs
            MASK_K: tl.constexpr):
     """One K2/V2 block against every j of the tile's K1/V1 window."""
     k2t = tl.trans(k2)
-    kpos = kb + offs_n
     for j in range(j_lo, j_hi + 1):
         k1j = tl.load(k1_base + j * (HK * D) + offs_d)
         v1j = tl.load(v1_base + j * (HK * D) + offs_d).to(tl.float32)
         a = q * k1j[None, :]
         s = tl.dot(a, k2t) * qk_scale
-        if MASK_J:  # rows whose token does not see key j
-            jvalid = (j <= tok) & (j > tok - w1)
-            s = tl.where(jvalid[:, None], s, float("-inf"))
-        if MASK_K:  # built here, not above the loop: a 2-D mask held across it costs registers
-            kvalid = (kpos[None, :] <= tok[:, None]) & (kpos[None, :] > tok[:, None] - w2)
-            s = tl.where(kvalid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s = mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J, MASK_K)
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
         pv = tl.dot(p.to(tl.bfloat16), v2)
         acc = acc * alpha[:, None] + pv * v1j[None, :]
-        m_i = m_new
     return acc, m_i, l_i
 
 
@@ -61,62 +53,37 @@ def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs
 def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                           HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G  # heads per tile
-    T: tl.constexpr = BLOCK_M // HPT                    # tokens per tile
-    SPLIT: tl.constexpr = G // HPT                      # tiles sharing one token block
-    tile = tl.program_id(0) // SPLIT
-    h0 = (tl.program_id(0) % SPLIT) * HPT
-    bg = tl.program_id(1)
-    b = bg // HK
-    g = bg % HK
-    i0 = tile * T
-    i_hi = tl.minimum(i0 + T, N) - 1  # last real token of the tile
-
-    offs_m = tl.arange(0, BLOCK_M)
+    T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)  # tokens per tile
+    b = tl.program_id(1) // HK
+    g = tl.program_id(1) % HK
+    i0, h0, i_hi = tile_coords(tl.program_id(0), N, G, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    tok = i0 + offs_m // HPT
-    head = g * G + h0 + offs_m % HPT
-    row_ok = tok < N
-    q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + head * D
-    q = tl.load(Q + q_off[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    tok, head = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)
+    q = load_q(Q, b, g, tok, head, N, HQ, G, D)
 
     kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)
     k1_base = K1 + kv_base
     v1_base = V1 + kv_base
     j_lo = tl.maximum(i0 - w1 + 1, 0)
-    k_lo = tl.maximum(i0 - w2 + 1, 0)
-    L = i_hi - k_lo + 1                     # keys in the tile's range
-    n_blocks = tl.cdiv(L, BLOCK_N)
-    n_lo = tl.cdiv(T - 1, BLOCK_N)          # leading blocks that hold some row's too-old keys
-    n_hi = tl.maximum(n_lo, tl.minimum((L - T + 1) // BLOCK_N, n_blocks))  # first trailing edge block
-
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows give 0, never NaN
+    k_lo, n_lo, n_hi, n_blocks = key_blocks(i0, i_hi, w2, T, BLOCK_N)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    MASK_J: tl.constexpr = T > 1
-
-    for n in range(n_lo, n_hi):  # interior blocks: every row sees every key
-        kb = k_lo + n * BLOCK_N
+    n_int = n_hi - n_lo
+    for t in range(0, n_int):  # interior blocks: every row sees every key
+        kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
         k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
-                               offs_n, offs_d, w1, w2, qk_scale, HK, D, MASK_J, False)
-    n_edge = n_lo + n_blocks - n_hi
-    for e in range(0, n_edge):  # edge blocks: masked per (row, key)
-        n = tl.where(e < n_lo, e, e - n_lo + n_hi)
-        kb = k_lo + n * BLOCK_N
+                               offs_n, offs_d, w1, w2, qk_scale, HK, D, T > 1, False)
+    for t in range(n_int, n_blocks):  # edge blocks: masked per (row, key)
+        kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
         k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros
         v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
-                               offs_n, offs_d, w1, w2, qk_scale, HK, D, MASK_J, True)
-
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    tl.store(Out + q_off[:, None] + offs_d[None, :], out.to(tl.bfloat16), mask=row_ok[:, None])
-    lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
-    lse_off = (b.to(tl.int64) * HQ + head) * N + tok
-    tl.store(Lse + lse_off, lse, mask=row_ok)
+                               offs_n, offs_d, w1, w2, qk_scale, HK, D, T > 1, True)
+    store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ, G, D)
 
 
 def _config(spec: ProblemSpec) -> dict:

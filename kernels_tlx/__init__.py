@@ -1,0 +1,1 @@
+"""TLX (Triton with warp specialization) kernels for Hopper, one variant per file."""

@@ -1,0 +1,96 @@
+"""Tile geometry and the online-softmax step, shared by the Triton and TLX kernels.
+
+A tile is BLOCK_M rows = T tokens x HPT heads of one KV head (see kernels_triton/fwd.py). Its keys
+are cut into BLOCK_N blocks, enumerated as: interior blocks (every row sees every key: no mask),
+then edge blocks (first/last T-1 keys of the range, the partial last block: masked per row).
+Producer and consumers enumerate the same sequence, block index t = 0, 1, ... via `key_block`.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tile_coords(pid0, N, G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(first token i0, first head h0 within the KV group, last real token i_hi) of tile pid0."""
+    HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
+    T: tl.constexpr = BLOCK_M // HPT
+    SPLIT: tl.constexpr = G // HPT
+    i0 = (pid0 // SPLIT) * T
+    h0 = (pid0 % SPLIT) * HPT
+    i_hi = tl.minimum(i0 + T, N) - 1
+    return i0, h0, i_hi
+
+
+@triton.jit
+def row_coords(i0, h0, offs_m, G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Token and head (within the KV group) of each row offs_m (0 .. BLOCK_M-1) of a tile."""
+    HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
+    return i0 + offs_m // HPT, h0 + offs_m % HPT
+
+
+@triton.jit
+def key_blocks(i0, i_hi, w2, T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(k_lo, n_lo, n_hi, n_blocks): keys [k_lo, i_hi] in n_blocks blocks; blocks [n_lo, n_hi)
+    need no mask."""
+    k_lo = tl.maximum(i0 - w2 + 1, 0)
+    L = i_hi - k_lo + 1
+    n_blocks = tl.cdiv(L, BLOCK_N)
+    n_lo = tl.cdiv(T - 1, BLOCK_N)
+    n_hi = tl.maximum(n_lo, tl.minimum((L - T + 1) // BLOCK_N, n_blocks))
+    return k_lo, n_lo, n_hi, n_blocks
+
+
+@triton.jit
+def key_block(t, k_lo, n_lo, n_hi, BLOCK_N: tl.constexpr):
+    """Start key of the t-th block in visiting order (interior blocks first), and whether it needs
+    a mask."""
+    n_int = n_hi - n_lo
+    masked = t >= n_int
+    e = t - n_int
+    n = tl.where(masked, tl.where(e < n_lo, e, e - n_lo + n_hi), n_lo + t)
+    return k_lo + n * BLOCK_N, masked
+
+
+@triton.jit
+def mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J: tl.constexpr, MASK_K: tl.constexpr):
+    """-inf where row's token does not see key j (MASK_J) or key kb + offs_n (MASK_K)."""
+    if MASK_J:
+        jvalid = (j <= tok) & (j > tok - w1)
+        s = tl.where(jvalid[:, None], s, float("-inf"))
+    if MASK_K:
+        kpos = kb + offs_n
+        kvalid = (kpos[None, :] <= tok[:, None]) & (kpos[None, :] > tok[:, None] - w2)
+        s = tl.where(kvalid, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def softmax_step(s, m_i, l_i):
+    """Online softmax in log2 units: returns (p, alpha, m_new, l_new). m starts at a finite -1e30,
+    so fully masked rows give p = 0 and alpha = 1, never NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr,
+               D: tl.constexpr):
+    """Normalise and write O rows (bf16) and LSE (natural log) for rows with tok < N."""
+    offs_d = tl.arange(0, D)
+    row_ok = tok < N
+    hq = g * G + head
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    o_off = (b.to(tl.int64) * N + tok) * (HQ * D) + hq * D
+    tl.store(Out + o_off[:, None] + offs_d[None, :], out.to(tl.bfloat16), mask=row_ok[:, None])
+    lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
+    tl.store(Lse + (b.to(tl.int64) * HQ + hq) * N + tok, lse, mask=row_ok)
+
+
+@triton.jit
+def load_q(Q, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + head) * D
+    return tl.load(Q + q_off[:, None] + offs_d[None, :], mask=(tok < N)[:, None], other=0.0)
