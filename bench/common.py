@@ -111,7 +111,10 @@ def make_inputs(B: int, N: int, Hq: int, Hk: int, D: int, device: str | torch.de
 
 
 def git_commit() -> str:
-    """Short commit hash of the repo, or 'unknown' (no git, not a checkout)."""
+    """Short commit hash of the repo, or 'unknown' (no git, not a checkout). $SIMPLICIAL_COMMIT
+    overrides it, for copies of the tree without .git (the device machine)."""
+    if os.environ.get("SIMPLICIAL_COMMIT"):
+        return os.environ["SIMPLICIAL_COMMIT"]
     try:
         res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=10)

@@ -35,11 +35,19 @@ def pick(spec: ProblemSpec, variant: str, hopper: bool = True) -> registry.Varia
     raise ValueError(f"no variant can take {spec.short()}: " + "; ".join(reasons))
 
 
+def _dense_aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself when contiguous with a 16-byte aligned start (TMA needs both), else a copy."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None):
     """2-simplicial attention forward.
 
     q: [B, N, Hq, D], k1, k2, v1, v2: [B, N, Hk, D], bfloat16 CUDA tensors; w1, w2 >= 1 window sizes
-    (w1 > w2 allowed). Non-contiguous inputs are copied to contiguous ones (correct, costs a copy).
+    (w1 > w2 allowed). Non-contiguous inputs, or ones whose start is not 16-byte aligned, are
+    copied first (correct, costs a copy).
     Returns out [B, N, Hq, D] bfloat16 and lse [B, Hq, N] float32 (natural log).
     """
     if not isinstance(variant, str):
@@ -55,7 +63,7 @@ def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None):
         return out, lse
     if spec.swapped:
         k1, v1, k2, v2 = k2, v2, k1, v1
-    q, k1, k2, v1, v2 = (t.contiguous() for t in (q, k1, k2, v1, v2))
+    q, k1, k2, v1, v2 = (_dense_aligned(t) for t in (q, k1, k2, v1, v2))
     with torch.cuda.device(q.device):
         v.load().launch(spec, q, k1, k2, v1, v2, out, lse)
     return out, lse

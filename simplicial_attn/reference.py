@@ -14,7 +14,7 @@ import torch
 
 from .spec import validate
 
-_CHUNK_ELEMENTS = 1 << 25  # score-tensor elements per chunk of queries
+_CHUNK_ELEMENTS = 1 << 25  # elements of the largest per-chunk intermediate
 
 
 def _window(x: torch.Tensor, i0: int, i1: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +36,9 @@ def reference(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, dtype=torch.float64):
     q, k1, k2, v1, v2 = (t.to(dtype) for t in (q, k1, k2, v1, v2))
     out = torch.empty(B, N, Hq, D, dtype=dtype, device=q.device)
     lse = torch.empty(B, Hq, N, dtype=dtype, device=q.device)
-    chunk = max(1, _CHUNK_ELEMENTS // max(1, B * Hq * w1 * w2))
+    # per query: scores [Hq, w1, w2], einsum intermediates [Hq, w1 or w2, D], gathered windows
+    per_query = B * (Hq * w1 * w2 + Hq * (w1 + w2) * D + 2 * (w1 + w2) * Hk * D)
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, per_query))
     for i0 in range(0, N, chunk):
         i1 = min(N, i0 + chunk)
         C = i1 - i0

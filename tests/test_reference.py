@@ -98,20 +98,33 @@ def test_reference_lse_is_natural_log_and_one_pair_rows(rand):
     assert_same(lse, s.transpose(1, 2), "lse")
 
 
-@pytest.mark.parametrize("budget", [1, 7, 64, 1000])
-def test_reference_chunk_boundaries(budget, rand, monkeypatch):
-    """Chunks of 1, several and ragged query counts give what one chunk gives."""
+def test_reference_chunk_boundaries(rand, monkeypatch):
+    """Budgets from 1 element to the default: chunks of one query, ragged splits (last chunk
+    shorter) and a single chunk all give the brute-force result, and the chunks tile [0, N)."""
     B, N, Hq, Hk, D, w1, w2 = 1, 23, 4, 2, 64, 3, 6
     x = rand(B, N, Hq, Hk, D)
-    whole = reference(*x, w1, w2)
-    monkeypatch.setattr(ref_mod, "_CHUNK_ELEMENTS", budget)
-    chunk = max(1, budget // (B * Hq * w1 * w2))
-    assert chunk < N or budget == 1000
-    split = reference(*x, w1, w2)
-    assert_same(split[0], whole[0], f"out, chunk of {chunk} queries")
-    assert_same(split[1], whole[1], f"lse, chunk of {chunk} queries")
     bf = brute_force(*x, w1, w2)
-    assert_same(split[0], bf[0], "out vs brute force")
+    real = ref_mod._window
+    spans = []
+
+    def spy(t, i0, i1, w):
+        spans.append((i0, i1))
+        return real(t, i0, i1, w)
+
+    monkeypatch.setattr(ref_mod, "_window", spy)
+    layouts = set()
+    for budget in [2 ** e for e in range(0, 26)]:
+        monkeypatch.setattr(ref_mod, "_CHUNK_ELEMENTS", budget)
+        spans.clear()
+        out, lse = reference(*x, w1, w2)
+        chunks = sorted(set(spans))
+        assert chunks[0][0] == 0 and chunks[-1][1] == N, (budget, chunks)
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:])), (budget, chunks)
+        layouts.add(tuple(i1 - i0 for i0, i1 in chunks))
+        assert_same(out, bf[0], f"out, budget {budget}, chunks {chunks}")
+        assert_same(lse, bf[1], f"lse, budget {budget}, chunks {chunks}")
+    assert (1,) * N in layouts and (N,) in layouts, layouts
+    assert any(1 < len(c) < N and c[-1] < c[0] for c in layouts), f"no ragged split in {layouts}"
 
 
 def test_reference_fp32_close_to_fp64(rand):
@@ -163,14 +176,13 @@ def test_reference_large_cpu_fp32_peak_memory():
     assert peak_gib < 4.0, f"reference peak RSS {peak_gib:.2f} GiB"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "library bug: reference() sizes its query chunk by the score tensor alone "
-    "(_CHUNK_ELEMENTS // (B*Hq*w1*w2)); the gathered K2/V2 windows [B,C,w2,Hk,D] and the einsum "
-    "intermediate [B,C,Hk,G,w2,D] grow by a factor D/w1 beyond it, so small w1 with large D blows "
-    "the budget (e.g. B=1 N=16384 Hq=Hk=8 D=128 w1=1 w2=1024 gathers 2 x 34 GB in fp64)"))
-def test_reference_chunk_bounds_all_gathered_windows(rand, monkeypatch):
+@pytest.mark.parametrize("B,N,Hq,Hk,D,w1,w2", [(1, 64, 1, 1, 128, 1, 32),
+                                                (1, 50, 2, 2, 128, 1, 16),
+                                                (2, 40, 8, 1, 64, 4, 8)])
+def test_reference_chunk_bounds_all_gathered_windows(B, N, Hq, Hk, D, w1, w2, rand, monkeypatch):
     """Every window tensor the reference gathers for a chunk stays within a small multiple of
-    _CHUNK_ELEMENTS. Shrunk to a toy budget so it is cheap to check."""
+    _CHUNK_ELEMENTS, also for w1 = 1 with D = 128 (the gathered K2/V2 windows and the einsum
+    intermediates then outgrow the score tensor by D / w1). Shrunk to a toy budget: cheap."""
     budget = 4096
     monkeypatch.setattr(ref_mod, "_CHUNK_ELEMENTS", budget)
     sizes = []
@@ -182,9 +194,12 @@ def test_reference_chunk_bounds_all_gathered_windows(rand, monkeypatch):
         return xw, valid
 
     monkeypatch.setattr(ref_mod, "_window", spy)
-    x = rand(1, 64, 1, 1, 128)
-    reference(*x, 1, 32)
+    x = rand(B, N, Hq, Hk, D)
+    out, lse = reference(*x, w1, w2)
     assert max(sizes) <= 4 * budget, f"gathered {max(sizes)} elements for a {budget} budget"
+    bf = brute_force(*x, w1, w2)
+    assert_same(out, bf[0], "out")
+    assert_same(lse, bf[1], "lse")
 
 
 def test_reference_symmetric_in_pairs(rand):

@@ -1,0 +1,189 @@
+"""The variant registry and the launcher's choice of variant (CPU only: nothing is launched)."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from simplicial_attn import launcher, registry, variants
+from simplicial_attn.registry import CompileConfig, Variant
+from simplicial_attn.spec import ProblemSpec
+
+ALL = registry.all_variants()
+IDS = [v.name for v in ALL]
+
+
+def spec(B=1, N=4096, Hq=128, Hk=1, D=128, w1=32, w2=512):
+    return ProblemSpec(B, N, Hq, Hk, D, min(w1, w2), max(w1, w2), D ** -0.5, w1 > w2)
+
+
+SPECS = {
+    "S*": spec(),
+    "G64": spec(Hq=64),
+    "G16_D64": spec(Hq=16, D=64),
+    "G8_Hk2": spec(Hq=16, Hk=2, N=1000),
+    "G32_Hk4": spec(Hq=128, Hk=4, N=7, w1=1, w2=1),
+    "G1": spec(Hq=4, Hk=4, N=65, w1=64, w2=64),
+    "N1": spec(N=1, B=3),
+    "swapped": spec(w1=512, w2=32),
+}
+
+
+def test_at_least_one_variant():
+    assert ALL, "no variant registered"
+
+
+def test_variants_match_registry():
+    assert list(variants()) == [v.name for v in ALL]
+    for v in ALL:
+        assert variants()[v.name] == v.supports
+        assert isinstance(v.supports, str) and v.supports.strip(), f"{v.name}: empty supports text"
+        assert "\n" not in v.supports, f"{v.name}: supports text is not one line"
+
+
+def test_names_unique_and_get():
+    assert len(set(IDS)) == len(IDS)
+    for v in ALL:
+        assert registry.get(v.name) is v
+
+
+def test_register_twice_rejected():
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register(ALL[0])
+
+
+def test_get_unknown_lists_known():
+    with pytest.raises(ValueError) as info:
+        registry.get("nope")
+    for name in IDS:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("v", ALL, ids=IDS)
+def test_module_interface(v):
+    m = v.load()
+    for attr in ("supports", "launch", "compile_configs"):
+        assert callable(getattr(m, attr, None)), f"{v.module} has no callable {attr}"
+    configs = m.compile_configs()
+    assert configs, f"{v.name}: no compile configs"
+    names = [c.name for c in configs]
+    assert len(set(names)) == len(names), f"{v.name}: duplicate config names {names}"
+    for c in configs:
+        assert isinstance(c, CompileConfig)
+        assert c.num_warps in (1, 2, 4, 8, 16, 32) and c.num_stages >= 1, c
+        arg_names = getattr(c.fn, "arg_names", None)
+        if arg_names is not None:  # a @triton.jit function: its signature covers every argument
+            assert set(c.signature) == set(arg_names), (c.name, set(c.signature) ^ set(arg_names))
+        for k in c.constexprs:
+            assert c.signature.get(k) == "constexpr", (c.name, k)
+
+
+@pytest.mark.parametrize("v", ALL, ids=IDS)
+def test_supports_returns_none_or_reason(v):
+    m = v.load()
+    for s in SPECS.values():
+        why = m.supports(s)
+        assert why is None or (isinstance(why, str) and why), (v.name, s, why)
+    odd = spec(Hq=12)  # G = 12: no variant is expected to take a non-power-of-two group
+    why = m.supports(odd)
+    assert why is None or "12" in why, f"{v.name}: reason {why!r} does not name G=12"
+
+
+@pytest.mark.parametrize("s", SPECS.values(), ids=SPECS.keys())
+@pytest.mark.parametrize("hopper", [True, False], ids=["sm90", "sm80"])
+def test_auto_picks_a_variant_that_supports(s, hopper):
+    able = [o for o in ALL if o.load().supports(s) is None and (hopper or not o.needs_hopper)]
+    if not able:  # e.g. every variant is Hopper-only: "auto" on sm_80 must say so
+        with pytest.raises(ValueError, match="no variant can take") as info:
+            launcher.pick(s, "auto", hopper)
+        if not hopper:
+            assert "needs sm_90" in str(info.value)
+        return
+    v = launcher.pick(s, "auto", hopper)
+    assert v.load().supports(s) is None
+    if not hopper:
+        assert not v.needs_hopper
+    assert v.rank == max(o.rank for o in able), "auto did not take the highest-ranked variant"
+
+
+def test_auto_takes_every_headline_shape_on_hopper():
+    """At least one registered variant runs each of SPECS on an sm_90 GPU."""
+    for name, s in SPECS.items():
+        assert launcher.pick(s, "auto", True).load().supports(s) is None, name
+
+
+def test_auto_with_no_taker_explains_each_variant():
+    with pytest.raises(ValueError) as info:
+        launcher.pick(spec(Hq=12), "auto")
+    msg = str(info.value)
+    assert "no variant can take" in msg
+    for v in ALL:
+        assert f"{v.name}:" in msg, msg
+
+
+@pytest.mark.parametrize("v", ALL, ids=IDS)
+def test_named_variant_that_supports(v):
+    for s in SPECS.values():
+        if v.load().supports(s) is None:
+            assert launcher.pick(s, v.name) is v
+
+
+@pytest.fixture
+def fake_variants(monkeypatch):
+    """Two extra registry entries backed by in-memory modules: 'narrow' (only G = 1, highest
+    rank) and 'hopper-only' (anything, needs sm_90, ranked above the real ones)."""
+    def module(name, rule):
+        m = types.ModuleType(name)
+        m.supports = rule
+        m.launch = lambda *a: None
+        m.compile_configs = lambda: []
+        monkeypatch.setitem(sys.modules, name, m)
+        return name
+
+    top = max(v.rank for v in ALL)
+    narrow = Variant("narrow", module("_fake_narrow", lambda s: None if s.G == 1 else
+                                      f"G = {s.G}: narrow takes G = 1 only"),
+                     needs_hopper=False, rank=top + 2, supports="G = 1 only")
+    hop = Variant("hopper-only", module("_fake_hopper", lambda s: None),
+                  needs_hopper=True, rank=top + 1, supports="any shape")
+    table = dict(registry._REGISTRY)
+    table.update({narrow.name: narrow, hop.name: hop})
+    monkeypatch.setattr(registry, "_REGISTRY", table)
+    return narrow, hop
+
+
+def test_unsupported_named_variant_names_one_that_can(fake_variants):
+    narrow, hop = fake_variants
+    s = spec(Hq=16)  # G = 16
+    with pytest.raises(ValueError) as info:
+        launcher.pick(s, "narrow")
+    msg = str(info.value)
+    assert "variant 'narrow' cannot take" in msg and "narrow takes G = 1 only" in msg, msg
+    assert "variants that can:" in msg and "hopper-only" in msg, msg
+    for v in ALL:  # the real variants that take it are offered too
+        if v.load().supports(s) is None:
+            assert v.name in msg, msg
+
+
+def test_real_variant_refusal_names_fake_taker(fake_variants):
+    """A real variant that refuses G = 12 points at the (fake) variant that takes anything."""
+    s = spec(Hq=12)
+    for v in ALL:
+        if v.load().supports(s) is not None:
+            with pytest.raises(ValueError, match="variants that can: .*hopper-only"):
+                launcher.pick(s, v.name)
+
+
+def test_auto_rank_order_and_hopper_filter(fake_variants):
+    narrow, hop = fake_variants
+    assert launcher.pick(spec(Hq=1), "auto") is narrow          # highest rank that takes G = 1
+    assert launcher.pick(spec(Hq=16), "auto") is hop            # narrow refuses; hop next
+    real_sm80 = [v for v in ALL if not v.needs_hopper and v.load().supports(spec(Hq=16)) is None]
+    if real_sm80:  # sm_80: hop skipped, a real non-Hopper variant taken
+        not_hop = launcher.pick(spec(Hq=16), "auto", hopper=False)
+        assert not not_hop.needs_hopper and not_hop.name not in ("narrow", "hopper-only")
+    else:
+        with pytest.raises(ValueError, match="hopper-only: needs sm_90"):
+            launcher.pick(spec(Hq=16), "auto", hopper=False)
+    assert variants()["narrow"] == "G = 1 only"

@@ -1,0 +1,188 @@
+"""Bad input turns into a clear Python error naming the argument, before any device work (CPU)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import simplicial_attn
+from simplicial_attn import forward, reference, variants
+
+B, N, HQ, HK, D = 2, 5, 4, 2, 64
+
+
+@pytest.fixture
+def good(rand):
+    """A valid call's arguments as a dict (CPU tensors)."""
+    q, k1, k2, v1, v2 = rand(B, N, HQ, HK, D)
+    return dict(q=q, k1=k1, k2=k2, v1=v1, v2=v2, w1=3, w2=4)
+
+
+def t(shape, dtype=torch.bfloat16, device="cpu"):
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+# name -> (changes to the good call, exception type, message fragment).
+# Every case breaks exactly one thing, so it also pins which check runs first.
+SHAPE_CASES = {
+    "q_not_tensor": (dict(q=[[0.0]]), TypeError, "q must be a torch.Tensor, got list"),
+    "k2_str": (dict(k2="k2"), TypeError, "k2 must be a torch.Tensor, got str"),
+    "v1_none": (dict(v1=None), TypeError, "v1 must be a torch.Tensor, got NoneType"),
+    "q_rank3": (dict(q=t((N, HQ, D))), ValueError, "q must have rank 4"),
+    "q_rank5": (dict(q=t((1, B, N, HQ, D))), ValueError, "q must have rank 4"),
+    "k1_rank3": (dict(k1=t((B, N, HK * D))), ValueError, "k1 must have rank 4"),
+    "v2_rank2": (dict(v2=t((N, D))), ValueError, "v2 must have rank 4"),
+    "q_float32": (dict(q=t((B, N, HQ, D), torch.float32)), TypeError, "q must be torch.bfloat16"),
+    "q_float16": (dict(q=t((B, N, HQ, D), torch.float16)), TypeError, "q must be torch.bfloat16"),
+    "q_int32": (dict(q=t((B, N, HQ, D), torch.int32)), TypeError, "q must be torch.bfloat16"),
+    "v1_float32": (dict(v1=t((B, N, HK, D), torch.float32)), TypeError, "v1 must be torch.bfloat16"),
+    "v1_float16": (dict(v1=t((B, N, HK, D), torch.float16)), TypeError, "v1 must be torch.bfloat16"),
+    "v1_int64": (dict(v1=t((B, N, HK, D), torch.int64)), TypeError, "v1 must be torch.bfloat16"),
+    "k1_B": (dict(k1=t((B + 1, N, HK, D))), ValueError, "k1 has B (dim 0) = 3 but q has 2"),
+    "v2_N": (dict(v2=t((B, N - 1, HK, D))), ValueError, "v2 has N (dim 1) = 4 but q has 5"),
+    "k2_D": (dict(k2=t((B, N, HK, 128))), ValueError, "k2 has D (dim 3) = 128 but q has 64"),
+    "v1_Hk": (dict(v1=t((B, N, 1, D))), ValueError, "v1 has Hk (dim 2) = 1 but k1 has 2"),
+    "k2_Hk": (dict(k2=t((B, N, 4, D))), ValueError, "k2 has Hk (dim 2) = 4 but k1 has 2"),
+    "Hq_not_multiple": (dict(q=t((B, N, 6, D)), k1=t((B, N, 4, D)), k2=t((B, N, 4, D)),
+                             v1=t((B, N, 4, D)), v2=t((B, N, 4, D))),
+                        ValueError, "Hq=6 must be a multiple of Hk=4"),
+    "Hq_zero": (dict(q=t((B, N, 0, D))), ValueError, "head counts must be >= 1"),
+    "D96": (dict(q=t((B, N, HQ, 96)), k1=t((B, N, HK, 96)), k2=t((B, N, HK, 96)),
+                 v1=t((B, N, HK, 96)), v2=t((B, N, HK, 96))),
+            ValueError, "head dim D=96 is not supported"),
+    "D256": (dict(q=t((B, N, HQ, 256)), k1=t((B, N, HK, 256)), k2=t((B, N, HK, 256)),
+                  v1=t((B, N, HK, 256)), v2=t((B, N, HK, 256))),
+             ValueError, "head dim D=256 is not supported"),
+    "w1_zero": (dict(w1=0), ValueError, "w1 must be a positive int"),
+    "w2_zero": (dict(w2=0), ValueError, "w2 must be a positive int"),
+    "w1_negative": (dict(w1=-3), ValueError, "w1 must be a positive int"),
+    "w2_negative": (dict(w2=-1), ValueError, "w2 must be a positive int"),
+    "w1_float": (dict(w1=3.0), TypeError, "w1 must be a positive int, got float"),
+    "w2_float": (dict(w2=2.5), TypeError, "w2 must be a positive int, got float"),
+    "w1_bool": (dict(w1=True), TypeError, "w1 must be a positive int, got bool"),
+    "w2_bool": (dict(w2=False), TypeError, "w2 must be a positive int, got bool"),
+    "w1_none": (dict(w1=None), TypeError, "w1 must be a positive int, got NoneType"),
+    "w2_str": (dict(w2="4"), TypeError, "w2 must be a positive int, got str"),
+    "w2_tensor": (dict(w2=torch.tensor(4)), TypeError, "w2 must be a positive int, got Tensor"),
+    "scale_negative": (dict(sm_scale=-0.1), ValueError, "sm_scale must be a finite positive float"),
+    "scale_zero": (dict(sm_scale=0.0), ValueError, "sm_scale must be a finite positive float"),
+    "scale_int_zero": (dict(sm_scale=0), ValueError, "sm_scale must be a finite positive float"),
+    "scale_nan": (dict(sm_scale=math.nan), ValueError, "sm_scale must be a finite positive float"),
+    "scale_inf": (dict(sm_scale=math.inf), ValueError, "sm_scale must be a finite positive float"),
+    "scale_str": (dict(sm_scale="0.1"), TypeError, "sm_scale must be a float or None, got str"),
+    "scale_bool": (dict(sm_scale=True), TypeError, "sm_scale must be a float or None, got bool"),
+    "devices_differ": (dict(q=t((B, N, HQ, D), device="meta")), ValueError,
+                       "must be on one device"),
+}
+
+
+def call(fn, args: dict):
+    a = dict(args)
+    pos = [a.pop(k) for k in ("q", "k1", "k2", "v1", "v2", "w1", "w2")]
+    return fn(*pos, **a)
+
+
+@pytest.mark.parametrize("fn", [forward, reference], ids=["forward", "reference"])
+@pytest.mark.parametrize("case", SHAPE_CASES.values(), ids=SHAPE_CASES.keys())
+def test_bad_input(case, fn, good):
+    change, exc, frag = case
+    with pytest.raises(exc) as info:
+        call(fn, {**good, **change})
+    assert frag in str(info.value), f"message {str(info.value)!r} lacks {frag!r}"
+
+
+def test_devices_message_lists_each_tensor(good):
+    with pytest.raises(ValueError) as info:
+        call(forward, {**good, "k2": t((B, N, HK, D), device="meta")})
+    msg = str(info.value)
+    assert "k2:meta" in msg and "q:cpu" in msg, msg
+
+
+def test_unknown_variant_lists_known(good):
+    with pytest.raises(ValueError) as info:
+        call(forward, {**good, "variant": "no-such-kernel"})
+    msg = str(info.value)
+    assert "unknown variant 'no-such-kernel'" in msg, msg
+    for name in variants():
+        assert name in msg, f"{name!r} missing from {msg!r}"
+
+
+@pytest.mark.parametrize("bad", [None, 3, ["triton"]])
+def test_variant_not_a_string(bad, good):
+    with pytest.raises(TypeError, match="variant must be a str"):
+        call(forward, {**good, "variant": bad})
+
+
+@pytest.mark.parametrize("name", list(variants()))
+def test_named_variant_cannot_take_g12(name, rand):
+    """G = 12 is no power of two: every variant that refuses it says which shape and why."""
+    q, k1, k2, v1, v2 = rand(1, 4, 12, 1, 64)
+    from simplicial_attn import registry
+    from simplicial_attn.spec import validate
+    why = registry.get(name).load().supports(validate(q, k1, k2, v1, v2, 2, 2))
+    if why is None:
+        pytest.skip(f"{name} takes G=12")
+    with pytest.raises(ValueError) as info:
+        forward(q, k1, k2, v1, v2, 2, 2, variant=name)
+    msg = str(info.value)
+    assert f"variant {name!r} cannot take" in msg and "Hq=12 Hk=1" in msg, msg
+    assert why in msg, msg
+
+
+def test_auto_cannot_take_g12_says_why(rand):
+    q, k1, k2, v1, v2 = rand(1, 4, 12, 1, 64)
+    with pytest.raises(ValueError) as info:
+        forward(q, k1, k2, v1, v2, 2, 2)
+    msg = str(info.value)
+    assert "no variant can take" in msg and "Hq=12" in msg and "G = Hq/Hk = 12" in msg, msg
+
+
+@pytest.mark.parametrize("variant", ["auto", *variants()])
+def test_cpu_tensors_need_cuda(variant, good):
+    with pytest.raises(ValueError) as info:
+        call(forward, {**good, "variant": variant})
+    msg = str(info.value)
+    assert "CUDA GPU" in msg and "cpu" in msg, msg
+
+
+def test_meta_tensors_need_cuda(good):
+    metas = {k: (torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) else v)
+             for k, v in good.items()}
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        call(forward, metas)
+
+
+def test_cpu_empty_inputs_still_need_cuda(rand):
+    """Device checks do not depend on the problem being empty."""
+    x = rand(0, 4, 4, 2, 64)
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        forward(*x, 2, 2)
+
+
+def test_reference_accepts_cpu(good):
+    out, lse = call(reference, good)
+    assert out.device.type == "cpu" and out.shape == (B, N, HQ, D)
+    assert lse.device.type == "cpu" and lse.shape == (B, HQ, N)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+def test_reference_non_contiguous_inputs(rand, gen):
+    """q from a transposed [B, Hq, N, D] tensor, k1 a slice of a wider tensor, v2 with a
+    token-major batch layout: same result as contiguous copies."""
+    q, k1, k2, v1, v2 = rand(B, N, HQ, HK, D)
+    q_nc = q.transpose(1, 2).contiguous().transpose(1, 2)
+    wide = torch.randn(B, N, HK, 2 * D, generator=gen).bfloat16()
+    wide[..., D:] = k1
+    k1_nc = wide[..., D:]
+    v2_nc = v2.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not any(x.is_contiguous() for x in (q_nc, k1_nc, v2_nc))
+    assert torch.equal(q_nc, q) and torch.equal(k1_nc, k1) and torch.equal(v2_nc, v2)
+    a = reference(q, k1, k2, v1, v2, 3, 4)
+    b = reference(q_nc, k1_nc, k2, v1, v2_nc, 3, 4)
+    assert (a[0] - b[0]).abs().max() <= 1e-12
+    assert (a[1] - b[1]).abs().max() <= 1e-12
+
+
+def test_public_api():
+    assert set(simplicial_attn.__all__) >= {"forward", "reference", "variants", "flops"}
