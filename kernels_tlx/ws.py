@@ -41,8 +41,8 @@ def consume_block(acc, m_i, l_i, q_smem, k2_tile, v2_tile, k1_base, v1_base, kb,
     offs_d = tl.arange(0, D)
     k2t = tlx.local_trans(k2_tile)
     for j in range(j_lo, j_hi + 1):
-        k1j = tl.load(k1_base + j * (HK * D) + offs_d)
-        v1j = tl.load(v1_base + j * (HK * D) + offs_d).to(tl.float32)
+        k1j = tl.load(k1_base + j.to(tl.int64) * (HK * D) + offs_d)
+        v1j = tl.load(v1_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
         a = tlx.local_load(q_smem) * k1j[None, :]
         s = tlx.async_dot(a, k2t)
         s = tlx.async_dot_wait(0, s) * qk_scale

@@ -38,8 +38,8 @@ def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs
     """One K2/V2 block against every j of the tile's K1/V1 window."""
     k2t = tl.trans(k2)
     for j in range(j_lo, j_hi + 1):
-        k1j = tl.load(k1_base + j * (HK * D) + offs_d)
-        v1j = tl.load(v1_base + j * (HK * D) + offs_d).to(tl.float32)
+        k1j = tl.load(k1_base + j.to(tl.int64) * (HK * D) + offs_d)
+        v1j = tl.load(v1_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
         a = q * k1j[None, :]
         s = tl.dot(a, k2t) * qk_scale
         s = mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J, MASK_K)
