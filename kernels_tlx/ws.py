@@ -5,7 +5,7 @@ Warp groups:
   `kernels_triton.tiling.key_block` and TMA-loads each into a ring of NUM_BUFFERS shared-memory
   slots; `fulls[i]` (1 arrival + transaction bytes) says a slot is loaded, `empties[i]` (one arrival
   per consumer) says both consumers are done with it.
-- NUM_CONSUMERS = 2 consumer warp groups (4 warps, 64 rows each) share every K2/V2 slot, so each
+- Two consumer warp groups (4 warps, 64 rows each) share every K2/V2 slot, so each
   block crosses L2 -> shared memory once per 128 rows. Each keeps its Q rows in shared memory and,
   for every j of the w1 window: A = Q * K1[j] in registers -> RS-wgmma with K2^T -> online softmax
   in exp2 -> wgmma P @ V2 -> acc = acc * alpha + (P @ V2) * V1[j] (V1 multiplies the GEMM output;
@@ -22,14 +22,11 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (key_block, key_blocks, load_q, mask_scores, row_coords,
-                                   softmax_step, store_rows, tile_coords)
+from kernels_triton.tiling import (LOG2E, grid, key_block, key_blocks, load_q, mask_scores,
+                                   row_coords, softmax_step, store_rows, tile_coords)
+from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
-
-LOG2E = 1.4426950408889634
-SUPPORTED_G = (1, 2, 4, 8, 16, 32, 64, 128)
-NUM_CONSUMERS = 2
 
 
 @triton.jit
@@ -119,11 +116,6 @@ def _config(spec: ProblemSpec) -> dict:
                 num_stages=1)
 
 
-def grid(spec: ProblemSpec, block_m: int) -> tuple[int, int]:
-    hpt = min(spec.G, block_m)
-    return (triton.cdiv(spec.N, block_m // hpt) * (spec.G // hpt), spec.B * spec.Hk)
-
-
 def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
     """TMA view of a contiguous [B, N, Hk, D] tensor as [B*N, Hk*D]; a block is [block_n, D] at
     [b*N + token, g*D]. Rows past a batch's N belong to the next batch (or are zero past B*N): they
@@ -131,14 +123,6 @@ def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
     hd = spec.Hk * spec.D
     return TensorDescriptor(t, shape=[spec.B * spec.N, hd], strides=[hd, 1],
                             block_shape=[block_n, spec.D])
-
-
-def supports(spec: ProblemSpec) -> str | None:
-    if spec.G not in SUPPORTED_G:
-        return f"G = Hq/Hk = {spec.G} must be a power of two <= 128"
-    if spec.D not in (64, 128):
-        return f"D = {spec.D} not in (64, 128)"
-    return None
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse) -> None:

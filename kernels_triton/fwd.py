@@ -6,7 +6,8 @@ G > BLOCK_M the G heads are split over G // BLOCK_M neighbouring programs, which
 K2/V2 window while it is hot in L2. Every row of a tile shares one K1/K2/V1/V2 head.
 
 Loop order: K2/V2 blocks outside, the w1 window of K1/V1 inside. A K2/V2 block is loaded once per
-tile by TMA (a tensor descriptor: straight into shared memory, no register staging) and stays in shared memory while all (T + w1 - 1) rows j of K1/V1 pass over it:
+tile by TMA (a tensor descriptor: straight into shared memory, no register staging) and stays
+in shared memory while all (T + w1 - 1) rows j of K1/V1 pass over it:
     A  = Q * K1[j]              (CUDA cores, registers)     [BLOCK_M, D]
     S  = A @ K2[blk]^T          (tensor cores)              [BLOCK_M, BLOCK_N]
     online softmax in exp2 over all (j, k) seen so far
@@ -22,13 +23,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (key_block, key_blocks, load_q, mask_scores, row_coords,
-                                   softmax_step, store_rows, tile_coords)
+from kernels_triton.tiling import (LOG2E, grid, key_block, key_blocks, load_q, mask_scores,
+                                   row_coords, softmax_step, store_rows, tile_coords)
+from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
-
-LOG2E = 1.4426950408889634
-SUPPORTED_G = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @triton.jit
@@ -91,25 +90,12 @@ def _config(spec: ProblemSpec) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1)
 
 
-def grid(spec: ProblemSpec, block_m: int) -> tuple[int, int]:
-    hpt = min(spec.G, block_m)
-    return (triton.cdiv(spec.N, block_m // hpt) * (spec.G // hpt), spec.B * spec.Hk)
-
-
 def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
     """TMA view of a contiguous [B, N, Hk, D] tensor as [B, N, Hk*D]; a block is one head's
     [1, block_n, D] token run (coordinates [b, token, g*D])."""
     hd = spec.Hk * spec.D
     return TensorDescriptor(t, shape=[spec.B, spec.N, hd], strides=[spec.N * hd, hd, 1],
                             block_shape=[1, block_n, spec.D])
-
-
-def supports(spec: ProblemSpec) -> str | None:
-    if spec.G not in SUPPORTED_G:
-        return f"G = Hq/Hk = {spec.G} must be a power of two <= 128"
-    if spec.D not in (64, 128):
-        return f"D = {spec.D} not in (64, 128)"
-    return None
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse) -> None:

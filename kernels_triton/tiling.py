@@ -8,6 +8,26 @@ Producer and consumers enumerate the same sequence, block index t = 0, 1, ... vi
 import triton
 import triton.language as tl
 
+from simplicial_attn.spec import ProblemSpec
+
+LOG2E = 1.4426950408889634
+SUPPORTED_G = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def supports(spec: ProblemSpec) -> str | None:
+    """Shapes this tiling takes: G a power of two up to 128, D in {64, 128}; any B, N, Hk, w."""
+    if spec.G not in SUPPORTED_G:
+        return f"G = Hq/Hk = {spec.G} must be a power of two <= 128"
+    if spec.D not in (64, 128):
+        return f"D = {spec.D} not in (64, 128)"
+    return None
+
+
+def grid(spec: ProblemSpec, block_m: int) -> tuple[int, int]:
+    """(token tiles x head splits, B * Hk) programs for BLOCK_M-row tiles."""
+    hpt = min(spec.G, block_m)
+    return (triton.cdiv(spec.N, block_m // hpt) * (spec.G // hpt), spec.B * spec.Hk)
+
 
 @triton.jit
 def tile_coords(pid0, N, G: tl.constexpr, BLOCK_M: tl.constexpr):
