@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (LOG2E, grid, key_block, key_blocks, load_q, mask_scores,
-                                   row_coords, softmax_step, store_rows, tile_coords)
+from kernels_triton.tiling import (LOG2E, enter, grid, key_block, key_blocks, leave, load_q,
+                                   mask_scores, row_coords, softmax_step, store_rows, tile_coords)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -33,25 +33,34 @@ from simplicial_attn.spec import ProblemSpec
 @triton.jit
 def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs_n, offs_d,
            w1, w2, qk_scale, HK: tl.constexpr, D: tl.constexpr, MASK_J: tl.constexpr,
-           MASK_K: tl.constexpr):
+           MASK_K: tl.constexpr, PROFILE: tl.constexpr):
     """One K2/V2 block against every j of the tile's K1/V1 window."""
     k2t = tl.trans(k2)
     for j in range(j_lo, j_hi + 1):
+        enter("qk_gemm", PROFILE)
         k1j = tl.load(k1_base + j.to(tl.int64) * (HK * D) + offs_d)
         v1j = tl.load(v1_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
         a = q * k1j[None, :]
         s = tl.dot(a, k2t) * qk_scale
+        leave("qk_gemm", PROFILE)
+        enter("softmax", PROFILE)
         s = mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J, MASK_K)
         p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
+        leave("softmax", PROFILE)
+        enter("pv_gemm", PROFILE)
         pv = tl.dot(p.to(tl.bfloat16), v2)
+        leave("pv_gemm", PROFILE)
+        enter("v1_mul", PROFILE)
         acc = acc * alpha[:, None] + pv * v1j[None, :]
+        leave("v1_mul", PROFILE)
     return acc, m_i, l_i
 
 
 @triton.jit
 def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                           HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          PROFILE: tl.constexpr = False):
     T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)  # tokens per tile
     b = tl.program_id(1) // HK
     g = tl.program_id(1) % HK
@@ -72,17 +81,23 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     n_int = n_hi - n_lo
     for t in range(0, n_int):  # interior blocks: every row sees every key
         kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+        enter("load_kv", PROFILE)
         k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
+        leave("load_kv", PROFILE)
         acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
-                               offs_n, offs_d, w1, w2, qk_scale, HK, D, T > 1, False)
+                               offs_n, offs_d, w1, w2, qk_scale, HK, D, T > 1, False, PROFILE)
     for t in range(n_int, n_blocks):  # edge blocks: masked per (row, key)
         kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+        enter("load_kv", PROFILE)
         k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros
         v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
+        leave("load_kv", PROFILE)
         acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
-                               offs_n, offs_d, w1, w2, qk_scale, HK, D, T > 1, True)
+                               offs_n, offs_d, w1, w2, qk_scale, HK, D, T > 1, True, PROFILE)
+    enter("epilogue", PROFILE)
     store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ, G, D)
+    leave("epilogue", PROFILE)
 
 
 def _config(spec: ProblemSpec) -> dict:
@@ -98,13 +113,15 @@ def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
                             block_shape=[1, block_n, spec.D])
 
 
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse) -> None:
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
+    """Run the kernel; profile=True compiles the Proton-scoped copy (profiling/trace.py)."""
     cfg = _config(spec)
     k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
     simplicial_fwd_kernel[grid(spec, cfg["BLOCK_M"])](
         q, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
         HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        BLOCK_N=cfg["BLOCK_N"], PROFILE=profile, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
 
 
 def compile_configs() -> list[CompileConfig]:

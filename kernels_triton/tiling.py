@@ -8,7 +8,11 @@ Producer and consumers enumerate the same sequence, block index t = 0, 1, ... vi
 import triton
 import triton.language as tl
 
+from triton.profiler import language as pl
+
 from simplicial_attn.spec import ProblemSpec
+
+pl.enable_semantic("triton")  # Proton scopes in Triton-DSL kernels (off unless PROFILE is set)
 
 LOG2E = 1.4426950408889634
 SUPPORTED_G = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -27,6 +31,20 @@ def grid(spec: ProblemSpec, block_m: int) -> tuple[int, int]:
     """(token tiles x head splits, B * Hk) programs for BLOCK_M-row tiles."""
     hpt = min(spec.G, block_m)
     return (triton.cdiv(spec.N, block_m // hpt) * (spec.G // hpt), spec.B * spec.Hk)
+
+
+@triton.jit
+def enter(NAME: tl.constexpr, PROFILE: tl.constexpr):
+    """Open Proton scope NAME when the kernel is compiled with PROFILE (profiling/trace.py);
+    timed kernels are compiled without it and carry no instrumentation."""
+    if PROFILE:
+        pl.enter_scope(NAME)
+
+
+@triton.jit
+def leave(NAME: tl.constexpr, PROFILE: tl.constexpr):
+    if PROFILE:
+        pl.exit_scope(NAME)
 
 
 @triton.jit

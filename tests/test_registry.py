@@ -72,9 +72,12 @@ def test_module_interface(v):
     for c in configs:
         assert isinstance(c, CompileConfig)
         assert c.num_warps in (1, 2, 4, 8, 16, 32) and c.num_stages >= 1, c
-        arg_names = getattr(c.fn, "arg_names", None)
-        if arg_names is not None:  # a @triton.jit function: its signature covers every argument
-            assert set(c.signature) == set(arg_names), (c.name, set(c.signature) ^ set(arg_names))
+        params = getattr(c.fn, "params", None)
+        if params is not None:  # a @triton.jit function: the signature names only its arguments,
+            names = {p.name for p in params}  # and every one without a default value
+            required = {p.name for p in params if not p.has_default}
+            assert set(c.signature) <= names, (c.name, set(c.signature) - names)
+            assert required <= set(c.signature), (c.name, required - set(c.signature))
         for k in c.constexprs:
             assert c.signature.get(k) == "constexpr", (c.name, k)
 
