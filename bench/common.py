@@ -5,6 +5,7 @@ is timed the same way.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import datetime
 import json
@@ -79,6 +80,53 @@ def sweep_shapes(base: Shape, ns: Sequence[int] = SWEEP_N,
                  w2s: Sequence[int] = SWEEP_W2) -> list[Shape]:
     """`base` with N and w2 replaced by every pair of `ns` x `w2s`; w2 outer, N inner (ascending)."""
     return [replace(base, N=n, w2=w2) for w2 in w2s for n in ns]
+
+
+# ---------------------------------------------------------------------------------------------
+# Command-line pieces (bench/fwd.py, profiling/trace.py)
+
+H100_SXM_BF16_DENSE_TFLOPS = 989.0  # H100 SXM dense bf16 tensor-core peak (datasheet)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def add_shape_args(p: argparse.ArgumentParser, default_preset: str) -> None:
+    """Add --preset and the per-dimension overrides --B --N --hq --hk --d --w1 --w2."""
+    p.add_argument("--preset", choices=list(PRESETS), default=default_preset,
+                   help=f"base shape (default: {default_preset})")
+    for flag, dest, what in (("--B", "B", "batch"), ("--N", "N", "sequence length"),
+                             ("--hq", "hq", "query heads Hq"), ("--hk", "hk", "KV heads Hk"),
+                             ("--d", "d", "head dim D"), ("--w1", "w1", "window of K1/V1"),
+                             ("--w2", "w2", "window of K2/V2")):
+        p.add_argument(flag, dest=dest, type=positive_int, metavar="INT",
+                       help=f"override the preset's {what}")
+
+
+def shape_from_args(args: argparse.Namespace) -> Shape:
+    """The preset with the command line's overrides (add_shape_args) applied."""
+    s = PRESETS[args.preset]
+    overrides = dict(B=args.B, N=args.N, Hq=args.hq, Hk=args.hk, D=args.d, w1=args.w1, w2=args.w2)
+    return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ from typing import Callable, Sequence  # noqa: E402
 import torch  # noqa: E402
 
 import simplicial_attn  # noqa: E402
-from bench.common import (PRESETS, SWEEP_N, SWEEP_W2, Shape, make_inputs, median_ms,  # noqa: E402
-                          metadata_line, plot_tflops_vs_n, print_table, run_metadata,
-                          sweep_shapes, tflops, write_rows)
+from bench.common import (H100_SXM_BF16_DENSE_TFLOPS, PRESETS, SWEEP_N,  # noqa: E402
+                          SWEEP_W2, Shape, add_shape_args, make_inputs, median_ms,
+                          metadata_line, plot_tflops_vs_n, positive_float, print_table,
+                          run_metadata, shape_from_args, sweep_shapes, tflops, write_rows)
 from simplicial_attn import launcher, registry  # noqa: E402
 from simplicial_attn.spec import SUPPORTED_HEAD_DIMS, check_device, validate  # noqa: E402
 
@@ -45,7 +46,6 @@ PROG = "bench/fwd.py"
 OUT_REL_TOL = 2e-2   # ||out - ref||_F / ||ref||_F
 LSE_ABS_TOL = 2e-2   # max |lse - ref_lse|
 
-H100_SXM_BF16_DENSE_TFLOPS = 989.0  # H100 SXM dense bf16 tensor-core peak (datasheet)
 MATMUL_SIZE = 8192                   # the --peers matmul: M = N = K
 
 TABLE_COLUMNS = [
@@ -67,26 +67,6 @@ class CheckFailed(Exception):
 # Arguments
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     names = [v.name for v in registry.all_variants()]
     presets = ", ".join(f"{k}: {v.short()}" for k, v in PRESETS.items())
@@ -100,14 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", action="append", choices=names + ["all"], metavar="NAME",
                    help=f"variant to time, repeatable; one of {', '.join(names)}, or 'all' "
                         f"(default: all)")
-    p.add_argument("--preset", choices=list(PRESETS), default="star",
-                   help="base shape (default: star)")
-    for flag, dest, what in (("--B", "B", "batch"), ("--N", "N", "sequence length"),
-                             ("--hq", "hq", "query heads Hq"), ("--hk", "hk", "KV heads Hk"),
-                             ("--d", "d", "head dim D"), ("--w1", "w1", "window of K1/V1"),
-                             ("--w2", "w2", "window of K2/V2")):
-        p.add_argument(flag, dest=dest, type=_positive_int, metavar="INT",
-                       help=f"override the preset's {what}")
+    add_shape_args(p, default_preset="star")
     p.add_argument("--sweep", action="store_true",
                    help="time every N x w2 of the sweep (other dims from preset/overrides)")
     p.add_argument("--no-check", dest="check", action="store_false",
@@ -119,18 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the rows (with run metadata) as JSON")
     p.add_argument("--plot", metavar="PATH.png", help="plot TFLOPS vs N per variant (matplotlib)")
     p.add_argument("--seed", type=int, default=0, metavar="INT", help="input seed (default: 0)")
-    p.add_argument("--warmup-ms", type=_positive_float, default=100.0, metavar="MS",
+    p.add_argument("--warmup-ms", type=positive_float, default=100.0, metavar="MS",
                    help="do_bench warm-up time per measurement (default: 100)")
-    p.add_argument("--rep-ms", type=_positive_float, default=1000.0, metavar="MS",
+    p.add_argument("--rep-ms", type=positive_float, default=1000.0, metavar="MS",
                    help="do_bench timed-repetition time per measurement (default: 1000)")
     return p
-
-
-def base_shape(args: argparse.Namespace) -> Shape:
-    """The preset with the command line's overrides applied."""
-    s = PRESETS[args.preset]
-    overrides = dict(B=args.B, N=args.N, Hq=args.hq, Hk=args.hk, D=args.d, w1=args.w1, w2=args.w2)
-    return replace(s, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def _check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
@@ -149,7 +115,7 @@ def parse_args(argv: Sequence[str] | None = None
 
     if args.sweep and (args.N is not None or args.w2 is not None):
         parser.error("--sweep sets N and w2 itself; drop --N/--w2")
-    shape = base_shape(args)
+    shape = shape_from_args(args)
     if shape.Hq % shape.Hk != 0:
         parser.error(f"--hq {shape.Hq} must be a multiple of --hk {shape.Hk} (grouped-query heads)")
     if shape.D not in SUPPORTED_HEAD_DIMS:

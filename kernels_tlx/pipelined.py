@@ -27,11 +27,16 @@ from simplicial_attn.spec import ProblemSpec
 
 
 @triton.jit
-def _qk(a, k2_tiles, fulls, c, NUM_BUFFERS: tl.constexpr):
-    """Wait for ring slot of block counter c and issue the QK wgmma on it (not waited)."""
+def _qk(a, k2_tiles, fulls, c, NUM_BUFFERS: tl.constexpr, PROFILE: tl.constexpr):
+    """Wait for the ring slot of block counter c, then issue the QK wgmma on it (not waited)."""
     buf = c % NUM_BUFFERS
+    enter("wait_kv", PROFILE)
     tlx.barrier_wait(tlx.local_view(fulls, buf), (c // NUM_BUFFERS) & 1)
-    return tlx.async_dot(a, tlx.local_trans(tlx.local_view(k2_tiles, buf)))
+    leave("wait_kv", PROFILE)
+    enter("qk_gemm", PROFILE)
+    s = tlx.async_dot(a, tlx.local_trans(tlx.local_view(k2_tiles, buf)))
+    leave("qk_gemm", PROFILE)
+    return s
 
 
 @triton.jit
@@ -113,8 +118,9 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
                 tlx.fence_async_shared()
                 c0 = r * n_blocks
                 # block 0 (peeled): QK, softmax
+                s = _qk(a, k2_tiles, fulls, c0, NUM_BUFFERS, PROFILE)
                 enter("qk_gemm", PROFILE)
-                s = tlx.async_dot_wait(0, _qk(a, k2_tiles, fulls, c0, NUM_BUFFERS))
+                s = tlx.async_dot_wait(0, s)
                 leave("qk_gemm", PROFILE)
                 enter("softmax", PROFILE)
                 p, alpha, m_i, l_i = _scores_softmax(s, 0, n_int, j, i_hi, k_lo, n_lo, n_hi, tok,
@@ -126,8 +132,8 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
                 buf_prev = c0 % NUM_BUFFERS
                 for t in range(1, n_blocks):
                     c = c0 + t
+                    s = _qk(a, k2_tiles, fulls, c, NUM_BUFFERS, PROFILE)     # QK(t)
                     enter("qk_gemm", PROFILE)
-                    s = _qk(a, k2_tiles, fulls, c, NUM_BUFFERS)              # QK(t)
                     acc_j = tlx.async_dot(p_prev, tlx.local_view(v2_tiles, buf_prev), acc_j)
                     s = tlx.async_dot_wait(1, s)                             # PV(t-1) runs on
                     leave("qk_gemm", PROFILE)

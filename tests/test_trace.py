@@ -1,0 +1,427 @@
+"""Tests of profiling/trace.py: summary, trim, plot and kernel table on CPU (real traces in
+tests/data and hand-built ones), the CLI, and (gpu marker) a capture of every registered variant."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench.common import H100_SXM_BF16_DENSE_TFLOPS, Shape
+from profiling import trace
+from simplicial_attn import registry
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(REPO_ROOT, "tests", "data")
+TRITON = os.path.join(DATA, "triton_small.chrome_trace")
+TLX_WS = os.path.join(DATA, "tlx_ws_small.chrome_trace")
+REAL = {"triton": TRITON, "tlx_ws": TLX_WS}
+STEP = ("qk_gemm", "softmax", "pv_gemm", "v1_mul")
+
+
+def run_cli(*args: str, module: bool = False) -> subprocess.CompletedProcess:
+    cmd = ([sys.executable, "-m", "profiling.trace"] if module
+           else [sys.executable, os.path.join("profiling", "trace.py")])
+    return subprocess.run([*cmd, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def summaries() -> dict:
+    return {name: trace.summarize(trace.load_trace(path)) for name, path in REAL.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The two real traces
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_consumer_warps_have_every_step_scope_equally_often(summaries, name):
+    s = summaries[name]
+    consumers = [g for g in s["groups"] if g["role"] == "consumer"]
+    assert consumers
+    for g in consumers:
+        for w in g["warps"]:
+            counts = s["per_warp"][w]["counts"]
+            assert all(counts.get(k, 0) > 0 for k in STEP), (w, counts)
+            assert len({counts[k] for k in STEP}) == 1, (w, counts)
+    assert s["warnings"] == []
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_busy_bubble_and_shares_are_consistent(summaries, name):
+    s = summaries[name]
+    for g in s["groups"]:
+        shares = [v["share"] for v in g["scopes"].values()]
+        assert all(0 <= x <= 1 for x in shares)
+        assert sum(shares) + g["outside_share"] == pytest.approx(1.0)
+        assert g["outside_share"] >= 0
+        if g["role"] != "consumer":
+            assert g["tc_busy"] is None
+            continue
+        assert 0 < g["tc_busy"] < 1
+        non_gemm = g["outside_share"] + sum(v["share"] for k, v in g["scopes"].items()
+                                            if k not in trace.GEMM_SCOPES)
+        # the union over a group's warps is close to one warp's own gemm share: the warps of a
+        # warp group issue the wgmma together
+        assert g["tc_busy"] + non_gemm == pytest.approx(1.0, abs=0.02)
+        assert g["tc_busy"] >= g["gemm_share"] - 1e-9  # union over warps >= the mean of them
+    assert 0 <= s["bubble"] < 1
+    for c in s["per_cta"]:
+        assert 0 <= c["bubble"] < 1
+    assert s["ctas"] == 3
+
+
+def test_triton_single_group_bubble_is_one_minus_busy(summaries):
+    s = summaries["triton"]
+    (g,) = s["groups"]
+    assert g["role"] == "consumer" and g["warps"] == [0, 1, 2, 3]
+    assert s["bubble"] == pytest.approx(1.0 - g["tc_busy"])
+    assert set(g["scopes"]) == {"load_kv", "qk_gemm", "softmax", "pv_gemm", "v1_mul", "epilogue"}
+
+
+def test_tlx_ws_load_kv_only_on_the_producer_group(summaries):
+    s = summaries["tlx_ws"]
+    by_group = {g["group"]: g for g in s["groups"]}
+    assert sorted(by_group) == [0, 1, 2]
+    assert by_group[0]["role"] == "producer" and by_group[0]["label"] == "wg0 producer"
+    assert set(by_group[0]["scopes"]) == {"load_kv"}
+    for gid in (1, 2):
+        g = by_group[gid]
+        assert g["role"] == "consumer"
+        assert "load_kv" not in g["scopes"]
+        assert {"wait_kv", *STEP, "epilogue"} <= set(g["scopes"])
+    assert [by_group[1]["label"], by_group[2]["label"]] == ["wg1 consumer 0", "wg2 consumer 1"]
+    assert [w for w, v in s["per_warp"].items() if "load_kv" in v["counts"]] == [0]
+
+
+def test_cycles_use_the_trace_frequency():
+    raw = trace.read_trace_file(TLX_WS)
+    e = raw["traceEvents"][0]
+    ev = trace.events_from_trace({"traceEvents": [e]})[0]
+    f = e["args"]["Frequency (MHz)"]
+    assert ev["dur"] == pytest.approx(e["dur"] * f)
+    assert ev["start"] == pytest.approx(e["ts"] * f)
+
+
+# ---------------------------------------------------------------------------------------------
+# A hand-built trace: every number computed by hand
+
+
+def _chrome(pid: str, warp: int, name: str, c0: float, c1: float, freq: float = 1000.0) -> dict:
+    """One proton-style event from cycles c0..c1 at `freq` MHz (ts/dur in us)."""
+    return {"args": {"Frequency (MHz)": freq, "call_stack": ["ROOT", "k"]}, "cat": "k",
+            "name": name, "ph": "X", "pid": pid, "tid": f"warp {warp} (line 0)",
+            "ts": c0 / freq, "dur": (c1 - c0) / freq}
+
+
+A, B = "k Core0 CTA1", "k Core1 CTA2"
+SYNTH = [
+    # CTA A: producer warp 0, consumer 0 (warp 4), consumer 1 (warp 8)
+    (A, 0, "load_kv", 0, 100), (A, 0, "load_kv", 100, 400),
+    (A, 4, "wait_kv", 10, 20), (A, 4, "qk_gemm", 20, 60), (A, 4, "softmax", 60, 80),
+    (A, 4, "pv_gemm", 80, 100), (A, 4, "v1_mul", 100, 110), (A, 4, "epilogue", 130, 140),
+    (A, 8, "wait_kv", 10, 30), (A, 8, "qk_gemm", 60, 100), (A, 8, "softmax", 100, 120),
+    (A, 8, "pv_gemm", 120, 130), (A, 8, "v1_mul", 130, 140), (A, 8, "epilogue", 140, 150),
+    # CTA B, later
+    (B, 0, "load_kv", 1000, 1050),
+    (B, 4, "qk_gemm", 1000, 1100), (B, 4, "softmax", 1100, 1150), (B, 4, "pv_gemm", 1150, 1200),
+    (B, 4, "v1_mul", 1200, 1210),
+    (B, 8, "qk_gemm", 1100, 1200), (B, 8, "softmax", 1200, 1250), (B, 8, "pv_gemm", 1250, 1300),
+    (B, 8, "v1_mul", 1300, 1310),
+]
+
+
+def _synthetic(freq: float = 1000.0) -> dict:
+    return {"displayTimeUnit": "ns",
+            "traceEvents": [_chrome(p, w, n, c0, c1, freq) for p, w, n, c0, c1 in SYNTH]}
+
+
+@pytest.mark.parametrize("freq", [1000.0, 1500.0])
+def test_summary_matches_hand_computation(freq):
+    s = trace.summarize(trace.events_from_trace(_synthetic(freq)))
+
+    def ap(x):
+        return pytest.approx(x, rel=1e-12, abs=1e-9)
+
+    assert s["ctas"] == 2 and s["cta_ids"] == [A, B] and s["warps"] == [0, 4, 8]
+    assert s["frequency_mhz"] == freq
+    g0, g1, g2 = s["groups"]
+    assert [g["label"] for g in s["groups"]] == ["wg0 producer", "wg1 consumer 0",
+                                                 "wg2 consumer 1"]
+    # producer: spans 400 (A) + 50 (B), all of it in load_kv
+    assert g0["scopes"]["load_kv"] == {"count": 3, "mean_cycles": ap(150), "total_cycles": ap(450),
+                                       "share": ap(1.0)}
+    assert g0["tc_busy"] is None and g0["span_cycles"] == ap(225)
+    # consumer 0: spans 130 (10..140) + 210 (1000..1210) = 340
+    sc = g1["scopes"]
+    assert list(sc) == ["wait_kv", "qk_gemm", "softmax", "pv_gemm", "v1_mul", "epilogue"]
+    assert sc["qk_gemm"] == {"count": 2, "mean_cycles": ap(70), "total_cycles": ap(140),
+                             "share": ap(140 / 340)}
+    assert sc["softmax"]["total_cycles"] == ap(70) and sc["pv_gemm"]["total_cycles"] == ap(70)
+    assert sc["v1_mul"]["total_cycles"] == ap(20) and sc["wait_kv"]["count"] == 1
+    assert g1["outside_share"] == ap(20 / 340)
+    assert g1["tc_busy"] == ap((60 + 150) / 340) and g1["gemm_share"] == ap(210 / 340)
+    assert g1["steps"] == 2 and g1["step_cycles"] == ap(70 + 35 + 35 + 10)
+    # consumer 1: spans 140 (10..150) + 210 (1100..1310) = 350; gemm 40+10 and 100+50
+    assert g2["tc_busy"] == ap((50 + 150) / 350)
+    assert g2["scopes"]["pv_gemm"]["share"] == ap(60 / 350)
+    assert g2["outside_share"] == ap(30 / 350)
+    # bubble: A: consumer span 10..150 = 140, gemm union [20,100) + [120,130) = 90 -> 50 idle;
+    #         B: 1000..1310 = 310, union [1000,1200) + [1250,1300) = 250 -> 60 idle
+    assert [c["bubble"] for c in s["per_cta"]] == [ap(50 / 140), ap(60 / 310)]
+    assert s["bubble"] == ap((50 + 60) / (140 + 310))
+    assert s["per_cta"][0]["tc_busy"] == {"wg1 consumer 0": ap(60 / 130),
+                                          "wg2 consumer 1": ap(50 / 140)}
+    assert [c["span_cycles"] for c in s["per_cta"]] == [ap(400), ap(310)]
+    assert s["cta_span_cycles"] == ap(355)
+    assert s["warnings"] == []
+
+
+def test_summary_warns_on_unequal_step_counts():
+    events = trace.events_from_trace(_synthetic())
+    events = [e for e in events
+              if not (e["cta"] == B and e["warp"] == 8 and e["name"] == "softmax")]
+    s = trace.summarize(events)
+    assert len(s["warnings"]) == 1 and "warp 8" in s["warnings"][0]
+
+
+def test_union_length():
+    assert trace._union_length([]) == 0
+    assert trace._union_length([(0, 10), (5, 15), (20, 25), (25, 30), (1, 2)]) == 25
+
+
+# ---------------------------------------------------------------------------------------------
+# Trim
+
+
+def test_trim_keeps_exactly_k_ctas_from_the_middle():
+    raw = {"displayTimeUnit": "ns", "traceEvents": [
+        _chrome(f"k Core0 CTA{i}", 0, "qk_gemm", start, start + 10)
+        for i, start in ((5, 400), (1, 0), (4, 300), (2, 100), (3, 200))]
+        + [{"name": "process_name", "ph": "M", "args": {}}]}
+    out = trace.trim(raw, 3)
+    assert out["displayTimeUnit"] == "ns"
+    kept = [e["pid"] for e in out["traceEvents"] if "pid" in e]
+    assert sorted(kept) == ["k Core0 CTA2", "k Core0 CTA3", "k Core0 CTA4"]  # by start time
+    assert any(e.get("ph") == "M" for e in out["traceEvents"])  # metadata kept
+    assert len(raw["traceEvents"]) == 6  # input untouched
+    with pytest.raises(ValueError):
+        trace.trim(raw, 0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_trim_real_trace(k):
+    raw = trace.read_trace_file(TRITON)
+    out = trace.trim(raw, k)
+    assert len({e["pid"] for e in out["traceEvents"]}) == min(k, 3)
+    s = trace.summarize(trace.events_from_trace(out))
+    assert s["ctas"] == min(k, 3)
+
+
+def test_write_trimmed_respects_the_size_limit(tmp_path):
+    raw = trace.read_trace_file(TRITON)
+    one_cta = len(trace.dumps_trace(trace.trim(raw, 1)))
+    path = str(tmp_path / "t.chrome_trace")
+    n = trace.write_trimmed(raw, 3, path, max_bytes=int(2.5 * one_cta))
+    assert n == 2 and os.path.getsize(path) <= 2.5 * one_cta
+    assert len({e["cta"] for e in trace.load_trace(path)}) == 2
+    assert trace.write_trimmed(raw, 8, path) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Plot
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_plot_writes_a_png(tmp_path, name):
+    png = str(tmp_path / f"{name}.png")
+    trace.plot_timeline(trace.load_trace(REAL[name]), png, max_ctas=2)
+    with open(png, "rb") as f:
+        head = f.read(8)
+    assert head == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 10_000
+
+
+def test_plot_compare_two_traces(tmp_path):
+    png = str(tmp_path / "cmp.png")
+    trace.plot_timelines([(n, trace.load_trace(p)) for n, p in REAL.items()], png, max_ctas=1)
+    assert os.path.getsize(png) > 10_000
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel table (CUPTI .hatchet)
+
+
+def _kernel(name: str, count: int, ns: float) -> dict:
+    return {"frame": {"name": name, "type": "function"},
+            "metrics": {"count": count, "device_id": "0", "device_type": "CUDA", "time (ns)": ns},
+            "children": []}
+
+
+def _scope(name: str, flops: float, *kernels: dict) -> dict:
+    return {"frame": {"name": name, "type": "function"}, "metrics": {"flops": flops},
+            "children": list(kernels)}
+
+
+CANNED_HATCHET = [
+    {"frame": {"name": "ROOT", "type": "function"}, "metrics": {}, "children": [
+        _kernel("flush_l2", 9, 5e5),  # outside any scope: ignored
+        _scope("triton", 3e12, _kernel("simplicial_fwd_kernel", 3, 6e6)),
+        _scope("tlx_ws#0", 1e12, _kernel("simplicial_fwd_ws_kernel", 1, 1.25e6)),
+        _scope("tlx_ws#1", 1e12, _kernel("simplicial_fwd_ws_kernel", 1, 1.0e6)),
+        _scope("tlx_ws#2", 1e12, _kernel("simplicial_fwd_ws_kernel", 1, 2.0e6)),
+        {"frame": {"name": "__proton_launch_metadata", "type": "function"}, "metrics": {},
+         "children": []},
+    ]},
+    {"CUDA": {"0": {"arch": "90", "num_sms": 132, "clock_rate": 1980000}}},
+]
+
+
+def test_kernel_table_on_canned_hatchet():
+    rows = trace.kernel_table(json.loads(json.dumps(CANNED_HATCHET)))
+    assert [r["variant"] for r in rows] == ["triton", "tlx_ws"]
+    tri, tlx = rows
+    # triton: 3e12 FLOP in 6e6 ns = 500 TFLOP/s; 3 launches of 2 ms
+    assert tri["tflops"] == pytest.approx(500.0)
+    assert tri["ms"] == pytest.approx(2.0) and tri["launches"] == 3 and tri["reps"] == 1
+    assert tri["flops"] == pytest.approx(1e12)
+    assert tri["pct_peak"] == pytest.approx(100 * 500 / H100_SXM_BF16_DENSE_TFLOPS)
+    # tlx_ws: 1e12 FLOP each in 1.25, 1.0, 2.0 ms -> 800, 1000, 500 TFLOP/s; median 800
+    assert tlx["tflops"] == pytest.approx(800.0)
+    assert tlx["ms"] == pytest.approx(1.25) and tlx["reps"] == 3 and tlx["launches"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Warps and scopes per variant
+
+
+def test_sampled_warps_and_expected_scopes():
+    assert trace.default_sampled_warps(4) == [0]
+    assert trace.default_sampled_warps(12) == [0, 4, 8]
+    assert trace.parse_warps("all", 4) == [0, 1, 2, 3]
+    assert trace.parse_warps("8, 0,4", 12) == [0, 4, 8]
+    with pytest.raises(ValueError):
+        trace.parse_warps("0,12", 12)
+    assert set(trace.TOTAL_WARPS_FALLBACK) <= {v.name for v in registry.all_variants()}
+    assert trace.expected_scopes("triton") == {"load_kv", "qk_gemm", "softmax", "pv_gemm",
+                                               "v1_mul", "epilogue"}
+    assert trace.expected_scopes("tlx_ws") == trace.expected_scopes("triton") | {"wait_kv"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only check of the fallbacks")
+def test_total_warps_without_a_compiled_kernel():
+    assert trace.total_warps("triton") == 4
+    assert trace.total_warps("tlx_ws") == 12
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def test_cli_summarize_prints_and_exits_0():
+    r = run_cli("--summarize", TLX_WS)
+    assert r.returncode == 0, r.stderr
+    for text in ("wg0 producer", "wg1 consumer 0", "qk_gemm", "tensor-core busy", "bubble",
+                 "wgmma result", "perturbs"):
+        assert text in r.stdout
+
+
+def test_cli_summarize_json_and_side_by_side():
+    r = run_cli("--summarize", TRITON, "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["ctas"] == 3 and 0 <= s["bubble"] < 1
+    r = run_cli("--summarize", TRITON, TLX_WS)
+    assert r.returncode == 0, r.stderr
+    assert "side by side" in r.stdout and "triton_small" in r.stdout
+    assert "tlx_ws_small" in r.stdout
+
+
+def test_cli_plot_as_module(tmp_path):
+    png = str(tmp_path / "t.png")
+    r = run_cli("--plot", TRITON, "--png", png, module=True)
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(png) > 10_000
+
+
+def test_cli_bad_arguments_exit_2(tmp_path):
+    assert run_cli().returncode == 2  # nothing to do
+    assert run_cli("--plot", TRITON).returncode == 2  # no --png
+    assert run_cli("--summarize", str(tmp_path / "missing.chrome_trace")).returncode == 2
+    assert run_cli("--variant", "nope").returncode == 2
+    assert run_cli("--variant", "triton", "--d", "96").returncode == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: capture would run")
+@pytest.mark.parametrize("args", [["--variant", "triton"], ["--compare", "triton", "tlx_ws"],
+                                  ["--kernels"]])
+def test_cli_capture_without_gpu_exits_2(tmp_path, args):
+    r = run_cli(*args, "--out", str(tmp_path))
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "GPU" in r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: capture every registered variant
+
+
+@pytest.mark.gpu
+def test_capture_every_variant(tmp_path):
+    s = Shape(B=1, N=256, Hq=64, Hk=1, D=128, w1=32, w2=256)
+    for v in registry.all_variants():
+        path = trace.capture(v.name, s, str(tmp_path), ctas=2, log=lambda msg: None)
+        assert os.path.getsize(path) < trace.MAX_TRACE_BYTES
+        events = trace.load_trace(path)
+        names = {e["name"] for e in events}
+        assert trace.expected_scopes(v.name) <= names, (v.name, names)
+        assert len({e["cta"] for e in events}) == 2
+        summary = trace.summarize(events)
+        assert summary["warnings"] == [], summary["warnings"]
+        mod = v.load()
+        want = trace.TOTAL_WARPS_FALLBACK.get(v.name, mod.compile_configs()[0].num_warps)
+        assert trace.total_warps(v.name, mod) == want  # the compiled kernel agrees with the table
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture with proton and the GPU replaced by stand-ins (CPU): file names, sampling, trimming
+
+
+def test_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
+    import types
+
+    import triton.profiler as proton
+
+    calls = {"launch": [], "start": []}
+
+    def launch(spec, *args, profile=False):
+        calls["launch"].append(profile)
+
+    real = registry.get("triton").load()
+    fake = types.SimpleNamespace(launch=launch, compile_configs=real.compile_configs)
+    monkeypatch.setattr(trace, "_gpu_inputs", lambda s, seed: ("spec", ()))
+    monkeypatch.setattr(trace, "_load_variant", lambda name, spec: fake)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def start(name, **kw):
+        calls["start"].append((name, kw))
+
+    def finalize():  # what proton writes: <name>.chrome_trace, here a copy of a real trace
+        with open(TRITON) as src, open(calls["start"][-1][0] + ".chrome_trace", "w") as dst:
+            dst.write(src.read())
+
+    monkeypatch.setattr(proton, "start", start)
+    monkeypatch.setattr(proton, "finalize", finalize)
+    out = tmp_path / "out"
+    path = trace.capture("triton", Shape(1, 256, 64, 1, 128, 32, 256), str(out), ctas=2,
+                         log=lambda msg: None)
+    assert path == str(out / "triton.chrome_trace")
+    assert calls["launch"] == [False, True]  # warm the plain kernel, then the profiled one
+    ((_, kw),) = calls["start"]
+    assert kw["data"] == "trace" and kw["backend"] == "instrumentation"
+    assert "sampling_options=0:" in str(kw["mode"]) and "GLOBAL" in str(kw["mode"])
+    assert len({e["cta"] for e in trace.load_trace(path)}) == 2
+    assert os.listdir(out) == ["triton.chrome_trace"]  # the raw capture is removed
