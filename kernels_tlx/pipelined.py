@@ -27,16 +27,13 @@ from simplicial_attn.spec import ProblemSpec
 
 
 @triton.jit
-def _qk(a, k2_tiles, fulls, c, NUM_BUFFERS: tl.constexpr, PROFILE: tl.constexpr):
-    """Wait for the ring slot of block counter c, then issue the QK wgmma on it (not waited)."""
+def _wait_slot(fulls, c, NUM_BUFFERS: tl.constexpr, PROFILE: tl.constexpr):
+    """Wait until the ring slot of block counter c is loaded; returns the slot index."""
     buf = c % NUM_BUFFERS
     enter("wait_kv", PROFILE)
     tlx.barrier_wait(tlx.local_view(fulls, buf), (c // NUM_BUFFERS) & 1)
     leave("wait_kv", PROFILE)
-    enter("qk_gemm", PROFILE)
-    s = tlx.async_dot(a, tlx.local_trans(tlx.local_view(k2_tiles, buf)))
-    leave("qk_gemm", PROFILE)
-    return s
+    return buf
 
 
 @triton.jit
@@ -118,8 +115,9 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
                 tlx.fence_async_shared()
                 c0 = r * n_blocks
                 # block 0 (peeled): QK, softmax
-                s = _qk(a, k2_tiles, fulls, c0, NUM_BUFFERS, PROFILE)
+                buf = _wait_slot(fulls, c0, NUM_BUFFERS, PROFILE)
                 enter("qk_gemm", PROFILE)
+                s = tlx.async_dot(a, tlx.local_trans(tlx.local_view(k2_tiles, buf)))
                 s = tlx.async_dot_wait(0, s)
                 leave("qk_gemm", PROFILE)
                 enter("softmax", PROFILE)
@@ -129,11 +127,12 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
                 leave("softmax", PROFILE)
                 acc_j = tl.zeros([ROWS, D], tl.float32)
                 p_prev = p.to(tl.bfloat16)
-                buf_prev = c0 % NUM_BUFFERS
+                buf_prev = buf
                 for t in range(1, n_blocks):
                     c = c0 + t
-                    s = _qk(a, k2_tiles, fulls, c, NUM_BUFFERS, PROFILE)     # QK(t)
+                    buf = _wait_slot(fulls, c, NUM_BUFFERS, PROFILE)
                     enter("qk_gemm", PROFILE)
+                    s = tlx.async_dot(a, tlx.local_trans(tlx.local_view(k2_tiles, buf)))  # QK(t)
                     acc_j = tlx.async_dot(p_prev, tlx.local_view(v2_tiles, buf_prev), acc_j)
                     s = tlx.async_dot_wait(1, s)                             # PV(t-1) runs on
                     leave("qk_gemm", PROFILE)
@@ -148,7 +147,7 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
                     leave("pv_gemm", PROFILE)
                     acc_j = acc_j * alpha[:, None]
                     p_prev = p.to(tl.bfloat16)
-                    buf_prev = c % NUM_BUFFERS
+                    buf_prev = buf
                 enter("pv_gemm", PROFILE)
                 acc_j = tlx.async_dot(p_prev, tlx.local_view(v2_tiles, buf_prev), acc_j)
                 acc_j = tlx.async_dot_wait(0, acc_j)
