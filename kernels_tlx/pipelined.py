@@ -18,9 +18,9 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.ws import MERGE_BARRIER, kv_descriptor
-from kernels_triton.tiling import (LOG2E, enter, grid, key_block, key_blocks, leave, load_q,
-                                   mask_scores, row_coords, softmax_step, store_rows, tile_coords)
+from kernels_tlx.common import launch_tlx, merge_and_store, produce_kv, tlx_compile_configs
+from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
+                                   softmax_step, store_rows, tile_setup)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -61,10 +61,7 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
     ROWS: tl.constexpr = BLOCK_M if SPLIT_J else BLOCK_M // 2
     T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)
     J_PER_ROUND: tl.constexpr = 2 if SPLIT_J else 1
-    b = tl.program_id(1) // HK
-    g = tl.program_id(1) % HK
-    i0, h0, i_hi = tile_coords(tl.program_id(0), N, G, BLOCK_M)
-    k_lo, n_lo, n_hi, n_blocks = key_blocks(i0, i_hi, w2, T, BLOCK_N)
+    b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
     j_first = tl.maximum(i0 - w1 + 1, 0)
     n_rounds = tl.cdiv(i_hi - j_first + 1, J_PER_ROUND)
 
@@ -80,17 +77,8 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: the block sequence once per round of j
-            for c in range(0, n_rounds * n_blocks):
-                buf = c % NUM_BUFFERS
-                kb, _ = key_block(c % n_blocks, k_lo, n_lo, n_hi, BLOCK_N)
-                enter("load_kv", PROFILE)
-                tlx.barrier_wait(tlx.local_view(empties, buf), ((c // NUM_BUFFERS) & 1) ^ 1)
-                full = tlx.local_view(fulls, buf)
-                tlx.barrier_expect_bytes(full, 2 * 2 * BLOCK_N * D)
-                row = b * N + kb
-                tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, buf), [row, g * D], full)
-                tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, buf), [row, g * D], full)
-                leave("load_kv", PROFILE)
+            produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_rounds * n_blocks, n_blocks,
+                       k_lo, n_lo, n_hi, b, g, N, D, BLOCK_N, NUM_BUFFERS, PROFILE)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid = tlx.async_task_replica_id()
@@ -162,22 +150,8 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
 
             enter("epilogue", PROFILE)
             if SPLIT_J:
-                if cid == 1:
-                    tlx.local_store(tlx.local_view(merge_acc, 0), acc)
-                    tlx.local_store(tlx.local_view(merge_m, 0), m_i)
-                    tlx.local_store(tlx.local_view(merge_m, 1), l_i)
-                    tlx.named_barrier_arrive(MERGE_BARRIER, 256)
-                else:
-                    tlx.named_barrier_wait(MERGE_BARRIER, 256)
-                    m_o = tlx.local_load(tlx.local_view(merge_m, 0))
-                    l_o = tlx.local_load(tlx.local_view(merge_m, 1))
-                    m_new = tl.maximum(m_i, m_o)
-                    a_self = tl.math.exp2(m_i - m_new)
-                    a_other = tl.math.exp2(m_o - m_new)
-                    acc = (acc * a_self[:, None]
-                           + tlx.local_load(tlx.local_view(merge_acc, 0)) * a_other[:, None])
-                    store_rows(Out, Lse, acc, m_new, l_i * a_self + l_o * a_other, b, g, tok,
-                               head, N, HQ, G, D)
+                merge_and_store(acc, m_i, l_i, cid, tlx.local_view(merge_acc, 0), merge_m, Out,
+                                Lse, b, g, tok, head, N, HQ, G, D)
             else:
                 store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ, G, D)
             leave("epilogue", PROFILE)
@@ -190,30 +164,9 @@ def _config(spec: ProblemSpec) -> dict:
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    """Run the kernel; profile=True compiles the Proton-scoped copy (profiling/trace.py)."""
-    cfg = _config(spec)
-    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
-    simplicial_fwd_pipelined_kernel[grid(spec, cfg["BLOCK_M"])](
-        q, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
-        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], NUM_BUFFERS=cfg["NUM_BUFFERS"], CONSUMER_REGS=cfg["CONSUMER_REGS"],
-        SPLIT_J=cfg["SPLIT_J"], PROFILE=profile, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+    launch_tlx(simplicial_fwd_pipelined_kernel, _config(spec), spec, q, k1, k2, v1, v2, out, lse,
+               profile)
 
 
 def compile_configs() -> list[CompileConfig]:
-    out = []
-    for hq, d in ((128, 128), (64, 128), (16, 64)):
-        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=1, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
-        cfg = _config(spec)
-        desc = f"tensordesc<bf16[{cfg['BLOCK_N']},{d}]>"
-        sig = dict(Q="*bf16", K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
-                   N="i32", w1="i32", w2="i32", qk_scale="fp32")
-        consts = dict(HQ=hq, HK=1, G=hq, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                      NUM_BUFFERS=cfg["NUM_BUFFERS"], CONSUMER_REGS=cfg["CONSUMER_REGS"],
-                      SPLIT_J=cfg["SPLIT_J"])
-        sig.update({k: "constexpr" for k in consts})
-        out.append(CompileConfig(f"G{hq}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}",
-                                 simplicial_fwd_pipelined_kernel, sig, consts, cfg["num_warps"],
-                                 cfg["num_stages"]))
-    return out
+    return tlx_compile_configs(simplicial_fwd_pipelined_kernel, _config)

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (LOG2E, enter, grid, key_block, key_blocks, leave, load_q,
-                                   mask_scores, row_coords, softmax_step, store_rows, tile_coords)
+from kernels_triton.tiling import (LOG2E, enter, grid, key_block, leave, load_q, mask_scores,
+                                   row_coords, softmax_step, store_rows, tile_setup)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -62,9 +62,7 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           PROFILE: tl.constexpr = False):
     T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)  # tokens per tile
-    b = tl.program_id(1) // HK
-    g = tl.program_id(1) % HK
-    i0, h0, i_hi = tile_coords(tl.program_id(0), N, G, BLOCK_M)
+    b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     tok, head = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)
@@ -74,7 +72,6 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     k1_base = K1 + kv_base
     v1_base = V1 + kv_base
     j_lo = tl.maximum(i0 - w1 + 1, 0)
-    k_lo, n_lo, n_hi, n_blocks = key_blocks(i0, i_hi, w2, T, BLOCK_N)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)

@@ -60,6 +60,19 @@ def tile_coords(pid0, N, G: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def tile_setup(N, w2, HK: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """This program's batch b, KV head g, first token i0, first head h0, last real token i_hi, and
+    its key blocks (k_lo, n_lo, n_hi, n_blocks) — see key_blocks."""
+    T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)
+    b = tl.program_id(1) // HK
+    g = tl.program_id(1) % HK
+    i0, h0, i_hi = tile_coords(tl.program_id(0), N, G, BLOCK_M)
+    k_lo, n_lo, n_hi, n_blocks = key_blocks(i0, i_hi, w2, T, BLOCK_N)
+    return b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks
+
+
+@triton.jit
 def row_coords(i0, h0, offs_m, G: tl.constexpr, BLOCK_M: tl.constexpr):
     """Token and head (within the KV group) of each row offs_m (0 .. BLOCK_M-1) of a tile."""
     HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G

@@ -1,0 +1,99 @@
+"""Pieces every TLX variant shares: K2/V2 descriptors, the TMA producer loop, the split-j merge
+epilogue, launch and the compile configs. A variant file holds only its technique."""
+from __future__ import annotations
+
+from typing import Callable
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels_triton.tiling import LOG2E, enter, grid, key_block, leave, store_rows
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+MERGE_BARRIER = tl.constexpr(8)  # named barriers 8, 9: the split-j hand-over (Triton uses 0-3)
+
+
+def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, N, Hk, D] tensor as [B*N, Hk*D]; a block is [block_n, D] at
+    [b*N + token, g*D]. Rows past a batch's N belong to the next batch (or are zero past B*N): they
+    only reach keys that the mask removes."""
+    hd = spec.Hk * spec.D
+    return TensorDescriptor(t, shape=[spec.B * spec.N, hd], strides=[hd, 1],
+                            block_shape=[block_n, spec.D])
+
+
+@triton.jit
+def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_loads, n_blocks, k_lo, n_lo, n_hi,
+               b, g, N, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr,
+               PROFILE: tl.constexpr):
+    """Producer warp group: TMA-load blocks c = 0 .. n_loads-1 (block c % n_blocks of the tile's key
+    sequence) into ring slot c % NUM_BUFFERS. `empties` (one arrival per consumer) frees a slot;
+    `fulls` (1 arrival + the transaction bytes) says it has landed."""
+    for c in range(0, n_loads):
+        buf = c % NUM_BUFFERS
+        kb, _ = key_block(c % n_blocks, k_lo, n_lo, n_hi, BLOCK_N)
+        enter("load_kv", PROFILE)
+        tlx.barrier_wait(tlx.local_view(empties, buf), ((c // NUM_BUFFERS) & 1) ^ 1)
+        full = tlx.local_view(fulls, buf)
+        tlx.barrier_expect_bytes(full, 2 * 2 * BLOCK_N * D)
+        row = b * N + kb
+        tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, buf), [row, g * D], full)
+        tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, buf), [row, g * D], full)
+        leave("load_kv", PROFILE)
+
+
+@triton.jit
+def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok, head, N,
+                    HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    """Split-j epilogue: consumer 1 hands (acc, m, l) to consumer 0 through shared memory
+    (`merge_acc` [rows, D] fp32, `merge_m` 2 x [rows] fp32); consumer 0 merges the two softmax states
+    and writes O and LSE."""
+    if cid == 1:
+        tlx.local_store(merge_acc, acc)
+        tlx.local_store(tlx.local_view(merge_m, 0), m_i)
+        tlx.local_store(tlx.local_view(merge_m, 1), l_i)
+        tlx.named_barrier_arrive(MERGE_BARRIER + 1, 256)
+    else:
+        tlx.named_barrier_wait(MERGE_BARRIER + 1, 256)
+        m_o = tlx.local_load(tlx.local_view(merge_m, 0))
+        l_o = tlx.local_load(tlx.local_view(merge_m, 1))
+        m_new = tl.maximum(m_i, m_o)
+        a_self = tl.math.exp2(m_i - m_new)
+        a_other = tl.math.exp2(m_o - m_new)
+        acc = acc * a_self[:, None] + tlx.local_load(merge_acc) * a_other[:, None]
+        store_rows(Out, Lse, acc, m_new, l_i * a_self + l_o * a_other, b, g, tok, head, N, HQ, G,
+                   D)
+
+
+def _constexprs(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+
+
+def launch_tlx(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
+               profile: bool) -> None:
+    """Launch a TLX forward kernel with the common signature; `cfg` holds its constexprs plus
+    num_warps/num_stages. profile=True compiles the Proton-scoped copy (profiling/trace.py)."""
+    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
+    kernel[grid(spec, cfg["BLOCK_M"])](
+        q, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
+        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **_constexprs(cfg))
+
+
+def tlx_compile_configs(kernel, config: Callable[[ProblemSpec], dict]) -> list[CompileConfig]:
+    """The default configs of a TLX variant at G = 128, 64 (D = 128) and 16 (D = 64)."""
+    out = []
+    for hq, d in ((128, 128), (64, 128), (16, 64)):
+        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=1, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+        cfg = config(spec)
+        desc = f"tensordesc<bf16[{cfg['BLOCK_N']},{d}]>"
+        sig = dict(Q="*bf16", K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
+                   N="i32", w1="i32", w2="i32", qk_scale="fp32")
+        consts = dict(HQ=hq, HK=1, G=hq, D=d, **_constexprs(cfg))
+        sig.update({k: "constexpr" for k in consts})
+        out.append(CompileConfig(f"G{hq}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}", kernel, sig,
+                                 consts, cfg["num_warps"], cfg["num_stages"]))
+    return out
