@@ -166,7 +166,7 @@ def compile_config(c):
     """triton.compile of one CompileConfig for sm_90a; no GPU needed."""
     import triton
     from triton.backends.compiler import GPUTarget
-    src = triton.compiler.ASTSource(fn=c.fn, signature=c.signature, constexprs=c.constexprs)
+    src = c.source()
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": c.num_warps, "num_stages": c.num_stages})
 

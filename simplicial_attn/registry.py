@@ -66,3 +66,15 @@ class CompileConfig:
     constexprs: dict      # argument name -> value
     num_warps: int
     num_stages: int
+
+    def source(self):
+        """The kernel as Triton compiles it at launch: every pointer argument 16-byte aligned (the
+        launcher guarantees it, and Triton specializes on it), so vector widths and registers match
+        the running kernel."""
+        import triton
+
+        names = list(self.fn.arg_names)
+        attrs = {(names.index(n),): [["tt.divisibility", 16]]
+                 for n, t in self.signature.items() if t.startswith("*")}
+        return triton.compiler.ASTSource(fn=self.fn, signature=self.signature,
+                                         constexprs=self.constexprs, attrs=attrs)

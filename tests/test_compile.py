@@ -9,7 +9,6 @@ import pytest
 
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from simplicial_attn import registry  # noqa: E402
 
@@ -25,7 +24,7 @@ CASES = _cases()
 
 
 def compile_config(c):
-    src = ASTSource(fn=c.fn, signature=c.signature, constexprs=c.constexprs)
+    src = c.source()
     return triton.compile(src, target=HOPPER,
                           options={"num_warps": c.num_warps, "num_stages": c.num_stages})
 

@@ -1,0 +1,66 @@
+"""Read bandwidth of the GPU's L2 cache and of HBM, for the traffic model in docs/perf-notes.md.
+
+    python3 bench/l2_bandwidth.py
+
+A Triton kernel streams a buffer REPS times with L2-only loads (cache modifier .cg: L1 bypassed),
+every program reading a disjoint strided subset. A buffer well inside L2 measures L2 -> SM
+bandwidth; a 2 GiB buffer measures HBM. Bytes counted: buffer size x REPS (reads only).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from bench.common import median_ms, print_table  # noqa: E402
+
+
+@triton.jit
+def _read_kernel(X, Out, n_vec, REPS: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    acc = tl.zeros([BLOCK * 8], tl.float32)
+    offs = tl.arange(0, BLOCK * 8)  # 8 bf16 = one 16-byte vector per thread and step
+    for _ in range(REPS):
+        for v in range(pid * BLOCK, n_vec, step):
+            base = tl.multiple_of(v * 8, BLOCK * 8)
+            acc += tl.load(X + base + offs, cache_modifier=".cg").to(tl.float32)
+    tl.store(Out + pid * BLOCK * 8 + offs, acc)
+
+
+def read_bandwidth(nbytes: int, reps: int) -> tuple[float, float]:
+    """(ms, TB/s) for reading an nbytes bf16 buffer `reps` times."""
+    block = 256
+    n_vec = nbytes // 16
+    x = torch.randn(n_vec * 8, device="cuda", dtype=torch.bfloat16)
+    programs = torch.cuda.get_device_properties(0).multi_processor_count * 8
+    out = torch.empty(programs * block * 8, device="cuda", dtype=torch.float32)
+    ms = median_ms(lambda: _read_kernel[(programs,)](x, out, n_vec, REPS=reps, BLOCK=block,
+                                                     num_warps=8))
+    return ms, nbytes * reps / ms / 1e9
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench/l2_bandwidth.py: no CUDA GPU found; this benchmark needs one", file=sys.stderr)
+        return 2
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 0)
+    print(f"{props.name}: {props.multi_processor_count} SMs, L2 {l2 / 2**20:.0f} MiB")
+    rows = []
+    for mib, reps in ((4, 64), (8, 32), (16, 16), (24, 16), (2048, 1)):
+        ms, tbs = read_bandwidth(mib << 20, reps)
+        rows.append(dict(buffer=f"{mib} MiB", reps=reps, ms=round(ms, 3), tbs=round(tbs, 2),
+                         level="HBM" if (mib << 20) > l2 else "L2"))
+    print_table(rows, [("buffer", "buffer"), ("reps", "reads"), ("ms", "ms"), ("tbs", "TB/s"),
+                       ("level", "served by")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
