@@ -364,6 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot:
         plot_tflops_vs_n(rows, args.plot)
         print(f"wrote {args.plot}")
+    if not any(r.get("kind") == "variant" and r.get("tflops") is not None for r in rows):
+        print("bench/fwd.py: no variant could run this shape (see the notes above)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -9,17 +9,21 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import LOG2E, enter, grid, key_block, leave, store_rows
+from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, grid, key_block, leave,
+                                   store_rows)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
-MERGE_BARRIER = tl.constexpr(8)  # named barriers 8, 9: the split-j hand-over (Triton uses 0-3)
+# named barriers 8 and 9: the split-j hand-over (this build's compiler emits ids 0-3; fbtriton's
+# tutorials reserve 0-6; profiling.resources lists the ids each kernel uses)
+MERGE_BARRIER = tl.constexpr(8)
 
 
 def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
     """TMA view of a contiguous [B, N, Hk, D] tensor as [B*N, Hk*D]; a block is [block_n, D] at
     [b*N + token, g*D]. Rows past a batch's N belong to the next batch (or are zero past B*N): they
-    only reach keys that the mask removes."""
+    only reach keys that the mask removes (P = 0). Caveat: a non-finite V2 value there would still
+    leak in as 0 * inf = NaN; the `triton` variant's 3-D view zero-fills instead."""
     hd = spec.Hk * spec.D
     return TensorDescriptor(t, shape=[spec.B * spec.N, hd], strides=[hd, 1],
                             block_shape=[block_n, spec.D])
@@ -83,17 +87,21 @@ def launch_tlx(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse
         num_stages=cfg["num_stages"], **_constexprs(cfg))
 
 
-def tlx_compile_configs(kernel, config: Callable[[ProblemSpec], dict]) -> list[CompileConfig]:
-    """The default configs of a TLX variant at G = 128, 64 (D = 128) and 16 (D = 64)."""
+def tlx_compile_configs(kernel, config: Callable[[ProblemSpec], dict],
+                        supports: Callable[[ProblemSpec], str | None]) -> list[CompileConfig]:
+    """The default configs of a TLX variant at every (Hq, Hk, D) of tiling.COMPILE_SHAPES."""
     out = []
-    for hq, d in ((128, 128), (64, 128), (16, 64)):
-        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=1, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+    for hq, hk, d in COMPILE_SHAPES:
+        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+        if supports(spec) is not None:
+            continue
         cfg = config(spec)
         desc = f"tensordesc<bf16[{cfg['BLOCK_N']},{d}]>"
         sig = dict(Q="*bf16", K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
                    N="i32", w1="i32", w2="i32", qk_scale="fp32")
-        consts = dict(HQ=hq, HK=1, G=hq, D=d, **_constexprs(cfg))
+        consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d, **_constexprs(cfg))
         sig.update({k: "constexpr" for k in consts})
-        out.append(CompileConfig(f"G{hq}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}", kernel, sig,
+        name = f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}"
+        out.append(CompileConfig(name, kernel, sig,
                                  consts, cfg["num_warps"], cfg["num_stages"]))
     return out

@@ -21,7 +21,7 @@ import triton.language.extra.tlx as tlx
 from kernels_tlx.common import launch_tlx, merge_and_store, produce_kv, tlx_compile_configs
 from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
                                    softmax_step, store_rows, tile_setup)
-from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
+from kernels_triton.tiling import supports as tiling_supports
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
@@ -157,6 +157,14 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
             leave("epilogue", PROFILE)
 
 
+def supports(spec: ProblemSpec) -> str | None:
+    why = tiling_supports(spec)
+    if why is None and spec.D == 128 and spec.G < 64:
+        why = ("G < 64 with D = 128 (packed tokens, masked tiles) spills registers in this "
+               "variant")
+    return why
+
+
 def _config(spec: ProblemSpec) -> dict:
     split = spec.G <= 64
     return dict(BLOCK_M=64 if split else 128, BLOCK_N=64, NUM_BUFFERS=2, CONSUMER_REGS=240,
@@ -169,4 +177,4 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False
 
 
 def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(simplicial_fwd_pipelined_kernel, _config)
+    return tlx_compile_configs(simplicial_fwd_pipelined_kernel, _config, supports)

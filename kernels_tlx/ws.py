@@ -13,7 +13,8 @@ Warp groups:
   one step ahead so their latency hides behind step j's GEMMs.
 Tile geometry (heads x neighbouring tokens, interior/edge blocks, masks) is the plain Triton
 kernel's (kernels_triton/tiling.py). Supports any B, N, Hk, w1 <= w2, D in {64, 128}, G a power of
-two up to 128 (G < 64 packs neighbouring tokens; G >= 128 splits heads over CTAs).
+two up to 128 (G = 128: the consumers take the two 64-head halves of one token; G <= 64: one
+64-row tile, neighbouring tokens packed when G < 64, the consumers split the w1 window).
 Differs from `triton`: TMA producer + mbarrier ring, two consumer groups sharing each K2/V2 slot.
 """
 from __future__ import annotations
@@ -154,4 +155,4 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False
 
 
 def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(simplicial_fwd_ws_kernel, _config)
+    return tlx_compile_configs(simplicial_fwd_ws_kernel, _config, supports)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (LOG2E, enter, grid, key_block, leave, load_q, mask_scores,
+from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, grid, key_block, leave, load_q, mask_scores,
                                    row_coords, softmax_step, store_rows, tile_setup)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
@@ -123,15 +123,16 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False
 
 def compile_configs() -> list[CompileConfig]:
     out = []
-    for hq, d in ((128, 128), (64, 128), (16, 64)):
-        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=1, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+    for hq, hk, d in COMPILE_SHAPES:
+        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
         cfg = _config(spec)
         desc = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{d}]>"
         sig = dict(Q="*bf16", K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
                    N="i32", w1="i32", w2="i32", qk_scale="fp32")
-        consts = dict(HQ=hq, HK=1, G=hq, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"])
-        s = dict(sig, **{k: "constexpr" for k in consts})
-        out.append(CompileConfig(f"G{hq}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}",
-                                 simplicial_fwd_kernel, s, consts, cfg["num_warps"],
+        consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d, BLOCK_M=cfg["BLOCK_M"],
+                      BLOCK_N=cfg["BLOCK_N"])
+        sig.update({k: "constexpr" for k in consts})
+        out.append(CompileConfig(f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}",
+                                 simplicial_fwd_kernel, sig, consts, cfg["num_warps"],
                                  cfg["num_stages"]))
     return out

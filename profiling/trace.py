@@ -649,7 +649,8 @@ def _compiled_warps(mod) -> int | None:
 
 def total_warps(variant: str, mod=None) -> int:
     """Warps per CTA of `variant`'s kernel: read from the compiled kernel when one was compiled in
-    this process, else TOTAL_WARPS_FALLBACK, else the first compile config's num_warps."""
+    this process, else TOTAL_WARPS_FALLBACK, else 12 for TLX variants (producer + two consumer
+    warp groups), else the first compile config's num_warps."""
     from simplicial_attn import registry
     mod = mod or registry.get(variant).load()
     got = _compiled_warps(mod)
@@ -657,6 +658,8 @@ def total_warps(variant: str, mod=None) -> int:
         return got
     if variant in TOTAL_WARPS_FALLBACK:
         return TOTAL_WARPS_FALLBACK[variant]
+    if is_tlx(variant):  # producer + two consumer warp groups, the layout every TLX variant uses
+        return 12
     return int(mod.compile_configs()[0].num_warps)
 
 

@@ -48,11 +48,15 @@ def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None):
     q: [B, N, Hq, D], k1, k2, v1, v2: [B, N, Hk, D], bfloat16 CUDA tensors; w1, w2 >= 1 window sizes
     (w1 > w2 allowed). Non-contiguous inputs, or ones whose start is not 16-byte aligned, are
     copied first (correct, costs a copy).
-    Returns out [B, N, Hq, D] bfloat16 and lse [B, Hq, N] float32 (natural log).
+    Returns out [B, N, Hq, D] bfloat16 and lse [B, Hq, N] float32 (natural log). Forward only:
+    inputs that require grad (with grad mode on) are refused rather than silently cut off.
     """
     if not isinstance(variant, str):
         raise TypeError(f"variant must be a str, got {type(variant).__name__}")
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k1, k2, v1, v2)):
+        raise ValueError("simplicial_attn.forward is forward-only (no backward yet) and the inputs "
+                         "require grad: call it under torch.no_grad() or pass detached tensors")
     on_gpu = q.device.type == "cuda"
     hopper = on_gpu and torch.cuda.get_device_capability(q.device)[0] == 9
     v = pick(spec, variant, hopper or not on_gpu)  # shape errors first, on any device

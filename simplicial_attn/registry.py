@@ -2,7 +2,9 @@
 
 A variant module (e.g. `kernels_triton/fwd.py`) defines:
     supports(spec: ProblemSpec) -> str | None   # None when it can run the shape, else the reason
-    launch(spec, q, k1, k2, v1, v2, out, lse)   # fills out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32
+    launch(spec, q, k1, k2, v1, v2, out, lse, profile=False)
+                                                # fills out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32;
+                                                # profile=True: the Proton-scoped copy
     compile_configs() -> list[CompileConfig]    # default configs, compiled by profiling.resources
 """
 from __future__ import annotations
@@ -38,7 +40,8 @@ register(Variant("triton", "kernels_triton.fwd", needs_hopper=True, rank=1,
 register(Variant("tlx_ws", "kernels_tlx.ws", needs_hopper=True, rank=0,
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
 register(Variant("tlx_pipelined", "kernels_tlx.pipelined", needs_hopper=True, rank=-1,
-                 supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
+                 supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}; "
+                          "G >= 64 when D = 128"))
 
 
 def get(name: str) -> Variant:

@@ -5,6 +5,8 @@ Every check here runs before any device work, so CI exercises all of them on CPU
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +41,12 @@ class ProblemSpec:
 
 
 def _check_window(name: str, w) -> int:
-    if isinstance(w, bool) or not isinstance(w, int):
+    if isinstance(w, (bool, torch.Tensor)):
         raise TypeError(f"{name} must be a positive int, got {type(w).__name__} {w!r}")
+    try:
+        w = operator.index(w)  # int and numpy integers
+    except TypeError:
+        raise TypeError(f"{name} must be a positive int, got {type(w).__name__} {w!r}") from None
     if w < 1:
         raise ValueError(f"{name} must be a positive int (a window of at least one token), got {w}")
     return w
@@ -84,15 +90,21 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None) -> ProblemSpec:
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     else:
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
             raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
-        sm_scale = float(sm_scale)
+        try:
+            sm_scale = float(sm_scale)
+        except OverflowError:
+            raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}") from None
         if not math.isfinite(sm_scale) or sm_scale <= 0:
             raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}")
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError("q, k1, k2, v1, v2 must be on one device, got "
                          + ", ".join(f"{n}:{t.device}" for n, t in zip(NAMES, tensors)))
+    # a window longer than the sequence sees the same keys as one of length N: clamp (same function,
+    # 32-bit kernel arguments, bounded reference memory)
+    w1, w2 = min(w1, max(N, 1)), min(w2, max(N, 1))
     swapped = w1 > w2
     if swapped:
         w1, w2 = w2, w1

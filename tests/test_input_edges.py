@@ -1,0 +1,61 @@
+"""Input edge cases found in review: window clamping, numpy scalars, sm_scale overflow, grad inputs,
+and (GPU) grids wider than 65535 programs on the KV-head axis."""
+import numpy as np
+import pytest
+import torch
+
+import simplicial_attn as sa
+from simplicial_attn.spec import validate
+
+
+def _x(B=1, N=5, Hq=8, Hk=1, D=64, device="cpu", requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(B, N, h, D, generator=g).bfloat16() for h in (Hq, Hk, Hk, Hk, Hk)]
+    return [t.to(device).requires_grad_(requires_grad) for t in ts]
+
+
+def test_windows_longer_than_sequence_are_clamped():
+    spec = validate(*_x(N=5), 32, 2**40)
+    assert (spec.w1, spec.w2) == (5, 5)
+
+
+def test_clamped_reference_is_the_same_function():
+    x = _x(N=7)
+    a = sa.reference(*x, 3, 10**9)
+    b = sa.reference(*x, 3, 7)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_numpy_scalars_accepted():
+    spec = validate(*_x(), np.int64(2), np.int32(3), sm_scale=np.float32(0.25))
+    assert (spec.w1, spec.w2, spec.sm_scale) == (2, 3, 0.25)
+
+
+@pytest.mark.parametrize("bad", [10**400, -(10**400)])
+def test_sm_scale_overflow_is_a_value_error(bad):
+    with pytest.raises(ValueError, match="sm_scale"):
+        validate(*_x(), 2, 3, sm_scale=bad)
+
+
+def test_inputs_requiring_grad_are_refused():
+    with pytest.raises(ValueError, match="forward-only"):
+        sa.forward(*_x(requires_grad=True), 2, 3)
+
+
+def test_inputs_requiring_grad_pass_under_no_grad():
+    with torch.no_grad(), pytest.raises(ValueError, match="CUDA GPU"):  # the next check, on CPU
+        sa.forward(*_x(requires_grad=True), 2, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant", [v for v in sa.variants()])
+def test_more_than_65535_kv_heads_times_batch(variant):
+    """B * Hk = 65536 programs on what used to be grid axis 1 (limit 65535)."""
+    x = _x(B=2, N=3, Hq=32768, Hk=32768, D=64, device="cuda")
+    if sa.launcher.pick(validate(*x, 2, 3), variant).load().supports(validate(*x, 2, 3)):
+        pytest.skip("shape not supported by this variant")
+    out, lse = sa.forward(*x, 2, 3, variant=variant)
+    ref, ref_lse = sa.reference(*x, 2, 3, dtype=torch.float32)
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2 and (lse - ref_lse).abs().max().item() < 1e-2, (variant, err)
