@@ -430,3 +430,15 @@ def test_kv_offsets_past_2_31(v, seed):
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (f"variant={v.name} B=1 N=65736 Hq=Hk=256 D=128 w1=w2=1 "
                                f"seed={seed}: {p.stdout[-2000:]} {p.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=VIDS)
+def test_batch_times_kv_heads_past_65535(v, rand, seed):
+    """B * Hk = 65536: more programs than a CUDA grid's y axis holds (the grid is one flat axis)."""
+    shape = Shape(B=2, N=3, Hq=32768, Hk=32768, D=64, w1=2, w2=3)
+    x = inputs(rand, shape)
+    why = skip_reason(v, validate(*x, shape.w1, shape.w2))
+    if why:
+        pytest.skip(why)
+    out, lse = forward(*x, shape.w1, shape.w2, variant=v.name)
+    check_accuracy(out, lse, x, shape, f"variant={v.name} {shape} seed={seed}")
