@@ -280,16 +280,27 @@ def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str = "2-simplicial
     points = [r for r in timed if r.get("kind") != "matmul" and r.get("N") is not None]
     several_w2 = len({r.get("w2") for r in points}) > 1
 
-    series: dict[str, list[tuple[int, float]]] = {}
+    # One series per (variant, w2): colour by w2 when several, else by variant; line style by
+    # variant (peers dotted).
+    series: dict[tuple[str, object], list[tuple[int, float]]] = {}
     for r in points:
-        label = f"{r['variant']} w2={r['w2']}" if several_w2 else str(r["variant"])
-        series.setdefault(label, []).append((int(r["N"]), float(r["tflops"])))
+        series.setdefault((str(r["variant"]), r.get("w2")), []).append(
+            (int(r["N"]), float(r["tflops"])))
+    variants = list(dict.fromkeys(v for v, _ in series))
+    w2s = list(dict.fromkeys(w for _, w in series))
+    peers = {str(r["variant"]) for r in points if r.get("kind") == "peer"}
+    styles = ["-", "--", "-.", (0, (5, 1, 1, 1))]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for label, pts in series.items():
+    for (variant, w2), pts in series.items():
         pts.sort()
-        style = ":" if label.startswith("cudnn") else "-"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=label)
+        vi = variants.index(variant)
+        style = ":" if variant in peers else styles[vi % len(styles)]
+        color = colors[(w2s.index(w2) if several_w2 else vi) % len(colors)]
+        label = f"{variant} w2={w2}" if several_w2 else variant
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=style, color=color,
+                marker="o", label=label)
     for r in matmul:
         ax.axhline(float(r["tflops"]), linestyle="--", color="gray",
                    label=f"{r['variant']} ({float(r['tflops']):.0f} TFLOPS)")
@@ -302,7 +313,7 @@ def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str = "2-simplicial
     ax.set_ylabel("TFLOPS")
     ax.set_ylim(bottom=0)
     fixed = _fixed_params(points, ("B", "Hq", "Hk", "D", "w1", "w2"))
-    gpu = {r.get("gpu") for r in timed if r.get("gpu")}
+    gpu = {r.get("gpu") for r in timed if r.get("gpu") not in (None, "", "none")}
     suffix = f" on {gpu.pop()}" if len(gpu) == 1 else ""
     ax.set_title(f"{title}{suffix}\n{fixed}", fontsize=10)
     ax.grid(True, alpha=0.3)

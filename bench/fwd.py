@@ -13,7 +13,8 @@ Memory and caches: one input set per shape, no rotation. The `star` q alone is 0
 cold L2 whether or not inputs rotate; rotating would only cost memory (and with --peers the cuDNN
 inputs for the largest sweep point already take ~10 GB).
 
-Exit status: 0 done; 1 a correctness check failed; 2 bad arguments or no CUDA GPU.
+Exit status: 0 done; 1 a correctness check failed, or no variant was timed at all; 2 bad
+arguments or no CUDA GPU.
 """
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time the 2-simplicial attention forward variants (needs a CUDA GPU).",
         epilog=f"Presets (H = Hq/Hk): {presets}. Sweep: N in {list(SWEEP_N)} x w2 in "
                f"{list(SWEEP_W2)}. Check thresholds: out rel. Frobenius error <= {OUT_REL_TOL}, "
-               f"lse max abs error <= {LSE_ABS_TOL}. Exit status: 0 ok, 1 check failed, "
-               f"2 bad arguments or no GPU.")
+               f"lse max abs error <= {LSE_ABS_TOL}. Exit status: 0 ok, 1 check failed or "
+               f"nothing timed, 2 bad arguments or no GPU.")
     p.add_argument("--variant", action="append", choices=names + ["all"], metavar="NAME",
                    help=f"variant to time, repeatable; one of {', '.join(names)}, or 'all' "
                         f"(default: all)")
@@ -241,11 +242,18 @@ def bench_variant(name: str, s: Shape, inputs: tuple[torch.Tensor, ...], args: a
     q = inputs[0]
     spec = validate(*inputs, s.w1, s.w2)
     hopper = torch.cuda.get_device_capability(q.device)[0] == 9
+    try:  # e.g. a TLX variant under upstream Triton (no triton.language.extra.tlx)
+        module = registry.get(name).load()
+    except ImportError as e:
+        return {**base, "note": f"not run: cannot import {registry.get(name).module}: {e}"}
     try:
         v = launcher.pick(spec, name, hopper)
         check_device(q, needs_hopper=v.needs_hopper, variant=name)
     except (ValueError, RuntimeError) as e:
         return {**base, "note": f"not run: {e}"}
+    except ImportError:  # pick loads the other variants only to list those that can take the shape
+        return {**base, "note": f"not run: variant {name!r} cannot take {spec.short()}: "
+                                f"{module.supports(spec)}"}
     if args.check:
         key = (name, check_shape(s))
         if key not in checked:
