@@ -14,9 +14,17 @@ from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, grid, key_block
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
-# named barriers 8 and 9: the split-j hand-over (this build's compiler emits ids 0-3; fbtriton's
-# tutorials reserve 0-6; profiling.resources lists the ids each kernel uses)
-MERGE_BARRIER = tl.constexpr(8)
+# Named barriers (this build's compiler emits ids 0-3 for its own partition syncs; fbtriton's
+# tutorials reserve 0-6; profiling.resources lists the ids each kernel uses):
+MERGE_BARRIER = tl.constexpr(8)    # 8 and 9: the split-j hand-over of (acc, m, l)
+Q_READY_BARRIER = tl.constexpr(10)  # both consumers have stored their half of the Q tile
+TURN_BARRIER = tl.constexpr(11)     # 11 + c: consumer c's turn on the tensor cores (pingpong)
+# The register layout of a wgmma accumulator (and of a 64-row A operand) of 4 warps, as
+# (thread, value) modes over a [64, D] row-major tile: lanes 4 x 2 columns, 8 rows; warps 16 rows;
+# per thread 2 adjacent columns, rows r and r + 8, every 8th column group.
+@triton.constexpr_function
+def acc_layout(d):
+    return tlx.layout(shape=((4, 8, 4), (2, 2, d // 8)), stride=((2, d, 16 * d), (1, 8 * d, 8)))
 
 
 def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
@@ -50,6 +58,21 @@ def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_loads, n_blocks, k_
 
 
 @triton.jit
+def take_turn(cid, PINGPONG: tl.constexpr):
+    """Pingpong: wait until it is consumer `cid`'s turn to issue a wgmma, i.e. the other consumer
+    has issued its own (named barrier TURN_BARRIER + cid, 256 threads). No-op otherwise."""
+    if PINGPONG:
+        tlx.named_barrier_wait(TURN_BARRIER + cid, 256)
+
+
+@triton.jit
+def pass_turn(cid, PINGPONG: tl.constexpr):
+    """Pingpong: hand the tensor cores to the other consumer (arrive on its turn barrier)."""
+    if PINGPONG:
+        tlx.named_barrier_arrive(TURN_BARRIER + 1 - cid, 256)
+
+
+@triton.jit
 def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok, head, N,
                     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
     """Split-j epilogue: consumer 1 hands (acc, m, l) to consumer 0 through shared memory
@@ -67,9 +90,20 @@ def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok,
         m_new = tl.maximum(m_i, m_o)
         a_self = tl.math.exp2(m_i - m_new)
         a_other = tl.math.exp2(m_o - m_new)
-        acc = acc * a_self[:, None] + tlx.local_load(merge_acc) * a_other[:, None]
+        # loaded straight into the accumulator's layout (the pin is then released so it meets acc):
+        # otherwise the compiler moves acc to the load's layout through 32 KB of scratch
+        other = release_layout(tlx.local_load(merge_acc, layout=acc_layout(D)))
+        acc = acc * a_self[:, None] + other * a_other[:, None]
         store_rows(Out, Lse, acc, m_new, l_i * a_self + l_o * a_other, b, g, tok, head, N, HQ, G,
                    D)
+
+
+@tl.core.builtin
+def release_layout(x, _semantic=None):
+    """Drop the user pin of a tensor loaded with `tlx.local_load(..., layout=...)`, keeping its
+    layout, so that it may meet tensors of an equal compiler layout (this build exports no
+    release op)."""
+    return tl.tensor(_semantic.builder.create_release_layout(x.handle), x.type)
 
 
 def _constexprs(cfg: dict) -> dict:

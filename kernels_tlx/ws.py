@@ -5,17 +5,25 @@ Warp groups:
   `kernels_triton.tiling.key_block` and TMA-loads each into a ring of NUM_BUFFERS shared-memory
   slots; `fulls[i]` (1 arrival + transaction bytes) says a slot is loaded, `empties[i]` (one arrival
   per consumer) says both consumers are done with it.
-- Two consumer warp groups (4 warps, 64 rows each) share every K2/V2 slot, so each
-  block crosses L2 -> shared memory once per 128 rows. Each keeps its Q rows in shared memory and,
-  for every j of the w1 window: A = Q * K1[j] in registers -> RS-wgmma with K2^T -> online softmax
-  in exp2 -> wgmma P @ V2 -> acc = acc * alpha + (P @ V2) * V1[j] (V1 multiplies the GEMM output;
-  V1 * V2 is never built in shared memory). K1[j]/V1[j] are D-vectors read through L1/L2, issued
-  one step ahead so their latency hides behind step j's GEMMs.
-Tile geometry (heads x neighbouring tokens, interior/edge blocks, masks) is the plain Triton
-kernel's (kernels_triton/tiling.py). Supports any B, N, Hk, w1 <= w2, D in {64, 128}, G a power of
-two up to 128 (G = 128: the consumers take the two 64-head halves of one token; G <= 64: one
-64-row tile, neighbouring tokens packed when G < 64, the consumers split the w1 window).
-Differs from `triton`: TMA producer + mbarrier ring, two consumer groups sharing each K2/V2 slot.
+- Two consumer warp groups (4 warps each) on one 64-row tile (heads x neighbouring tokens, see
+  kernels_triton/tiling.py). They share every K2/V2 slot, so a block crosses L2 -> shared memory
+  once per tile, and the tile's Q, stored once in shared memory (half by each). They split the w1
+  window: consumer c takes j = j_first + c, j_first + c + 2, ... and at the end consumer 1 hands
+  (acc, m, l) to consumer 0, which merges the two softmax states (common.merge_and_store).
+Per step (one K2/V2 slot, one j), in each consumer:
+    S = A @ K2^T                  SS-wgmma; A = Q * K1[j] waits in one of the consumer's two A
+                                  buffers in shared memory
+    A' = Q * K1[next j]           built into the other A buffer while the QK wgmma runs
+    online softmax in exp2
+    acc = acc * alpha + (P @ V2) * V1[j]   RS-wgmma; V1 multiplies the GEMM output (V1 * V2 is
+                                  never built in shared memory)
+K1/V1 rows are D-vectors read through L1/L2 one step ahead. The "next j" of a block's last step
+is the first j of the next block, so the A pipeline never drains.
+`PINGPONG` (the `tlx_pingpong` variant, kernels_tlx/pingpong.py) makes the two consumers take turns
+issuing wgmma; here it is off and each consumer runs on its own.
+Supports any B, N, Hk, w1 <= w2, D in {64, 128}, G a power of two up to 128.
+Differs from `triton`: TMA producer + mbarrier ring, two consumer groups sharing each K2/V2 slot
+and splitting the window, A built off the QK critical path.
 """
 from __future__ import annotations
 
@@ -23,50 +31,67 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import (MERGE_BARRIER, launch_tlx, merge_and_store, produce_kv,
-                                tlx_compile_configs)
+from kernels_tlx.common import (MERGE_BARRIER, Q_READY_BARRIER, launch_tlx, merge_and_store,
+                                pass_turn, produce_kv, take_turn, tlx_compile_configs)
 from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
-                                   softmax_step, store_rows, tile_setup)
+                                   softmax_step, tile_setup)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 
+@triton.jit
+def build_a(q_smem, k1j, a_tiles, idx):
+    """A = Q * K1[j] into A buffer `idx` (an operand of the next SS-wgmma)."""
+    tlx.local_store(tlx.local_view(a_tiles, idx), tlx.local_load(q_smem) * k1j[None, :])
+    tlx.fence_async_shared()
+
 
 @triton.jit
-def consume_block(acc, m_i, l_i, q_smem, k2_tile, v2_tile, k1_base, v1_base, kb, j_lo, j_hi,
-                  j_step, tok, w1, w2, qk_scale, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_J: tl.constexpr, MASK_K: tl.constexpr, PROFILE: tl.constexpr):
-    """One consumer warp group: one K2/V2 slot against every j of the window."""
+def consume_block(acc, m_i, l_i, c, k1n, q_smem, a_tiles, a0, k2_tile, v2_tile, k1_base,
+                  v1_base, kb, j_lo, j_hi, n_steps, cid, tok, w1, w2, qk_scale,
+                  HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK_J: tl.constexpr, MASK_K: tl.constexpr, PINGPONG: tl.constexpr,
+                  PROFILE: tl.constexpr):
+    """One consumer warp group: one K2/V2 slot against its j = j_lo, j_lo + 2, ... (n_steps of
+    them). Step counter c picks A buffer a0 + c % 2; k1n is K1 of the step after next."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     k2t = tlx.local_trans(k2_tile)
-    row = tl.minimum(j_lo, j_hi).to(tl.int64) * (HK * D) + offs_d
-    k1n = tl.load(k1_base + row)
-    v1n = tl.load(v1_base + row)
-    for j in range(j_lo, j_hi + 1, j_step):
+    v1n = tl.load(v1_base + tl.minimum(j_lo, j_hi).to(tl.int64) * (HK * D) + offs_d)
+    for st in range(0, n_steps):
+        j = j_lo + 2 * st
+        st_n = tl.where(st + 1 < n_steps, st + 1, 0)   # next step (wraps to the next block)
+        st_nn = tl.where(st_n + 1 < n_steps, st_n + 1, 0)  # the one after
+        jn = tl.minimum(j_lo + 2 * st_n, j_hi)
+        jnn = tl.minimum(j_lo + 2 * st_nn, j_hi)
         enter("qk_gemm", PROFILE)
-        k1j = k1n
-        v1j = v1n.to(tl.float32)
-        row = tl.minimum(j + j_step, j_hi).to(tl.int64) * (HK * D) + offs_d  # prefetch next j
-        k1n = tl.load(k1_base + row)
-        v1n = tl.load(v1_base + row)
-        a = tlx.local_load(q_smem) * k1j[None, :]
-        s = tlx.async_dot(a, k2t)
+        take_turn(cid, PINGPONG)
+        s = tlx.async_dot(tlx.local_view(a_tiles, a0 + c % 2), k2t)
+        pass_turn(cid, PINGPONG)
+        build_a(q_smem, k1n, a_tiles, a0 + (c + 1) % 2)  # next step's A, while QK runs
+        k1n = tl.load(k1_base + jnn.to(tl.int64) * (HK * D) + offs_d)
         s = tlx.async_dot_wait(0, s) * qk_scale
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
         s = mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J, MASK_K)
+        if PINGPONG and not MASK_J:  # (MASK_J already drops j > every row's token)
+            if j > j_hi:  # both consumers run the same step count: this j is past the window
+                s = s + float("-inf")
         p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
         leave("softmax", PROFILE)
         enter("pv_gemm", PROFILE)
+        take_turn(cid, PINGPONG)
         pv = tlx.async_dot(p.to(tl.bfloat16), v2_tile)
+        pass_turn(cid, PINGPONG)
         pv = tlx.async_dot_wait(0, pv)
         leave("pv_gemm", PROFILE)
         enter("v1_mul", PROFILE)
-        acc = acc * alpha[:, None] + pv * v1j[None, :]
+        acc = acc * alpha[:, None] + pv * v1n.to(tl.float32)[None, :]
+        v1n = tl.load(v1_base + jn.to(tl.int64) * (HK * D) + offs_d)
         leave("v1_mul", PROFILE)
-    return acc, m_i, l_i
+        c += 1
+    return acc, m_i, l_i, c, k1n
 
 
 @triton.jit
@@ -74,18 +99,16 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                              HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-                             SPLIT_J: tl.constexpr, PROFILE: tl.constexpr = False):
-    # SPLIT_J: both consumers own the same BLOCK_M = 64 rows and take alternate j of the window;
-    # else each owns half of BLOCK_M = 128 rows and runs the whole window.
-    ROWS: tl.constexpr = BLOCK_M if SPLIT_J else BLOCK_M // 2  # rows per consumer warp group
+                             PINGPONG: tl.constexpr = False, PROFILE: tl.constexpr = False):
     T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)
+    HALF: tl.constexpr = BLOCK_M // 2
     b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
 
-    q_tiles = tlx.local_alloc((ROWS, D), tl.bfloat16, 2)
+    q_tile = tlx.local_alloc((BLOCK_M, D), tl.bfloat16, 1)
+    a_tiles = tlx.local_alloc((BLOCK_M, D), tl.bfloat16, 4)  # buffers 2c, 2c + 1: consumer c
     k2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
     v2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
-    if SPLIT_J:  # consumer 1 hands (m, l) to consumer 0 here, acc through an idle K2 ring slot
-        merge_m = tlx.local_alloc((ROWS,), tl.float32, 2)
+    merge_m = tlx.local_alloc((BLOCK_M,), tl.float32, 2)  # consumer 1's (m, l); acc: K2 slot 0
     fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=2)
 
@@ -96,18 +119,36 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid = tlx.async_task_replica_id()
-            first_row = 0 if SPLIT_J else cid * ROWS
-            tok, head = row_coords(i0, h0, first_row + tl.arange(0, ROWS), G, BLOCK_M)
-            q_smem = tlx.local_view(q_tiles, cid)
-            tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
+            tok, head = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)
+            q_smem = tlx.local_view(q_tile, 0)
+            tok_h, head_h = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
+            q_half = load_q(Q, b, g, tok_h, head_h, N, HQ, G, D)
+            if cid == 0:
+                tlx.local_store(tlx.local_slice(q_smem, [0, 0], [HALF, D]), q_half)
+            else:
+                tlx.local_store(tlx.local_slice(q_smem, [HALF, 0], [HALF, D]), q_half)
+            tlx.named_barrier_wait(Q_READY_BARRIER, 256)
+
             kv_base = b.to(tl.int64) * N * (HK * D) + g * D
-            j_lo = tl.maximum(i0 - w1 + 1, 0)
-            j_step = 2 if SPLIT_J else 1
-            if SPLIT_J:
-                j_lo = j_lo + cid
-            m_i = tl.full([ROWS], -1.0e30, tl.float32)
-            l_i = tl.zeros([ROWS], tl.float32)
-            acc = tl.zeros([ROWS, D], tl.float32)
+            j_first = tl.maximum(i0 - w1 + 1, 0)
+            j_lo = j_first + cid
+            # pingpong: both consumers issue the same number of wgmma (consumer 1's extra step of
+            # an odd window is masked); otherwise each runs its own j
+            n_steps = tl.cdiv(i_hi - (j_first if PINGPONG else j_lo) + 1, 2)
+            n_wrap = tl.maximum(n_steps, 1)
+            a0 = 2 * cid
+            offs_d = tl.arange(0, D)
+            build_a(q_smem, tl.load(K1 + kv_base + tl.minimum(j_lo, i_hi).to(tl.int64) * (HK * D)
+                                    + offs_d), a_tiles, a0)
+            j_next = tl.minimum(j_lo + 2 * (1 % n_wrap), i_hi)
+            k1n = tl.load(K1 + kv_base + j_next.to(tl.int64) * (HK * D) + offs_d)
+            if PINGPONG:
+                if cid == 1:
+                    pass_turn(cid, PINGPONG)  # consumer 0 issues first
+            c = 0
+            m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
             n_int = n_hi - n_lo
             for t in range(0, n_blocks):
                 buf = t % NUM_BUFFERS
@@ -118,41 +159,37 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                 k2_tile = tlx.local_view(k2_tiles, buf)
                 v2_tile = tlx.local_view(v2_tiles, buf)
                 if t < n_int:
-                    acc, m_i, l_i = consume_block(acc, m_i, l_i, q_smem, k2_tile, v2_tile,
-                                                  K1 + kv_base, V1 + kv_base, kb, j_lo, i_hi,
-                                                  j_step, tok, w1, w2, qk_scale, HK, D, BLOCK_N,
-                                                  T > 1, False, PROFILE)
+                    acc, m_i, l_i, c, k1n = consume_block(
+                        acc, m_i, l_i, c, k1n, q_smem, a_tiles, a0, k2_tile, v2_tile,
+                        K1 + kv_base, V1 + kv_base, kb, j_lo, i_hi, n_steps, cid, tok, w1, w2,
+                        qk_scale, HK, D, BLOCK_N, T > 1, False, PINGPONG, PROFILE)
                 else:
-                    acc, m_i, l_i = consume_block(acc, m_i, l_i, q_smem, k2_tile, v2_tile,
-                                                  K1 + kv_base, V1 + kv_base, kb, j_lo, i_hi,
-                                                  j_step, tok, w1, w2, qk_scale, HK, D, BLOCK_N,
-                                                  T > 1, True, PROFILE)
+                    acc, m_i, l_i, c, k1n = consume_block(
+                        acc, m_i, l_i, c, k1n, q_smem, a_tiles, a0, k2_tile, v2_tile,
+                        K1 + kv_base, V1 + kv_base, kb, j_lo, i_hi, n_steps, cid, tok, w1, w2,
+                        qk_scale, HK, D, BLOCK_N, T > 1, True, PINGPONG, PROFILE)
                 tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
             enter("epilogue", PROFILE)
-            if SPLIT_J:
-                tl.static_assert(BLOCK_N * 2 == ROWS * 4, "a K2 slot must hold one fp32 acc tile")
-                # both consumers are past their last block, so no TMA write or wgmma read is left
-                # on the ring: K2 slot 0 can carry consumer 1's accumulator
-                tlx.named_barrier_wait(MERGE_BARRIER, 256)
-                merge_acc = tlx.local_reinterpret(tlx.local_view(k2_tiles, 0), tl.float32, [ROWS, D])
-                merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok, head,
-                                N, HQ, G, D)
-            else:
-                store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ, G, D)
+            tl.static_assert(BLOCK_N * 2 == BLOCK_M * 4, "a K2 slot must hold one fp32 acc tile")
+            # both consumers are past their last block, so no TMA write or wgmma read is left on
+            # the ring: K2 slot 0 can carry consumer 1's accumulator
+            tlx.named_barrier_wait(MERGE_BARRIER, 256)
+            merge_acc = tlx.local_reinterpret(tlx.local_view(k2_tiles, 0), tl.float32, [BLOCK_M, D])
+            merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok, head, N,
+                            HQ, G, D)
             leave("epilogue", PROFILE)
 
 
-def _config(spec: ProblemSpec) -> dict:
-    """G > 64: two consumers on the two 64-head halves of 128 rows. G <= 64: 64 rows (one token at
-    G = 64: no mask) shared by both consumers, which split the w1 window (SPLIT_J)."""
-    split = spec.G <= 64
-    return dict(BLOCK_M=64 if split else 128, BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=240,
-                SPLIT_J=split, num_warps=4, num_stages=1)
+def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
+    """One 64-row tile (one token at G = 64: no mask; neighbouring tokens packed when G < 64; a
+    64-head half of a token when G = 128) for every shape."""
+    return dict(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=240, PINGPONG=pingpong,
+                num_warps=4, num_stages=1)
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    launch_tlx(simplicial_fwd_ws_kernel, _config(spec), spec, q, k1, k2, v1, v2, out, lse, profile)
+    launch_tlx(simplicial_fwd_ws_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile)
 
 
 def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(simplicial_fwd_ws_kernel, _config, supports)
+    return tlx_compile_configs(simplicial_fwd_ws_kernel, config, supports)

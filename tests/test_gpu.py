@@ -107,6 +107,10 @@ SHAPES = {
     # exact multiples of the tile sizes
     "N64_w64_G8": Shape(1, 64, 8, 1, 128, 64, 64),
     "N128_Hq128Hk2": Shape(1, 128, 128, 2, 64, 2, 127),
+    # one token per tile and a 2- or 3-row window over several key blocks: each TLX consumer has
+    # one j (or consumer 1 an extra masked one) and its A pipeline wraps from block to block
+    "w1eq2_G64_N300_w300": Shape(1, 300, 64, 1, 64, 2, 300),
+    "w1eq3_G128_N300_w300": Shape(2, 300, 128, 1, 64, 3, 300),
     "N1024_w17_333": Shape(1, 1024, 16, 1, 64, 17, 333),
     # softmax temperature
     "scale0.25_N640": Shape(1, 640, 16, 1, 128, 16, 128, 0.25),
