@@ -9,8 +9,8 @@ Differs from `tlx_ws` (kernels_tlx/ws.py) in the loop order and what it buys:
   P of the previous block is carried in registers).
 - The cost: the K2/V2 window is streamed once per j (the producer repeats the block sequence w1
   times); both consumer groups share every slot.
-Warp groups, tile geometry and masks are tlx_ws's (G > 64: two consumers on the two 64-head halves of
-128 rows; G <= 64: one 64-row tile, consumers take alternate j and merge at the end).
+Warp groups and masks as in tlx_ws; tile geometry: G > 64: two consumers on the two 64-head
+halves of 128 rows; G <= 64: one 64-row tile, consumers take alternate j and merge at the end.
 """
 from __future__ import annotations
 
