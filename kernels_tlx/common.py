@@ -19,7 +19,7 @@ from simplicial_attn.spec import ProblemSpec
 MERGE_BARRIER = tl.constexpr(8)    # 8 and 9: the split-j hand-over of (acc, m, l)
 Q_READY_BARRIER = tl.constexpr(10)  # both consumers have stored their half of the Q tile
 TURN_BARRIER = tl.constexpr(11)     # 11 + c: consumer c's turn on the tensor cores (pingpong)
-# The register layout of a wgmma accumulator (and of a 64-row A operand) of 4 warps, as
+# The register layout of a 64-row wgmma accumulator of 4 warps (one warp group), as
 # (thread, value) modes over a [64, D] row-major tile: lanes 4 x 2 columns, 8 rows; warps 16 rows;
 # per thread 2 adjacent columns, rows r and r + 8, every 8th column group.
 @triton.constexpr_function
