@@ -39,8 +39,7 @@ def _wait_slot(fulls, c, NUM_BUFFERS: tl.constexpr, PROFILE: tl.constexpr):
 @triton.jit
 def _scores_softmax(s, t, n_int, j, i_hi, k_lo, n_lo, n_hi, tok, offs_n, w1, w2, qk_scale, m_i,
                     l_i, T: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Scale, mask (edge blocks, T > 1, or no j for this consumer) and one online-softmax step."""
-    s = s * qk_scale
+    """Mask (edge blocks, T > 1, or no j for this consumer) and one online-softmax step."""
     kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
     if t < n_int:
         s = mask_scores(s, j, kb, tok, offs_n, w1, w2, T > 1, False)
@@ -48,7 +47,7 @@ def _scores_softmax(s, t, n_int, j, i_hi, k_lo, n_lo, n_hi, tok, offs_n, w1, w2,
         s = mask_scores(s, j, kb, tok, offs_n, w1, w2, T > 1, True)
     if j > i_hi:  # SPLIT_J with an odd window: this consumer has no j this round
         s = s + float("-inf")
-    return softmax_step(s, m_i, l_i)
+    return softmax_step(s, m_i, l_i, qk_scale)
 
 
 @triton.jit

@@ -71,14 +71,15 @@ def consume_block(acc, m_i, l_i, c, k1n, q_smem, a_tiles, a0, k2_tile, v2_tile, 
         pass_turn(cid, PINGPONG)
         build_a(q_smem, k1n, a_tiles, a0 + (c + 1) % 2)  # next step's A, while QK runs
         k1n = tl.load(k1_base + jnn.to(tl.int64) * (HK * D) + offs_d)
-        s = tlx.async_dot_wait(0, s) * qk_scale
+        s = tlx.async_dot_wait(0, s)
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
         s = mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J, MASK_K)
         if PINGPONG and not MASK_J:  # (MASK_J already drops j > every row's token)
-            if j > j_hi:  # both consumers run the same step count: this j is past the window
-                s = s + float("-inf")
-        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
+            # both consumers run the same step count: a j past the window scores -inf (a select,
+            # not a branch: this ptxas crashes on the branch form next to the folded softmax)
+            s = s + tl.where(j > j_hi, float("-inf"), 0.0)
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale)
         leave("softmax", PROFILE)
         enter("pv_gemm", PROFILE)
         take_turn(cid, PINGPONG)

@@ -41,11 +41,11 @@ def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs
         k1j = tl.load(k1_base + j.to(tl.int64) * (HK * D) + offs_d)
         v1j = tl.load(v1_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
         a = q * k1j[None, :]
-        s = tl.dot(a, k2t) * qk_scale
+        s = tl.dot(a, k2t)
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
         s = mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J, MASK_K)
-        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i)
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale)
         leave("softmax", PROFILE)
         enter("pv_gemm", PROFILE)
         pv = tl.dot(p.to(tl.bfloat16), v2)

@@ -125,12 +125,14 @@ def mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J: tl.constexpr, MASK_K: tl.
 
 
 @triton.jit
-def softmax_step(s, m_i, l_i):
-    """Online softmax in log2 units: returns (p, alpha, m_new, l_new). m starts at a finite -1e30,
-    so fully masked rows give p = 0 and alpha = 1, never NaN."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+def softmax_step(s, m_i, l_i, qk_scale):
+    """Online softmax in log2 units over raw scores s (qk_scale = sm_scale * log2 e > 0 is folded
+    into the exp2 argument: one FFMA per score, no separate scaling pass): returns
+    (p, alpha, m_new, l_new), m in log2 units. m starts at a finite -1e30, so fully masked rows
+    give p = 0 and alpha = 1, never NaN."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
