@@ -392,9 +392,13 @@ def test_hopper_variant_on_other_gpu_refused(rand):
         forward(*x, 2, 4, variant=hop[0].name)
 
 
-# An exact check with K/V past 2^31 elements per batch: with w1 = w2 = 1 every query sees only the
-# pair (i, i), so out = bf16(V1[i] * V2[i]) exactly and lse = the one score. Run in a child process
-# so that an illegal address cannot poison this process's CUDA context.
+# A tight check with K/V past 2^31 elements per batch: with w1 = w2 = 1 every query sees only the
+# pair (i, i), so out = V1[i] * V2[i] and lse = the one score. Not bitwise: the kernels fold the
+# softmax scale into the exp2 argument (one FFMA, s*c - m), which for the lone score leaves the
+# rounding error of m (<= 2^-24 relative) instead of an exact 0, so the softmax sum is 1 + O(2^-24)
+# and an output may round to the neighbouring bf16 value. A wrapped 32-bit offset reads another
+# token's K/V: errors of order 1, far above the bound checked here (2^-6 relative, two bf16 ulps).
+# Run in a child process so that an illegal address cannot poison this process's CUDA context.
 BIG_KV_CODE = """
 import sys, torch
 from simplicial_attn import forward, registry
@@ -408,8 +412,8 @@ torch.cuda.synchronize()
 bad, worst = 0, 0.0
 for i0 in range(0, N, 4096):
     sl = slice(i0, i0 + 4096)
-    want = (v1[:, sl].float() * v2[:, sl].float()).to(torch.bfloat16)
-    bad += int((out[:, sl] != want).sum())
+    want = v1[:, sl].float() * v2[:, sl].float()
+    bad += int(((out[:, sl].float() - want).abs() > 2.0 ** -6 * want.abs()).sum())
     a = (q[:, sl].float() * k1[:, sl].float()).to(torch.bfloat16).float()
     s = (a * k2[:, sl].float()).sum(-1) * D ** -0.5                    # [1, C, H]
     worst = max(worst, (lse[:, :, sl] - s.transpose(1, 2)).abs().max().item())
