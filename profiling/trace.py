@@ -76,7 +76,7 @@ DEFAULT_FREQUENCY_MHZ = 1000.0
 # (warp-specialized kernels launch more warps than their num_warps: tlx_ws = 4 producer + 2 x 4
 # consumer warps).
 # Variants not listed use their compile config's num_warps. The one place that names these numbers.
-TOTAL_WARPS_FALLBACK = {"tlx_ws": 12, "tlx_pingpong": 12, "tlx_pipelined": 12}
+TOTAL_WARPS_FALLBACK = {"tlx_ws": 12, "tlx_pingpong": 12, "tlx_pipelined": 12, "tlx_ws_keys": 12}
 
 # Fixed colours per scope (tab10), so every picture reads the same.
 SCOPE_COLORS = {
@@ -829,7 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="capture two variants; summaries side by side, OUT/compare_A_B.png")
     mode.add_argument("--kernels", action="store_true",
                       help="kernel-level CUPTI table (median of --reps launches, TFLOPS, %% of "
-                           f"{H100_SXM_BF16_DENSE_TFLOPS:.0f}) for the --variant(s), default all")
+                           f"{H100_SXM_BF16_DENSE_TFLOPS:.0f}) for the --variant(s), default every "
+                           "variant that takes the shape")
     mode.add_argument("--summarize", nargs="+", metavar="TRACE",
                       help="summarize .chrome_trace file(s) (no GPU); two or more: side by side")
     mode.add_argument("--plot", nargs="+", metavar="TRACE",
@@ -860,18 +861,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_shape(parser: argparse.ArgumentParser, s: Shape, names: Sequence[str]) -> None:
-    """The library's own shape checks on meta tensors (no memory, no device), then `supports`."""
+def _spec_of(parser: argparse.ArgumentParser, s: Shape):
+    """The library's own shape checks on meta tensors (no memory, no device)."""
     import torch
 
-    from simplicial_attn import registry
     from simplicial_attn.spec import validate
     q = torch.empty(s.B, s.N, s.Hq, s.D, dtype=torch.bfloat16, device="meta")
     kv = [torch.empty(s.B, s.N, s.Hk, s.D, dtype=torch.bfloat16, device="meta") for _ in range(4)]
     try:
-        spec = validate(q, *kv, s.w1, s.w2)
+        return validate(q, *kv, s.w1, s.w2)
     except (ValueError, TypeError) as e:
         parser.error(f"shape {s.short()}: {e}")
+
+
+def _check_shape(parser: argparse.ArgumentParser, s: Shape, names: Sequence[str]) -> None:
+    """The shape checks of `_spec_of`, then each variant's `supports`."""
+    from simplicial_attn import registry
+    spec = _spec_of(parser, s)
     for n in names:
         why = registry.get(n).load().supports(spec)
         if why is not None:
@@ -922,7 +928,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from simplicial_attn import registry
     if args.kernels:
-        names = args.variant or [v.name for v in registry.all_variants()]
+        names = args.variant or []
     elif args.compare:
         if args.compare[0] == args.compare[1]:
             parser.error("--compare needs two different variants")
@@ -933,6 +939,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "--summarize PATH or --plot PATH --png OUT.png")
         names = list(dict.fromkeys(args.variant))
     shape = shape_from_args(args)
+    if args.kernels and not names:  # every variant that takes the shape
+        names = [v.name for v in registry.all_variants()
+                 if v.load().supports(_spec_of(parser, shape)) is None]
     _check_shape(parser, shape, names)
 
     import torch

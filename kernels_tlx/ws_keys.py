@@ -1,0 +1,217 @@
+"""`tlx_ws_keys`: `tlx_ws` with the Hadamard product moved to the keys side and built by the
+producer.
+
+    S = Q @ (K1[j] * K2)^T         instead of   S = (Q * K1[j]) @ K2^T
+
+B_j = K1[j] * K2 (a key block scaled by one K1 row) does not depend on the query rows, so one build
+serves every row of the tile. The tile is one token's 128 query heads (G = 128), 64 rows per
+consumer warp group, and both consumers walk the same j; the producer warp group, idle in tlx_ws
+between TMA loads, builds each B_j into a ring of NUM_B shared-memory slots, and the consumers only
+run GEMMs and the softmax.
+
+Warp groups:
+- producer ("default", 4 warps): per K2/V2 block, TMA-loads V2 into one of two slots (`kv_fulls` /
+  `kv_empties`, one arrival per consumer) and K2 into a single slot that only it reads; then for
+  each j of the window: waits for B slot `c % NUM_B` to be free (`b_empties`), writes
+  B_j = K1[j] * K2 (in CH-row chunks) and the row V1[j] into that slot, fences, arrives on
+  `b_fulls`.
+- Two consumer warp groups (4 warps each), rows 64c .. 64c + 63 of the tile, Q resident in
+  shared memory. Per step (one K2/V2 block, one j):
+      S = Q @ B_j^T                          SS-wgmma, no operand built by the consumer
+      V1[j] read from the B slot, slot released
+      online softmax in exp2
+      acc = acc * alpha + (P @ V2) * V1[j]   RS-wgmma; V1 multiplies the GEMM output
+  V1[j] is read from shared memory straight into the layout of the accumulator's columns
+  (`v1_layout`), so no step converts a layout through scratch memory.
+Supports G = Hq/Hk = 128 (the paper's ratio at Hq = 128), D in {64, 128}, any B, N, Hk, w1 <= w2.
+Differs from `tlx_ws`: no A = Q * K1[j] per consumer and step (the cost measured in
+docs/perf-notes.md), a 128-row tile on one j instead of a 64-row tile split over j (no merge).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from kernels_tlx.common import launch_tlx, release_layout, tlx_compile_configs
+from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
+                                   softmax_step, store_rows, tile_setup)
+from kernels_triton.tiling import supports as tiling_supports
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+ROUNDS_KEYS_SIDE = True  # rounds K1[j] * K2 to bf16, not Q * K1[j] (tests/test_gpu.py emulates it)
+
+
+@triton.constexpr_function
+def v1_layout(d):
+    """The columns of a 64-row wgmma accumulator as a [d] vector: per thread 2 adjacent columns in
+    every 8th column group, lanes 4 x 2 columns; the 8 row lanes and the 4 warps hold copies
+    (see common.acc_layout). Equal to the compiler's slice of that accumulator along its rows."""
+    return tlx.layout(shape=((4, 8, 4), (2, d // 8)), stride=((2, 0, 0), (1, 8)))
+
+
+def supports(spec: ProblemSpec) -> str | None:
+    why = tiling_supports(spec)
+    if why is not None:
+        return why
+    if spec.G != 128:
+        return f"G = Hq/Hk = {spec.G}, not 128 (one token's heads fill the 128-row tile)"
+    return None
+
+
+@triton.jit
+def load_k1_v1(K1, V1, kv_row, D: tl.constexpr, CH: tl.constexpr):
+    """Producer: K1[j] as a [CH, D] tile (every row the same address, so it arrives in the layout
+    of a K2 chunk) and V1[j]; kv_row is j's offset in K1/V1."""
+    offs_d = tl.arange(0, D)
+    k1 = tl.load(K1 + kv_row + (0 * tl.arange(0, CH))[:, None] + offs_d[None, :])
+    return k1, tl.load(V1 + kv_row + offs_d)
+
+
+@triton.jit
+def build_b(k1, v1, k2_tile, b_tile, v1_slot, D: tl.constexpr, BLOCK_N: tl.constexpr,
+            CH: tl.constexpr):
+    """Producer: B_j = K1[j] * K2 into `b_tile` (CH rows at a time) and the row V1[j] into
+    `v1_slot`, then the proxy fence that makes them visible to the consumers' wgmma."""
+    tlx.local_store(v1_slot, v1)
+    for ch in tl.static_range(BLOCK_N // CH):
+        k2c = tlx.local_load(tlx.local_slice(k2_tile, [ch * CH, 0], [CH, D]))
+        tlx.local_store(tlx.local_slice(b_tile, [ch * CH, 0], [CH, D]), k2c * k1)
+    tlx.fence_async_shared()
+
+
+@triton.jit
+def consume_block(acc, m_i, l_i, q_smem, b_tiles, v1_slots, b_fulls, b_empties, v2_tile, c0,
+                  j_first, n_j, kb, tok, w1, w2, qk_scale, D: tl.constexpr,
+                  BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, MASK_K: tl.constexpr,
+                  PROFILE: tl.constexpr):
+    """One consumer warp group: one V2 block against every j of the window; step c = c0 + jj
+    finds B_j and V1[j] in slot c % NUM_B."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for jj in range(0, n_j):
+        c = c0 + jj
+        bs = c % NUM_B
+        enter("qk_gemm", PROFILE)
+        tlx.barrier_wait(tlx.local_view(b_fulls, bs), (c // NUM_B) & 1)
+        s = tlx.async_dot(q_smem, tlx.local_trans(tlx.local_view(b_tiles, bs)))
+        s = tlx.async_dot_wait(0, s)
+        v1 = release_layout(tlx.local_load(tlx.local_view(v1_slots, bs), layout=v1_layout(D)))
+        tlx.barrier_arrive(tlx.local_view(b_empties, bs), 1)
+        leave("qk_gemm", PROFILE)
+        enter("softmax", PROFILE)
+        s = mask_scores(s, j_first + jj, kb, tok, offs_n, w1, w2, False, MASK_K)
+        p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, qk_scale)
+        leave("softmax", PROFILE)
+        enter("pv_gemm", PROFILE)
+        pv = tlx.async_dot(p.to(tl.bfloat16), v2_tile)
+        pv = tlx.async_dot_wait(0, pv)
+        leave("pv_gemm", PROFILE)
+        enter("v1_mul", PROFILE)
+        acc = acc * alpha[:, None] + pv * v1.to(tl.float32)[None, :]
+        leave("v1_mul", PROFILE)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
+                                  HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
+                                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  NUM_B: tl.constexpr, CH: tl.constexpr,
+                                  CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
+    tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
+    HALF: tl.constexpr = BLOCK_M // 2
+    b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
+    j_first = tl.maximum(i0 - w1 + 1, 0)
+    n_j = i0 - j_first + 1
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+
+    q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, 2)       # consumer c's rows
+    k2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 1)   # read by the producer only
+    v2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 2)
+    b_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
+    v1_slots = tlx.local_alloc((D,), tl.bfloat16, NUM_B)
+    k_full = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=2)
+    b_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
+    b_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=2)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: TMA K2/V2, then B_j = K1[j] * K2 per j
+            k2_tile = tlx.local_view(k2_tiles, 0)
+            kf = tlx.local_view(k_full, 0)
+            for t in range(0, n_blocks):
+                slot = t % 2
+                kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+                enter("load_kv", PROFILE)
+                tlx.barrier_wait(tlx.local_view(kv_empties, slot), ((t // 2) & 1) ^ 1)
+                full = tlx.local_view(kv_fulls, slot)
+                tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D)
+                tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, slot), [b * N + kb, g * D],
+                                          full)
+                # the single K2 slot is free: this warp group's last build read it before
+                tlx.barrier_expect_bytes(kf, 2 * BLOCK_N * D)
+                tlx.async_descriptor_load(K2, k2_tile, [b * N + kb, g * D], kf)
+                tlx.barrier_wait(kf, t & 1)
+                leave("load_kv", PROFILE)
+                for jj in range(0, n_j):
+                    c = t * n_j + jj
+                    bs = c % NUM_B
+                    enter("build_b", PROFILE)
+                    k1, v1 = load_k1_v1(K1, V1, kv_base + (j_first + jj).to(tl.int64) * (HK * D),
+                                        D, CH)
+                    tlx.barrier_wait(tlx.local_view(b_empties, bs), ((c // NUM_B) & 1) ^ 1)
+                    build_b(k1, v1, k2_tile, tlx.local_view(b_tiles, bs),
+                            tlx.local_view(v1_slots, bs), D, BLOCK_N, CH)
+                    tlx.barrier_arrive(tlx.local_view(b_fulls, bs), 1)
+                    leave("build_b", PROFILE)
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
+            cid = tlx.async_task_replica_id()
+            tok, head = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
+            q_smem = tlx.local_view(q_tiles, cid)
+            tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
+            tlx.fence_async_shared()
+            m_i = tl.full([HALF], -1.0e30, tl.float32)
+            l_i = tl.zeros([HALF], tl.float32)
+            acc = tl.zeros([HALF, D], tl.float32)
+            n_int = n_hi - n_lo
+            for t in range(0, n_blocks):
+                slot = t % 2
+                kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+                enter("wait_kv", PROFILE)
+                tlx.barrier_wait(tlx.local_view(kv_fulls, slot), (t // 2) & 1)
+                leave("wait_kv", PROFILE)
+                v2_tile = tlx.local_view(v2_tiles, slot)
+                if t < n_int:
+                    acc, m_i, l_i = consume_block(
+                        acc, m_i, l_i, q_smem, b_tiles, v1_slots, b_fulls, b_empties, v2_tile,
+                        t * n_j, j_first, n_j, kb, tok, w1, w2, qk_scale, D, BLOCK_N, NUM_B,
+                        False, PROFILE)
+                else:
+                    acc, m_i, l_i = consume_block(
+                        acc, m_i, l_i, q_smem, b_tiles, v1_slots, b_fulls, b_empties, v2_tile,
+                        t * n_j, j_first, n_j, kb, tok, w1, w2, qk_scale, D, BLOCK_N, NUM_B,
+                        True, PROFILE)
+                tlx.barrier_arrive(tlx.local_view(kv_empties, slot), 1)
+            enter("epilogue", PROFILE)
+            store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ, G, D)
+            leave("epilogue", PROFILE)
+
+
+def config(spec: ProblemSpec) -> dict:
+    """Every shape: 128-row tile, 128-key blocks, two B slots (two more would not fit in shared
+    memory at D = 128), the producer's build in 8-row chunks (16 spill its 24 registers) and the
+    consumers at 240 registers (232 measured 2-3% slower)."""
+    return dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=240, num_warps=4,
+                num_stages=1)
+
+
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
+    launch_tlx(simplicial_fwd_ws_keys_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse,
+               profile)
+
+
+def compile_configs() -> list[CompileConfig]:
+    return tlx_compile_configs(simplicial_fwd_ws_keys_kernel, config, supports)
