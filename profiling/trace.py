@@ -88,7 +88,7 @@ _EXTRA_COLORS = ("#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#98df8a", "#ffbb78
 CAVEATS = (
     ("gemm scopes (qk_gemm, pv_gemm) include the wait for the wgmma result: they measure issue to "
      "completion as seen by the warp, an upper bound of tensor-core busy time (qk_gemm also holds "
-     "the K1/V1 row loads and Q*K1[j])"),
+     "the K1/V1 row loads and Q*K1[j], or in tlx_ws_keys the wait for the producer's B_j)"),
     "instrumentation (a clock read + store per scope boundary) perturbs timing and scheduling",
     ("cycles are the SM clock of the sampled warps; spans run from a group's first scope entry to "
      "its last scope exit in each CTA"),
