@@ -628,7 +628,8 @@ def is_tlx(variant: str) -> bool:
 def expected_scopes(variant: str) -> set[str]:
     """Scopes a full trace of `variant` holds (with one warp of every warp group sampled)."""
     base = {"load_kv", "qk_gemm", "softmax", "pv_gemm", "v1_mul", "epilogue"}
-    return base | {"wait_kv"} if is_tlx(variant) else base
+    extra = {"build_b"} if variant == "tlx_ws_keys" else set()  # its producer builds K1[j]*K2
+    return base | extra | ({"wait_kv"} if is_tlx(variant) else set())
 
 
 def _compiled_warps(mod) -> int | None:
