@@ -2,6 +2,7 @@
 tests/data and hand-built ones), the CLI, and (gpu marker) a capture of every registered variant."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -374,7 +375,7 @@ def test_capture_every_variant(tmp_path):
     for v in registry.all_variants():
         s = Shape(B=1, N=256, Hq=64, Hk=1, D=128, w1=32, w2=256)
         if v.name == "tlx_ws_keys":  # G = 128 only
-            s = s._replace(Hq=128)
+            s = dataclasses.replace(s, Hq=128)
         path = trace.capture(v.name, s, str(tmp_path), ctas=2, log=lambda msg: None)
         assert os.path.getsize(path) < trace.MAX_TRACE_BYTES
         events = trace.load_trace(path)
