@@ -39,7 +39,8 @@ from bench.common import (H100_SXM_BF16_DENSE_TFLOPS, PRESETS, SWEEP_N,  # noqa:
                           metadata_line, plot_tflops_vs_n, positive_float, print_table,
                           run_metadata, shape_from_args, sweep_shapes, tflops, write_rows)
 from simplicial_attn import launcher, registry  # noqa: E402
-from simplicial_attn.spec import SUPPORTED_HEAD_DIMS, check_device, validate  # noqa: E402
+from simplicial_attn.spec import (SUPPORTED_HEAD_DIMS, check_device, validate,  # noqa: E402
+                                  validate_shape)
 
 PROG = "bench/fwd.py"
 
@@ -124,11 +125,8 @@ def parse_args(argv: Sequence[str] | None = None
                      f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
     shapes = sweep_shapes(shape) if args.sweep else [shape]
     for s in shapes:  # the library's own checks, on meta tensors (no memory, no device)
-        q = torch.empty(s.B, s.N, s.Hq, s.D, dtype=torch.bfloat16, device="meta")
-        kv = [torch.empty(s.B, s.N, s.Hk, s.D, dtype=torch.bfloat16, device="meta")
-              for _ in range(4)]
         try:
-            validate(q, *kv, s.w1, s.w2)
+            validate_shape(s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2)
         except (ValueError, TypeError) as e:
             parser.error(f"shape {s.short()}: {e}")
 

@@ -41,6 +41,7 @@ from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 ROUNDS_KEYS_SIDE = True  # rounds K1[j] * K2 to bf16, not Q * K1[j] (tests/test_gpu.py emulates it)
+EXTRA_SCOPES = ("build_b",)  # Proton scope of the producer's build (profiling/trace.py expects it)
 
 
 @triton.constexpr_function

@@ -626,9 +626,11 @@ def is_tlx(variant: str) -> bool:
 
 
 def expected_scopes(variant: str) -> set[str]:
-    """Scopes a full trace of `variant` holds (with one warp of every warp group sampled)."""
+    """Scopes a full trace of `variant` holds (with one warp of every warp group sampled): the
+    common ones plus the variant module's EXTRA_SCOPES."""
+    from simplicial_attn import registry
     base = {"load_kv", "qk_gemm", "softmax", "pv_gemm", "v1_mul", "epilogue"}
-    extra = {"build_b"} if variant == "tlx_ws_keys" else set()  # its producer builds K1[j]*K2
+    extra = set(getattr(registry.get(variant).load(), "EXTRA_SCOPES", ()))  # a module's own
     return base | extra | ({"wait_kv"} if is_tlx(variant) else set())
 
 
@@ -864,13 +866,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _spec_of(parser: argparse.ArgumentParser, s: Shape):
     """The library's own shape checks on meta tensors (no memory, no device)."""
-    import torch
-
-    from simplicial_attn.spec import validate
-    q = torch.empty(s.B, s.N, s.Hq, s.D, dtype=torch.bfloat16, device="meta")
-    kv = [torch.empty(s.B, s.N, s.Hk, s.D, dtype=torch.bfloat16, device="meta") for _ in range(4)]
+    from simplicial_attn.spec import validate_shape
     try:
-        return validate(q, *kv, s.w1, s.w2)
+        return validate_shape(s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2)
     except (ValueError, TypeError) as e:
         parser.error(f"shape {s.short()}: {e}")
 
@@ -941,8 +939,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = list(dict.fromkeys(args.variant))
     shape = shape_from_args(args)
     if args.kernels and not names:  # every variant that takes the shape
-        names = [v.name for v in registry.all_variants()
-                 if v.load().supports(_spec_of(parser, shape)) is None]
+        spec = _spec_of(parser, shape)
+        names = [v.name for v in registry.all_variants() if v.load().supports(spec) is None]
     _check_shape(parser, shape, names)
 
     import torch

@@ -111,6 +111,13 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None) -> ProblemSpec:
     return ProblemSpec(B, N, Hq, Hk, D, w1, w2, sm_scale, swapped)
 
 
+def validate_shape(B, N, Hq, Hk, D, w1, w2, sm_scale=None) -> ProblemSpec:
+    """`validate` for a shape alone: the same checks on meta tensors (no memory, no device)."""
+    q = torch.empty(B, N, Hq, D, dtype=torch.bfloat16, device="meta")
+    kv = [torch.empty(B, N, Hk, D, dtype=torch.bfloat16, device="meta") for _ in range(4)]
+    return validate(q, *kv, w1, w2, sm_scale)
+
+
 def check_device(q: torch.Tensor, *, needs_hopper: bool, variant: str) -> None:
     """Raise a clear error when the tensors are not on a GPU this variant can run on."""
     if q.device.type != "cuda":

@@ -94,6 +94,17 @@ def rand(gen):
     return make
 
 
+def hq_taken_by(variant: str, B: int, N: int, Hq: int, Hk: int, D: int, w1: int, w2: int) -> int:
+    """Hq itself when `variant` takes the shape, else 128 * Hk when it takes that twin (a
+    G = 128-only kernel still runs the shape-generic tests), else Hq (the test skips)."""
+    from simplicial_attn import registry
+    from simplicial_attn.spec import validate_shape
+    mod = registry.get(variant).load()
+    if mod.supports(validate_shape(B, N, Hq, Hk, D, w1, w2)) is None:
+        return Hq
+    return 128 * Hk if mod.supports(validate_shape(B, N, 128 * Hk, Hk, D, w1, w2)) is None else Hq
+
+
 @functools.lru_cache(maxsize=None)
 def gpu_capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if HAS_CUDA else None

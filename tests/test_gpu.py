@@ -23,7 +23,9 @@ import torch
 
 from simplicial_attn import flops, forward, reference, registry
 from simplicial_attn.launcher import pick
-from simplicial_attn.spec import validate
+from simplicial_attn.spec import validate, validate_shape
+
+from conftest import hq_taken_by
 
 pytestmark = pytest.mark.gpu
 
@@ -144,19 +146,9 @@ def skip_reason(v: registry.Variant, spec) -> str | None:
     return None if why is None else f"{v.name} does not take {spec.short()}: {why}"
 
 
-def meta_spec(shape: Shape):
-    return validate(*(torch.empty(shape.B, shape.N, h, shape.D, dtype=torch.bfloat16,
-                                  device="meta") for h in (shape.Hq, *[shape.Hk] * 4)),
-                    shape.w1, shape.w2)
-
-
 def taken_by(v: registry.Variant, shape: Shape) -> Shape:
-    """`shape`, or its twin with G = Hq/Hk = 128 when only that one is taken by the variant (a
-    G = 128-only kernel still runs every test of the file)."""
-    if v.load().supports(meta_spec(shape)) is None:
-        return shape
-    twin = shape._replace(Hq=128 * shape.Hk)
-    return twin if v.load().supports(meta_spec(twin)) is None else shape
+    """`shape`, or its G = 128 twin when only that one is taken by the variant."""
+    return shape._replace(Hq=hq_taken_by(v.name, *shape[:7]))
 
 
 def inputs(rand, shape: Shape):
@@ -338,7 +330,7 @@ def test_bitwise_reproducible(v, shape, rand, seed):
 def test_empty(variant, B, N, rand):
     Hq, Hk, D = 16, 2, 128
     if variant != "auto":
-        Hq = taken_by(registry.get(variant), Shape(B, N, Hq, Hk, D, 4, 8)).Hq
+        Hq = hq_taken_by(variant, B, N, Hq, Hk, D, 4, 8)
     x = rand(B, N, Hq, Hk, D, device="cuda")
     if variant != "auto":
         why = skip_reason(registry.get(variant), validate(*x, 4, 8))
@@ -475,9 +467,9 @@ sys.exit(0 if bad == 0 and worst < 1e-3 else 1)
 @pytest.mark.parametrize("v", VARIANTS, ids=VIDS)
 def test_offsets_past_2_31(v, seed):
     N, HQ, HK, D = 65536 + 200, 256, 256, 128
-    if v.load().supports(meta_spec(Shape(1, N, HQ, HK, D, 1, 1))) is not None:
+    if v.load().supports(validate_shape(1, N, HQ, HK, D, 1, 1)) is not None:
         N, HQ, HK = (1 << 17) + 200, 128, 1
-    spec = meta_spec(Shape(1, N, HQ, HK, D, 1, 1))
+    spec = validate_shape(1, N, HQ, HK, D, 1, 1)
     why = skip_reason(v, spec)
     if why:
         pytest.skip(why)
@@ -497,7 +489,7 @@ def test_offsets_past_2_31(v, seed):
 def test_batch_times_kv_heads_past_65535(v, rand, seed):
     """B * Hk = 65536: more programs than a CUDA grid's y axis holds (the grid is one flat axis)."""
     shape = Shape(B=2, N=3, Hq=32768, Hk=32768, D=64, w1=2, w2=3)
-    if v.load().supports(meta_spec(shape)) is not None:  # G = 128 only: B = 65536 instead
+    if v.load().supports(validate_shape(*shape)) is not None:  # G = 128 only: B = 65536 instead
         shape = Shape(B=65536, N=2, Hq=128, Hk=1, D=64, w1=2, w2=3)
     x = inputs(rand, shape)
     why = skip_reason(v, validate(*x, shape.w1, shape.w2))

@@ -2,7 +2,6 @@
 tests/data and hand-built ones), the CLI, and (gpu marker) a capture of every registered variant."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from bench.common import H100_SXM_BF16_DENSE_TFLOPS, Shape
+from conftest import hq_taken_by
 from profiling import trace
 from simplicial_attn import registry
 
@@ -373,9 +373,8 @@ def test_cli_capture_without_gpu_exits_2(tmp_path, args):
 @pytest.mark.gpu
 def test_capture_every_variant(tmp_path):
     for v in registry.all_variants():
-        s = Shape(B=1, N=256, Hq=64, Hk=1, D=128, w1=32, w2=256)
-        if v.name == "tlx_ws_keys":  # G = 128 only
-            s = dataclasses.replace(s, Hq=128)
+        s = Shape(B=1, N=256, Hq=hq_taken_by(v.name, 1, 256, 64, 1, 128, 32, 256), Hk=1, D=128,
+                  w1=32, w2=256)
         path = trace.capture(v.name, s, str(tmp_path), ctas=2, log=lambda msg: None)
         assert os.path.getsize(path) < trace.MAX_TRACE_BYTES
         events = trace.load_trace(path)

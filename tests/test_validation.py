@@ -9,6 +9,8 @@ import torch
 import simplicial_attn
 from simplicial_attn import forward, reference, variants
 
+from conftest import hq_taken_by
+
 B, N, HQ, HK, D = 2, 5, 4, 2, 64
 
 
@@ -140,8 +142,9 @@ def test_auto_cannot_take_g12_says_why(rand):
 
 @pytest.mark.parametrize("variant", ["auto", *variants()])
 def test_cpu_tensors_need_cuda(variant, good, rand):
-    if variant == "tlx_ws_keys":  # takes G = 128 only (shape errors come before device errors)
-        q, k1, k2, v1, v2 = rand(1, 5, 128, 1, 64)
+    hq = HQ if variant == "auto" else hq_taken_by(variant, B, N, HQ, HK, D, 3, 4)
+    if hq != HQ:  # a shape the variant takes (shape errors come before device errors)
+        q, k1, k2, v1, v2 = rand(B, N, hq, HK, D)
         good = dict(good, q=q, k1=k1, k2=k2, v1=v1, v2=v2)
     with pytest.raises(ValueError) as info:
         call(forward, {**good, "variant": variant})
