@@ -137,18 +137,29 @@ def softmax_step(s, m_i, l_i, qk_scale):
 
 
 @triton.jit
-def store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr,
+def normalized(acc, l_i):
+    """The O rows of a finished online softmax, in bf16 (a row with l = 0 stays 0)."""
+    return (acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]).to(tl.bfloat16)
+
+
+@triton.jit
+def write_rows(Out, Lse, out, m_i, l_i, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr,
                D: tl.constexpr):
-    """Normalise and write O rows (bf16) and LSE (natural log) for rows with tok < N."""
+    """Write the bf16 O rows `out` and LSE (natural log) for rows with tok < N."""
     offs_d = tl.arange(0, D)
     row_ok = tok < N
     hq = g * G + head
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
     o_off = (b.to(tl.int64) * N + tok) * (HQ * D) + hq * D
-    tl.store(Out + o_off[:, None] + offs_d[None, :], out.to(tl.bfloat16), mask=row_ok[:, None])
-    lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453
+    tl.store(Out + o_off[:, None] + offs_d[None, :], out, mask=row_ok[:, None])
+    lse = (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) * 0.6931471805599453
     tl.store(Lse + (b.to(tl.int64) * HQ + hq) * N + tok, lse, mask=row_ok)
+
+
+@triton.jit
+def store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr,
+               D: tl.constexpr):
+    """Normalise and write O rows (bf16) and LSE (natural log) for rows with tok < N."""
+    write_rows(Out, Lse, normalized(acc, l_i), m_i, l_i, b, g, tok, head, N, HQ, G, D)
 
 
 @triton.jit
