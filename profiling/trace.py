@@ -76,7 +76,8 @@ DEFAULT_FREQUENCY_MHZ = 1000.0
 # (warp-specialized kernels launch more warps than their num_warps: tlx_ws = 4 producer + 2 x 4
 # consumer warps).
 # Variants not listed use their compile config's num_warps. The one place that names these numbers.
-TOTAL_WARPS_FALLBACK = {"tlx_ws": 12, "tlx_pingpong": 12, "tlx_pipelined": 12, "tlx_ws_keys": 12}
+TOTAL_WARPS_FALLBACK = {"tlx_ws": 12, "tlx_pingpong": 12, "tlx_pipelined": 12, "tlx_ws_keys": 12,
+                        "tlx_ws_kv": 16, "tlx_pipelined_kv": 16}
 
 # Fixed colours per scope (tab10), so every picture reads the same.
 SCOPE_COLORS = {
@@ -627,11 +628,13 @@ def is_tlx(variant: str) -> bool:
 
 def expected_scopes(variant: str) -> set[str]:
     """Scopes a full trace of `variant` holds (with one warp of every warp group sampled): the
-    common ones plus the variant module's EXTRA_SCOPES."""
+    common ones plus the variant module's EXTRA_SCOPES, less its ABSENT_SCOPES (common scopes
+    whose work the kernel does not have, e.g. no v1_mul where a producer builds V1[j] * V2)."""
     from simplicial_attn import registry
+    mod = registry.get(variant).load()
     base = {"load_kv", "qk_gemm", "softmax", "pv_gemm", "v1_mul", "epilogue"}
-    extra = set(getattr(registry.get(variant).load(), "EXTRA_SCOPES", ()))  # a module's own
-    return base | extra | ({"wait_kv"} if is_tlx(variant) else set())
+    base |= {"wait_kv"} if is_tlx(variant) else set()
+    return (base | set(getattr(mod, "EXTRA_SCOPES", ()))) - set(getattr(mod, "ABSENT_SCOPES", ()))
 
 
 def _compiled_warps(mod) -> int | None:

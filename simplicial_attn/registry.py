@@ -37,6 +37,10 @@ def register(v: Variant) -> None:
 
 register(Variant("triton", "kernels_triton.fwd", needs_hopper=True, rank=1,
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
+register(Variant("tlx_pipelined_kv", "kernels_tlx.pipelined_kv", needs_hopper=True, rank=4,
+                 supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
+register(Variant("tlx_ws_kv", "kernels_tlx.ws_kv", needs_hopper=True, rank=3,
+                 supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
 register(Variant("tlx_ws_keys", "kernels_tlx.ws_keys", needs_hopper=True, rank=2,
                  supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
 register(Variant("tlx_ws", "kernels_tlx.ws", needs_hopper=True, rank=0,

@@ -158,7 +158,8 @@ def inputs(rand, shape: Shape):
 # ------------------------------------------------------------------------------------------------
 # The bf16 yardstick
 
-def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_side=False):
+def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_side=False,
+                 values_side=False):
     """The function as the kernels evaluate it, exact except for the roundings they make on purpose:
 
         A[i,h,j,:]  = bf16(Q[i,h,:] * K1[j,g,:])                  Q*K1 on CUDA cores, in bf16
@@ -167,6 +168,8 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
          kernel that builds K1[j]*K2 instead, e.g. tlx_ws_keys)
         P[i,h,j,k]  = exp(s - max_jk s),   l = sum_jk P            l from unrounded P
         O[i,h,:]    = sum_jk bf16(P)[i,h,j,k] V1[j,g,:] V2[k,g,:] / l
+        (values_side: O = sum_jk bf16(P) bf16(V1[j,g,:] V2[k,g,:]) / l, the rounding of a kernel
+         that builds V1[j]*V2 instead of multiplying P @ V2 by V1[j], e.g. tlx_ws_kv)
         out = bf16(O),  lse = max_jk s + log l
 
     (K1, V1) is the pair with the smaller window, as the launcher arranges. Returns (out, lse) in
@@ -184,7 +187,7 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
     q, k1, k2, v1, v2 = (t.to(dtype) for t in (q, k1, k2, v1, v2))
     out = torch.empty(B, N, Hq, D, dtype=dtype, device=dev)
     lse = torch.empty(B, Hq, N, dtype=dtype, device=dev)
-    per_token = max(Hq * w1 * max(w2, D), Hk * w2 * D * (w1 if keys_side else 1))
+    per_token = max(Hq * w1 * max(w2, D), Hk * w2 * D * (w1 if keys_side or values_side else 1))
     C = max(1, EMU_CHUNK_ELEMENTS // (max(1, B) * per_token))
     for i0 in range(0, N, C):
         i = torch.arange(i0, min(N, i0 + C), device=dev)
@@ -206,8 +209,12 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
         m = s.amax(dim=(-2, -1))                                   # [B, C, Hk, G]
         P = torch.exp(s - m[..., None, None])
         l = P.sum(dim=(-2, -1))
-        PV2 = (bf16(P).flatten(3, 4) @ V2).unflatten(3, (G, w1))   # [B, C, Hk, G, w1, D]
-        O = (PV2 * V1[:, :, :, None]).sum(-2) / l[..., None]       # [B, C, Hk, G, D]
+        if values_side:
+            VV = bf16(V1[:, :, :, :, None] * V2[:, :, :, None])   # [B, C, Hk, w1, w2, D]
+            O = torch.einsum("bchgjk,bchjkd->bchgd", bf16(P), VV) / l[..., None]
+        else:
+            PV2 = (bf16(P).flatten(3, 4) @ V2).unflatten(3, (G, w1))   # [B, C, Hk, G, w1, D]
+            O = (PV2 * V1[:, :, :, None]).sum(-2) / l[..., None]       # [B, C, Hk, G, D]
         out[:, i0:i0 + len(i)] = bf16(O).flatten(2, 3)
         lse[:, :, i0:i0 + len(i)] = (m + torch.log(l)).flatten(2, 3).transpose(1, 2)
     return out, lse
@@ -243,21 +250,25 @@ def where_max(err: torch.Tensor, names="b i h d") -> str:
     return ",".join(f"{n}={int(t)}" for n, t in zip(names.split(), idx))
 
 
-def keys_side(v: registry.Variant) -> bool:
-    """Whether the variant rounds K1[j]*K2 to bf16 (module flag ROUNDS_KEYS_SIDE) instead of Q*K1."""
-    return bool(getattr(v.load(), "ROUNDS_KEYS_SIDE", False))
+def roundings(v: registry.Variant) -> dict:
+    """emulate_bf16's keywords for the variant: whether it rounds K1[j]*K2 to bf16 instead of Q*K1
+    (module flag ROUNDS_KEYS_SIDE) and V1[j]*V2 instead of (P@V2)*V1[j] (ROUNDS_VALUES_SIDE)."""
+    m = v.load()
+    return dict(keys_side=bool(getattr(m, "ROUNDS_KEYS_SIDE", False)),
+                values_side=bool(getattr(m, "ROUNDS_VALUES_SIDE", False)))
 
 
-def check_accuracy(out, lse, x, shape: Shape, label: str, keys_side: bool = False):
+def check_accuracy(out, lse, x, shape: Shape, label: str, rounding: dict | None = None):
     """Compare (out, lse) with the reference; the tolerance comes from the bf16 emulation of the
-    same roundings (keys_side: see emulate_bf16)."""
+    same roundings (`rounding`: emulate_bf16's keys_side / values_side, see roundings)."""
     q, k1, k2, v1, v2 = x
     f = flops(shape.B, shape.N, shape.Hq, shape.D, shape.w1, shape.w2)
     dtype = torch.float64 if f <= FP64_MAX_FLOPS else torch.float32
     scale = shape.sm_scale if shape.sm_scale is not None else shape.D ** -0.5
     ref_o, ref_l = reference(q, k1, k2, v1, v2, shape.w1, shape.w2, sm_scale=shape.sm_scale,
                              dtype=dtype)
-    emu_o, emu_l = emulate_bf16(q, k1, k2, v1, v2, shape.w1, shape.w2, scale, dtype, keys_side)
+    emu_o, emu_l = emulate_bf16(q, k1, k2, v1, v2, shape.w1, shape.w2, scale, dtype,
+                                **(rounding or {}))
     ref_o, ref_l, emu_o, emu_l = (t.double() for t in (ref_o, ref_l, emu_o, emu_l))
     kern = (out.double() - ref_o).abs()
     emu = (emu_o - ref_o).abs()
@@ -305,7 +316,7 @@ def test_matches_reference(v, shape, rand, seed):
     assert guards_ok, f"{label}: launch() wrote outside out/lse"
     assert torch.equal(out, out2) and torch.equal(lse, lse2), (
         f"{label}: two runs on the same inputs differ (not bitwise reproducible)")
-    check_accuracy(out, lse, x, shape, label, keys_side(v))
+    check_accuracy(out, lse, x, shape, label, roundings(v))
 
 
 DET_SHAPES = {k: SHAPES[k] for k in ("N1000_Hq16Hk2", "swap_N300_G16", "G1_N300",
@@ -405,7 +416,7 @@ def test_auto(rand, seed):
     named = forward(*x, shape.w1, shape.w2, variant=chosen.name)
     assert torch.equal(out, named[0]) and torch.equal(lse, named[1])
     check_accuracy(out, lse, x, shape, f"variant=auto ({chosen.name}) {shape} seed={seed}",
-                   keys_side(chosen))
+                   roundings(chosen))
 
 
 def test_mixed_devices_rejected(rand):
@@ -478,7 +489,8 @@ def test_offsets_past_2_31(v, seed):
     if free < need:
         pytest.skip(f"needs {need / 2**30:.0f} GiB free on the GPU, {free / 2**30:.0f} GiB free")
     from conftest import ROOT
-    args = [v.name, str(seed), str(N), str(HQ), str(HK), str(D), str(int(keys_side(v)))]
+    keys = roundings(v)["keys_side"]
+    args = [v.name, str(seed), str(N), str(HQ), str(HK), str(D), str(int(keys))]
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(BIG_CODE), *args],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (f"variant={v.name} B=1 N={N} Hq={HQ} Hk={HK} D={D} w1=w2=1 "
@@ -496,4 +508,4 @@ def test_batch_times_kv_heads_past_65535(v, rand, seed):
     if why:
         pytest.skip(why)
     out, lse = forward(*x, shape.w1, shape.w2, variant=v.name)
-    check_accuracy(out, lse, x, shape, f"variant={v.name} {shape} seed={seed}", keys_side(v))
+    check_accuracy(out, lse, x, shape, f"variant={v.name} {shape} seed={seed}", roundings(v))

@@ -310,12 +310,15 @@ def test_sampled_warps_and_expected_scopes():
     assert trace.expected_scopes("triton") == {"load_kv", "qk_gemm", "softmax", "pv_gemm",
                                                "v1_mul", "epilogue"}
     assert trace.expected_scopes("tlx_ws") == trace.expected_scopes("triton") | {"wait_kv"}
+    assert trace.expected_scopes("tlx_ws_kv") == {"load_kv", "qk_gemm", "softmax", "pv_gemm",
+                                                  "epilogue", "build_b", "build_c"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only check of the fallbacks")
 def test_total_warps_without_a_compiled_kernel():
     assert trace.total_warps("triton") == 4
     assert trace.total_warps("tlx_ws") == 12
+    assert trace.total_warps("tlx_pipelined_kv") == 16  # two producer warp groups
 
 
 # ---------------------------------------------------------------------------------------------

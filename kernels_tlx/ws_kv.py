@@ -1,0 +1,271 @@
+"""`tlx_ws_kv`: `tlx_ws_keys` with the values' Hadamard product built by a producer too.
+
+    S = Q @ (K1[j] * K2)^T,   acc += P @ (V1[j] * V2)     instead of   acc += (P @ V2) * V1[j]
+
+For one j, (B_j, C_j) = (K1[j] * K2, V1[j] * V2) is a block of keys and values of ordinary
+attention, so a consumer step is a FlashAttention step: one SS-wgmma for S, the online softmax,
+acc *= alpha and one RS-wgmma that accumulates P @ C_j straight into acc. No P @ V2 tile
+(64 registers) and no V1 multiply on the consumers' path.
+
+Warp groups (4 warps each):
+- producer of B ("default") and producer of C: per K2 (V2) block, TMA-load it into a slot that
+  only this producer reads; then for each j of the window build B_j = K1[j] * K2 (C_j =
+  V1[j] * V2) into ring slot c % NUM_B in CH-row chunks (packed bf16x2 multiplies), fence the
+  proxy and mark the slot full. Two producers because one building both fell behind the
+  consumers (docs/perf-notes.md, session 5).
+- Two consumers, rows 64c .. 64c + 63 of the tile (one token's 128 heads), Q resident in shared
+  memory, both on the same j. Per step:
+      S = Q @ B_j^T                 SS-wgmma; B slot released
+      online softmax in exp2
+      acc = acc * alpha + P @ C_j   RS-wgmma accumulating into acc; C slot released
+`PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/pipelined_kv.py) overlaps the softmax of a
+step with the PV wgmma of the one before (consume_pipelined).
+Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys).
+Rounds K1[j] * K2 and V1[j] * V2 to bf16 (tests/test_gpu.py emulates both).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from kernels_tlx.common import launch_tlx, tlx_compile_configs
+from kernels_tlx.ws_keys import supports
+from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, normalized,
+                                   row_coords, softmax_step, tile_setup, write_rows)
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+ROUNDS_KEYS_SIDE = True    # rounds K1[j] * K2 to bf16, not Q * K1[j]
+ROUNDS_VALUES_SIDE = True  # rounds V1[j] * V2 to bf16 (the GEMM output is not multiplied)
+EXTRA_SCOPES = ("build_b", "build_c")  # Proton scopes of the producers' builds
+ABSENT_SCOPES = ("wait_kv", "v1_mul")  # consumers read no K2/V2 slot and multiply by no V1 row
+
+
+@triton.jit
+def row_tile(X, kv_row, D: tl.constexpr, CH: tl.constexpr):
+    """Producer: the row X[j] as a [CH, D] tile (every row the same address, so it arrives in the
+    layout of a K2/V2 chunk); kv_row is j's offset in X."""
+    offs_d = tl.arange(0, D)
+    return tl.load(X + kv_row + (0 * tl.arange(0, CH))[:, None] + offs_d[None, :])
+
+
+@triton.jit
+def mul_bf16x2(x, y):
+    """x * y for bf16 tensors, two elements per instruction (the compiler's own bf16 multiply is
+    one scalar mul.bf16 per element, plus the moves that unpack and repack the pairs)."""
+    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, y],
+                                     dtype=tl.bfloat16, is_pure=True, pack=2)
+
+
+@triton.jit
+def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr):
+    """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
+    the proxy fence that makes it visible to the consumers' wgmma."""
+    for ch in tl.static_range(BLOCK_N // CH):
+        x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
+        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), mul_bf16x2(x, row))
+    tlx.fence_async_shared()
+
+
+@triton.jit
+def produce_step(row, src_tile, dst_tiles, fulls, empties, c, D: tl.constexpr,
+                 BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, CH: tl.constexpr):
+    """Producer: wait for slot c % NUM_B of a ring, build row * src into it, mark it full."""
+    bs = c % NUM_B
+    tlx.barrier_wait(tlx.local_view(empties, bs), ((c // NUM_B) & 1) ^ 1)
+    build(row, src_tile, tlx.local_view(dst_tiles, bs), D, BLOCK_N, CH)
+    tlx.barrier_arrive(tlx.local_view(fulls, bs), 1)
+
+
+@triton.jit
+def qk_issue(q_smem, b_tiles, b_fulls, c, NUM_B: tl.constexpr):
+    """Consumer: wait for B_j of step c, issue S = Q @ B_j^T (not waited)."""
+    bs = c % NUM_B
+    tlx.barrier_wait(tlx.local_view(b_fulls, bs), (c // NUM_B) & 1)
+    return tlx.async_dot(q_smem, tlx.local_trans(tlx.local_view(b_tiles, bs)))
+
+
+@triton.jit
+def pv_issue(p, acc, c_tiles, c_fulls, c, NUM_B: tl.constexpr):
+    """Consumer: wait for C_j of step c, issue acc += P @ C_j (not waited)."""
+    bs = c % NUM_B
+    tlx.barrier_wait(tlx.local_view(c_fulls, bs), (c // NUM_B) & 1)
+    return tlx.async_dot(p, tlx.local_view(c_tiles, bs), acc)
+
+
+@triton.jit
+def release(empties, c, NUM_B: tl.constexpr):
+    tlx.barrier_arrive(tlx.local_view(empties, c % NUM_B), 1)
+
+
+@triton.jit
+def scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, m_i, l_i,
+                   BLOCK_N: tl.constexpr):
+    """Mask step c's scores if its key block is an edge block; one online-softmax step."""
+    t = c // n_j
+    if t >= n_hi - n_lo:
+        kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+        s = mask_scores(s, j_first + c - t * n_j, kb, tok, tl.arange(0, BLOCK_N), w1, w2, False,
+                        True)
+    return softmax_step(s, m_i, l_i, qk_scale)
+
+
+@triton.jit
+def consume(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
+            n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, BLOCK_N: tl.constexpr,
+            NUM_B: tl.constexpr, PROFILE: tl.constexpr):
+    """One consumer warp group, one step after the other: QK, softmax, PV."""
+    for c in range(0, n_steps):
+        enter("qk_gemm", PROFILE)
+        s = qk_issue(q_smem, b_tiles, b_fulls, c, NUM_B)
+        s = tlx.async_dot_wait(0, s)
+        release(b_empties, c, NUM_B)
+        leave("qk_gemm", PROFILE)
+        enter("softmax", PROFILE)
+        p, alpha, m_i, l_i = scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
+                                            qk_scale, m_i, l_i, BLOCK_N)
+        acc = acc * alpha[:, None]
+        leave("softmax", PROFILE)
+        enter("pv_gemm", PROFILE)
+        acc = pv_issue(p.to(tl.bfloat16), acc, c_tiles, c_fulls, c, NUM_B)
+        acc = tlx.async_dot_wait(0, acc)
+        release(c_empties, c, NUM_B)
+        leave("pv_gemm", PROFILE)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def consume_pipelined(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                      c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
+                      BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, PROFILE: tl.constexpr):
+    """One consumer warp group, FlashAttention-3 style: the QK wgmma of step c and the PV wgmma
+    of step c - 1 are issued together, and the softmax of step c runs while PV(c - 1) does."""
+    s = qk_issue(q_smem, b_tiles, b_fulls, 0, NUM_B)
+    s = tlx.async_dot_wait(0, s)
+    release(b_empties, 0, NUM_B)
+    p, alpha, m_i, l_i = scores_softmax(s, 0, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
+                                        qk_scale, m_i, l_i, BLOCK_N)
+    p_prev = p.to(tl.bfloat16)
+    for c in range(1, n_steps):
+        enter("qk_gemm", PROFILE)
+        s = qk_issue(q_smem, b_tiles, b_fulls, c, NUM_B)
+        acc = pv_issue(p_prev, acc, c_tiles, c_fulls, c - 1, NUM_B)
+        s = tlx.async_dot_wait(1, s)  # QK(c) done, PV(c - 1) runs on
+        release(b_empties, c, NUM_B)
+        leave("qk_gemm", PROFILE)
+        enter("softmax", PROFILE)
+        p, alpha, m_i, l_i = scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
+                                            qk_scale, m_i, l_i, BLOCK_N)
+        leave("softmax", PROFILE)
+        enter("pv_gemm", PROFILE)
+        acc = tlx.async_dot_wait(0, acc)
+        release(c_empties, c - 1, NUM_B)
+        leave("pv_gemm", PROFILE)
+        acc = acc * alpha[:, None]
+        p_prev = p.to(tl.bfloat16)
+    acc = pv_issue(p_prev, acc, c_tiles, c_fulls, n_steps - 1, NUM_B)
+    acc = tlx.async_dot_wait(0, acc)
+    release(c_empties, n_steps - 1, NUM_B)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, j_first, n_j,
+            n_blocks, k_lo, n_lo, n_hi, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+            NUM_B: tl.constexpr, CH: tl.constexpr, SCOPE: tl.constexpr, PROFILE: tl.constexpr):
+    """A producer warp group: per key block, TMA-load X2 (K2 or V2) into `x2_tile` (free: this
+    warp group's last builds read it before), then per j build X1[j] * X2 into the ring."""
+    for t in range(0, n_blocks):
+        kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+        enter("load_kv", PROFILE)
+        tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D)
+        tlx.async_descriptor_load(X2, x2_tile, [b * N + kb, g * D], full)
+        tlx.barrier_wait(full, t & 1)
+        leave("load_kv", PROFILE)
+        for jj in range(0, n_j):
+            row = row_tile(X1, kv_base + (j_first + jj).to(tl.int64) * (HK * D), D, CH)
+            enter(SCOPE, PROFILE)
+            produce_step(row, x2_tile, dst_tiles, fulls, empties, t * n_j + jj, D, BLOCK_N, NUM_B,
+                         CH)
+            leave(SCOPE, PROFILE)
+
+
+@triton.jit
+def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
+                                HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
+                                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                NUM_B: tl.constexpr, CH: tl.constexpr,
+                                CONSUMER_REGS: tl.constexpr, PRODUCER_REGS: tl.constexpr,
+                                PIPELINE: tl.constexpr, PROFILE: tl.constexpr = False):
+    tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
+    HALF: tl.constexpr = BLOCK_M // 2
+    b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
+    j_first = tl.maximum(i0 - w1 + 1, 0)
+    n_j = i0 - j_first + 1
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+
+    q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, 2)       # consumer c's rows
+    kv_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 2)   # K2, V2: read by their producer
+    b_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
+    c_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
+    kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    b_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
+    b_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=2)
+    c_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
+    c_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=2)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer of B_j = K1[j] * K2
+            produce(K1, K2, tlx.local_view(kv_tiles, 0), tlx.local_view(kv_fulls, 0), b_tiles,
+                    b_fulls, b_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
+                    n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_b", PROFILE)
+        with tlx.async_task(num_warps=4, registers=PRODUCER_REGS):  # producer of C_j = V1[j] * V2
+            produce(V1, V2, tlx.local_view(kv_tiles, 1), tlx.local_view(kv_fulls, 1), c_tiles,
+                    c_fulls, c_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
+                    n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_c", PROFILE)
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
+            cid = tlx.async_task_replica_id()
+            tok, head = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
+            q_smem = tlx.local_view(q_tiles, cid)
+            tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
+            tlx.fence_async_shared()
+            m_i = tl.full([HALF], -1.0e30, tl.float32)
+            l_i = tl.zeros([HALF], tl.float32)
+            acc = tl.zeros([HALF, D], tl.float32)
+            n_steps = n_blocks * n_j
+            if PIPELINE:
+                acc, m_i, l_i = consume_pipelined(
+                    acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                    c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
+                    BLOCK_N, NUM_B, PROFILE)
+            else:
+                acc, m_i, l_i = consume(
+                    acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                    c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
+                    BLOCK_N, NUM_B, PROFILE)
+            enter("epilogue", PROFILE)
+            # O passes through this consumer's Q tile (free now): the layout change for the
+            # store then needs no scratch, which shared memory could not spare
+            tlx.local_store(q_smem, normalized(acc, l_i))
+            write_rows(Out, Lse, tlx.local_load(q_smem), m_i, l_i, b, g, tok, head, N, HQ, G, D)
+            leave("epilogue", PROFILE)
+
+
+def config(spec: ProblemSpec, pipelined: bool = False) -> dict:
+    """Every shape: 128-row tile, 128-key blocks, two B and two C slots (all that fits in shared
+    memory at D = 128 beside Q and the K2/V2 slots), 8-row build chunks; consumers at 216
+    registers and the two producers at 40 (measured best of 200-232 / 24-80 and chunks of 8-32
+    rows, docs/perf-notes.md session 5)."""
+    return dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=216, PRODUCER_REGS=40,
+                PIPELINE=pipelined, num_warps=4, num_stages=1)
+
+
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
+    launch_tlx(simplicial_fwd_ws_kv_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse,
+               profile)
+
+
+def compile_configs() -> list[CompileConfig]:
+    return tlx_compile_configs(simplicial_fwd_ws_kv_kernel, config, supports)
