@@ -115,17 +115,40 @@ def consume_block(acc, m_i, l_i, q_smem, b_tiles, v1_slots, b_fulls, b_empties, 
 
 
 @triton.jit
+def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's tile, one token's G = BLOCK_M heads: batch b, KV head g, token i0, first
+    head h0, its key blocks (k_lo, n_lo, n_hi, n_blocks; see tiling.key_blocks), its w1 window
+    (first j, count) and kv_base, the offset of (b, g) in K1/V1."""
+    tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
+    b, g, i0, h0, _, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
+    j_first = tl.maximum(i0 - w1 + 1, 0)
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+    return b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, i0 - j_first + 1, kv_base
+
+
+@triton.jit
+def start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
+                   D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Consumer cid (rows 64 cid .. 64 cid + 63): its rows' tokens and heads, their Q stored in
+    `q_smem` for the wgmma, and an empty online-softmax state (m, l, acc)."""
+    HALF: tl.constexpr = BLOCK_M // 2
+    tok, head = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
+    tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
+    tlx.fence_async_shared()
+    m_i = tl.full([HALF], -1.0e30, tl.float32)
+    return tok, head, m_i, tl.zeros([HALF], tl.float32), tl.zeros([HALF, D], tl.float32)
+
+
+@triton.jit
 def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                                   HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                   NUM_B: tl.constexpr, CH: tl.constexpr,
                                   CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
-    tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
     HALF: tl.constexpr = BLOCK_M // 2
-    b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
-    j_first = tl.maximum(i0 - w1 + 1, 0)
-    n_j = i0 - j_first + 1
-    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+    b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base = token_tile(
+        N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N)
 
     q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, 2)       # consumer c's rows
     k2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 1)   # read by the producer only
@@ -170,13 +193,9 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid = tlx.async_task_replica_id()
-            tok, head = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
             q_smem = tlx.local_view(q_tiles, cid)
-            tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
-            tlx.fence_async_shared()
-            m_i = tl.full([HALF], -1.0e30, tl.float32)
-            l_i = tl.zeros([HALF], tl.float32)
-            acc = tl.zeros([HALF, D], tl.float32)
+            tok, head, m_i, l_i, acc = start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ, G, D,
+                                                      BLOCK_M)
             n_int = n_hi - n_lo
             for t in range(0, n_blocks):
                 slot = t % 2

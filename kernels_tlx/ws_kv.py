@@ -30,9 +30,9 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx.common import launch_tlx, tlx_compile_configs
-from kernels_tlx.ws_keys import supports
-from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, normalized,
-                                   row_coords, softmax_step, tile_setup, write_rows)
+from kernels_tlx.ws_keys import start_consumer, supports, token_tile
+from kernels_triton.tiling import (enter, key_block, leave, mask_scores, normalized,
+                                   softmax_step, write_rows)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
@@ -198,12 +198,9 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                 NUM_B: tl.constexpr, CH: tl.constexpr,
                                 CONSUMER_REGS: tl.constexpr, PRODUCER_REGS: tl.constexpr,
                                 PIPELINE: tl.constexpr, PROFILE: tl.constexpr = False):
-    tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
     HALF: tl.constexpr = BLOCK_M // 2
-    b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
-    j_first = tl.maximum(i0 - w1 + 1, 0)
-    n_j = i0 - j_first + 1
-    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+    b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base = token_tile(
+        N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N)
 
     q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, 2)       # consumer c's rows
     kv_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 2)   # K2, V2: read by their producer
@@ -227,13 +224,9 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid = tlx.async_task_replica_id()
-            tok, head = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
             q_smem = tlx.local_view(q_tiles, cid)
-            tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
-            tlx.fence_async_shared()
-            m_i = tl.full([HALF], -1.0e30, tl.float32)
-            l_i = tl.zeros([HALF], tl.float32)
-            acc = tl.zeros([HALF, D], tl.float32)
+            tok, head, m_i, l_i, acc = start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ, G, D,
+                                                      BLOCK_M)
             n_steps = n_blocks * n_j
             if PIPELINE:
                 acc, m_i, l_i = consume_pipelined(
