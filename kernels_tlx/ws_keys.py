@@ -62,23 +62,28 @@ def supports(spec: ProblemSpec) -> str | None:
 
 
 @triton.jit
-def load_k1_v1(K1, V1, kv_row, D: tl.constexpr, CH: tl.constexpr):
-    """Producer: K1[j] as a [CH, D] tile (every row the same address, so it arrives in the layout
-    of a K2 chunk) and V1[j]; kv_row is j's offset in K1/V1."""
+def row_tile(X, kv_row, D: tl.constexpr, CH: tl.constexpr):
+    """Producer: the row X[j] as a [CH, D] tile (every row the same address, so it arrives in the
+    layout of a K2/V2 chunk); kv_row is j's offset in X."""
     offs_d = tl.arange(0, D)
-    k1 = tl.load(K1 + kv_row + (0 * tl.arange(0, CH))[:, None] + offs_d[None, :])
-    return k1, tl.load(V1 + kv_row + offs_d)
+    return tl.load(X + kv_row + (0 * tl.arange(0, CH))[:, None] + offs_d[None, :])
 
 
 @triton.jit
-def build_b(k1, v1, k2_tile, b_tile, v1_slot, D: tl.constexpr, BLOCK_N: tl.constexpr,
-            CH: tl.constexpr):
-    """Producer: B_j = K1[j] * K2 into `b_tile` (CH rows at a time) and the row V1[j] into
-    `v1_slot`, then the proxy fence that makes them visible to the consumers' wgmma."""
-    tlx.local_store(v1_slot, v1)
+def mul_bf16x2(x, y):
+    """x * y for bf16 tensors, two elements per instruction (the compiler's own bf16 multiply is
+    one scalar mul.bf16 per element, plus the moves that unpack and repack the pairs)."""
+    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, y],
+                                     dtype=tl.bfloat16, is_pure=True, pack=2)
+
+
+@triton.jit
+def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr):
+    """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
+    the proxy fence that makes it visible to the consumers' wgmma."""
     for ch in tl.static_range(BLOCK_N // CH):
-        k2c = tlx.local_load(tlx.local_slice(k2_tile, [ch * CH, 0], [CH, D]))
-        tlx.local_store(tlx.local_slice(b_tile, [ch * CH, 0], [CH, D]), k2c * k1)
+        x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
+        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), mul_bf16x2(x, row))
     tlx.fence_async_shared()
 
 
@@ -183,11 +188,13 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
                     c = t * n_j + jj
                     bs = c % NUM_B
                     enter("build_b", PROFILE)
-                    k1, v1 = load_k1_v1(K1, V1, kv_base + (j_first + jj).to(tl.int64) * (HK * D),
-                                        D, CH)
+                    kv_row = kv_base + (j_first + jj).to(tl.int64) * (HK * D)
+                    k1 = row_tile(K1, kv_row, D, CH)
+                    v1 = tl.load(V1 + kv_row + tl.arange(0, D))
                     tlx.barrier_wait(tlx.local_view(b_empties, bs), ((c // NUM_B) & 1) ^ 1)
-                    build_b(k1, v1, k2_tile, tlx.local_view(b_tiles, bs),
-                            tlx.local_view(v1_slots, bs), D, BLOCK_N, CH)
+                    # V1[j] beside B_j, for the consumers' multiply of the PV output
+                    tlx.local_store(tlx.local_view(v1_slots, bs), v1)
+                    build(k1, k2_tile, tlx.local_view(b_tiles, bs), D, BLOCK_N, CH)
                     tlx.barrier_arrive(tlx.local_view(b_fulls, bs), 1)
                     leave("build_b", PROFILE)
 

@@ -30,7 +30,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx.common import launch_tlx, tlx_compile_configs
-from kernels_tlx.ws_keys import start_consumer, supports, token_tile
+from kernels_tlx.ws_keys import build, row_tile, start_consumer, supports, token_tile
 from kernels_triton.tiling import (enter, key_block, leave, mask_scores, normalized,
                                    softmax_step, write_rows)
 from simplicial_attn.registry import CompileConfig
@@ -40,32 +40,6 @@ ROUNDS_KEYS_SIDE = True    # rounds K1[j] * K2 to bf16, not Q * K1[j]
 ROUNDS_VALUES_SIDE = True  # rounds V1[j] * V2 to bf16 (the GEMM output is not multiplied)
 EXTRA_SCOPES = ("build_b", "build_c")  # Proton scopes of the producers' builds
 ABSENT_SCOPES = ("wait_kv", "v1_mul")  # consumers read no K2/V2 slot and multiply by no V1 row
-
-
-@triton.jit
-def row_tile(X, kv_row, D: tl.constexpr, CH: tl.constexpr):
-    """Producer: the row X[j] as a [CH, D] tile (every row the same address, so it arrives in the
-    layout of a K2/V2 chunk); kv_row is j's offset in X."""
-    offs_d = tl.arange(0, D)
-    return tl.load(X + kv_row + (0 * tl.arange(0, CH))[:, None] + offs_d[None, :])
-
-
-@triton.jit
-def mul_bf16x2(x, y):
-    """x * y for bf16 tensors, two elements per instruction (the compiler's own bf16 multiply is
-    one scalar mul.bf16 per element, plus the moves that unpack and repack the pairs)."""
-    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, y],
-                                     dtype=tl.bfloat16, is_pure=True, pack=2)
-
-
-@triton.jit
-def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr):
-    """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
-    the proxy fence that makes it visible to the consumers' wgmma."""
-    for ch in tl.static_range(BLOCK_N // CH):
-        x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
-        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), mul_bf16x2(x, row))
-    tlx.fence_async_shared()
 
 
 @triton.jit
