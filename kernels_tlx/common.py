@@ -27,6 +27,14 @@ def acc_layout(d):
     return tlx.layout(shape=((4, 8, 4), (2, 2, d // 8)), stride=((2, d, 16 * d), (1, 8 * d, 8)))
 
 
+@triton.constexpr_function
+def v1_layout(d):
+    """The columns of a 64-row wgmma accumulator as a [d] vector: per thread 2 adjacent columns in
+    every 8th column group, lanes 4 x 2 columns; the 8 row lanes and the 4 warps hold copies
+    (see acc_layout). Equal to the compiler's slice of that accumulator along its rows."""
+    return tlx.layout(shape=((4, 8, 4), (2, d // 8)), stride=((2, 0, 0), (1, 8)))
+
+
 def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
     """TMA view of a contiguous [B, N, Hk, D] tensor as [B*N, Hk*D]; a block is [block_n, D] at
     [b*N + token, g*D]. Rows past a batch's N belong to the next batch (or are zero past B*N): they

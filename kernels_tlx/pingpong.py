@@ -8,7 +8,7 @@ consumers' GEMMs queueing at once. Consumer 1 arrives once at the start so consu
 Strict alternation needs both consumers to issue the same number of wgmma: with an odd w1 window,
 consumer 1 runs one extra, fully masked step per block.
 
-Everything else (producer, tile geometry, split-j window, A built while QK runs, merge) is
+Everything else (producer, tile geometry, split-j window, Q and A in registers, merge) is
 `tlx_ws`'s kernel, run with PINGPONG=True. Supports the same shapes as `tlx_ws`.
 """
 from __future__ import annotations

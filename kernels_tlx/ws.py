@@ -10,20 +10,21 @@ Warp groups:
   once per tile, and the tile's Q, stored once in shared memory (half by each). They split the w1
   window: consumer c takes j = j_first + c, j_first + c + 2, ... and at the end consumer 1 hands
   (acc, m, l) to consumer 0, which merges the two softmax states (common.merge_and_store).
-Per step (one K2/V2 slot, one j), in each consumer:
-    S = A @ K2^T                  SS-wgmma; A = Q * K1[j] waits in one of the consumer's two A
-                                  buffers in shared memory
-    A' = Q * K1[next j]           built into the other A buffer while the QK wgmma runs
+Each consumer first takes Q through the tensor cores once, Q @ I, so that Q sits in its registers in
+the wgmma accumulator layout. Per step (one K2/V2 slot, one j):
+    A = Q * K1[j]                 in registers, in that layout (no shared memory)
+    S = A @ K2^T                  RS-wgmma
     online softmax in exp2
     acc = acc * alpha + (P @ V2) * V1[j]   RS-wgmma; V1 multiplies the GEMM output (V1 * V2 is
                                   never built in shared memory)
-K1/V1 rows are D-vectors read through L1/L2 one step ahead. The "next j" of a block's last step
-is the first j of the next block, so the A pipeline never drains.
+The rows K1[j] | V1[j] of the next step are loaded from global memory at the end of a step into a
+small shared-memory slot and read back in the accumulator's column layout (`v1_layout`); the "next
+j" of a block's last step is the first j of the next block.
 `PINGPONG` (the `tlx_pingpong` variant, kernels_tlx/pingpong.py) makes the two consumers take turns
 issuing wgmma; here it is off and each consumer runs on its own.
 Supports any B, N, Hk, w1 <= w2, D in {64, 128}, G a power of two up to 128.
 Differs from `triton`: TMA producer + mbarrier ring, two consumer groups sharing each K2/V2 slot
-and splitting the window, A built off the QK critical path.
+and splitting the window, Q resident in registers and A formed there.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx.common import (MERGE_BARRIER, Q_READY_BARRIER, launch_tlx, merge_and_store,
-                                pass_turn, produce_kv, take_turn, tlx_compile_configs)
+                                pass_turn, produce_kv, release_layout, take_turn,
+                                tlx_compile_configs, v1_layout)
 from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
                                    softmax_step, tile_setup)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
@@ -41,36 +43,44 @@ from simplicial_attn.spec import ProblemSpec
 
 
 @triton.jit
-def build_a(q_smem, k1j, a_tiles, idx):
-    """A = Q * K1[j] into A buffer `idx` (an operand of the next SS-wgmma)."""
-    tlx.local_store(tlx.local_view(a_tiles, idx), tlx.local_load(q_smem) * k1j[None, :])
-    tlx.fence_async_shared()
+def stage_rows(rows, r, k1_base, v1_base, j, HK: tl.constexpr, D: tl.constexpr):
+    """Write the rows K1[j] | V1[j] into the consumer's staging slot r (one store)."""
+    offs = tl.arange(0, 2 * D)
+    row_off = j.to(tl.int64) * (HK * D)
+    ptrs = tl.where(offs < D, k1_base + row_off + offs, v1_base + row_off + (offs - D))
+    tlx.local_store(tlx.local_view(rows, r), tl.load(ptrs))
 
 
 @triton.jit
-def consume_block(acc, m_i, l_i, c, k1n, q_smem, a_tiles, a0, k2_tile, v2_tile, k1_base,
+def row(rows, r, half: tl.constexpr, D: tl.constexpr):
+    """K1[j] (half 0) or V1[j] (half 1) of staging slot r, in the accumulator's column layout."""
+    view = tlx.local_slice(tlx.local_view(rows, r), [half * D], [D])
+    return release_layout(tlx.local_load(view, layout=v1_layout(D))).to(tl.float32)
+
+
+@triton.jit
+def consume_block(acc, m_i, l_i, c, q, rows, r_base, k2_tile, v2_tile, k1_base,
                   v1_base, kb, j_lo, j_hi, n_steps, cid, tok, w1, w2, qk_scale,
                   HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_J: tl.constexpr, MASK_K: tl.constexpr, PINGPONG: tl.constexpr,
                   PROFILE: tl.constexpr):
     """One consumer warp group: one K2/V2 slot against its j = j_lo, j_lo + 2, ... (n_steps of
-    them). Step counter c picks A buffer a0 + c % 2; k1n is K1 of the step after next."""
+    them). Step counter c: this step's K1[j] | V1[j] rows wait in staging slot r_base + c % 2; the
+    next step's rows are loaded into the other slot at the end of the step."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
     k2t = tlx.local_trans(k2_tile)
-    v1n = tl.load(v1_base + tl.minimum(j_lo, j_hi).to(tl.int64) * (HK * D) + offs_d)
     for st in range(0, n_steps):
         j = j_lo + 2 * st
         st_n = tl.where(st + 1 < n_steps, st + 1, 0)   # next step (wraps to the next block)
-        st_nn = tl.where(st_n + 1 < n_steps, st_n + 1, 0)  # the one after
         jn = tl.minimum(j_lo + 2 * st_n, j_hi)
-        jnn = tl.minimum(j_lo + 2 * st_nn, j_hi)
+        r = r_base + c % 2
         enter("qk_gemm", PROFILE)
         take_turn(cid, PINGPONG)
-        s = tlx.async_dot(tlx.local_view(a_tiles, a0 + c % 2), k2t)
+        # A = Q * K1[j], formed in fp32 and rounded: it stays in the accumulator layout of q and
+        # becomes the register operand of the wgmma with no shared-memory round trip
+        a = (q.to(tl.float32) * row(rows, r, 0, D)[None, :]).to(tl.bfloat16)
+        s = tlx.async_dot(a, k2t)
         pass_turn(cid, PINGPONG)
-        build_a(q_smem, k1n, a_tiles, a0 + (c + 1) % 2)  # next step's A, while QK runs
-        k1n = tl.load(k1_base + jnn.to(tl.int64) * (HK * D) + offs_d)
         s = tlx.async_dot_wait(0, s)
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
@@ -88,11 +98,11 @@ def consume_block(acc, m_i, l_i, c, k1n, q_smem, a_tiles, a0, k2_tile, v2_tile, 
         pv = tlx.async_dot_wait(0, pv)
         leave("pv_gemm", PROFILE)
         enter("v1_mul", PROFILE)
-        acc = acc * alpha[:, None] + pv * v1n.to(tl.float32)[None, :]
-        v1n = tl.load(v1_base + jn.to(tl.int64) * (HK * D) + offs_d)
+        acc = acc * alpha[:, None] + pv * row(rows, r, 1, D)[None, :]
+        stage_rows(rows, r_base + (c + 1) % 2, k1_base, v1_base, jn, HK, D)
         leave("v1_mul", PROFILE)
         c += 1
-    return acc, m_i, l_i, c, k1n
+    return acc, m_i, l_i, c
 
 
 @triton.jit
@@ -106,7 +116,10 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
 
     q_tile = tlx.local_alloc((BLOCK_M, D), tl.bfloat16, 1)
-    a_tiles = tlx.local_alloc((BLOCK_M, D), tl.bfloat16, 4)  # buffers 2c, 2c + 1: consumer c
+    rows = tlx.local_alloc((2 * D,), tl.bfloat16, 4)  # K1[j] | V1[j]; consumer c: slots 2c, 2c + 1
+    # the identity I (first D rows) that puts Q in the accumulator layout (Q @ I), and later the
+    # split-j merge buffer of one fp32 [BLOCK_M, D] accumulator
+    i_tiles = tlx.local_alloc((2 * BLOCK_M, D), tl.bfloat16, 1)
     k2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
     v2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
     merge_m = tlx.local_alloc((BLOCK_M,), tl.float32, 2)  # consumer 1's (m, l); acc: K2 slot 0
@@ -120,7 +133,7 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid = tlx.async_task_replica_id()
-            tok, head = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)
+            tok = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)[0]
             q_smem = tlx.local_view(q_tile, 0)
             tok_h, head_h = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
             q_half = load_q(Q, b, g, tok_h, head_h, N, HQ, G, D)
@@ -128,7 +141,19 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                 tlx.local_store(tlx.local_slice(q_smem, [0, 0], [HALF, D]), q_half)
             else:
                 tlx.local_store(tlx.local_slice(q_smem, [HALF, 0], [HALF, D]), q_half)
+            i_view = tlx.local_view(i_tiles, 0)
+            i_tile = tlx.local_slice(i_view, [0, 0], [D, D])
+            if cid == 0:
+                offs_i = tl.arange(0, D)
+                tlx.local_store(i_tile, tl.where(offs_i[:, None] == offs_i[None, :], 1.0,
+                                                 0.0).to(tl.bfloat16))
+            tlx.fence_async_shared()
             tlx.named_barrier_wait(Q_READY_BARRIER, 256)
+            # Q in the wgmma accumulator layout, kept in registers: Q @ I is exact (one product per
+            # output). A local_load of Q in that layout is not enough: the compiler moves the
+            # product Q * K1[j] to a blocked layout and back through shared memory.
+            q = tlx.async_dot(q_smem, i_tile)
+            q = tlx.async_dot_wait(0, q).to(tl.bfloat16)
 
             kv_base = b.to(tl.int64) * N * (HK * D) + g * D
             j_first = tl.maximum(i0 - w1 + 1, 0)
@@ -136,13 +161,8 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
             # pingpong: both consumers issue the same number of wgmma (consumer 1's extra step of
             # an odd window is masked); otherwise each runs its own j
             n_steps = tl.cdiv(i_hi - (j_first if PINGPONG else j_lo) + 1, 2)
-            n_wrap = tl.maximum(n_steps, 1)
-            a0 = 2 * cid
-            offs_d = tl.arange(0, D)
-            build_a(q_smem, tl.load(K1 + kv_base + tl.minimum(j_lo, i_hi).to(tl.int64) * (HK * D)
-                                    + offs_d), a_tiles, a0)
-            j_next = tl.minimum(j_lo + 2 * (1 % n_wrap), i_hi)
-            k1n = tl.load(K1 + kv_base + j_next.to(tl.int64) * (HK * D) + offs_d)
+            r_base = 2 * cid
+            stage_rows(rows, r_base, K1 + kv_base, V1 + kv_base, tl.minimum(j_lo, i_hi), HK, D)
             if PINGPONG:
                 if cid == 1:
                     pass_turn(cid, PINGPONG)  # consumer 0 issues first
@@ -160,22 +180,25 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                 k2_tile = tlx.local_view(k2_tiles, buf)
                 v2_tile = tlx.local_view(v2_tiles, buf)
                 if t < n_int:
-                    acc, m_i, l_i, c, k1n = consume_block(
-                        acc, m_i, l_i, c, k1n, q_smem, a_tiles, a0, k2_tile, v2_tile,
+                    acc, m_i, l_i, c = consume_block(
+                        acc, m_i, l_i, c, q, rows, r_base, k2_tile, v2_tile,
                         K1 + kv_base, V1 + kv_base, kb, j_lo, i_hi, n_steps, cid, tok, w1, w2,
                         qk_scale, HK, D, BLOCK_N, T > 1, False, PINGPONG, PROFILE)
                 else:
-                    acc, m_i, l_i, c, k1n = consume_block(
-                        acc, m_i, l_i, c, k1n, q_smem, a_tiles, a0, k2_tile, v2_tile,
+                    acc, m_i, l_i, c = consume_block(
+                        acc, m_i, l_i, c, q, rows, r_base, k2_tile, v2_tile,
                         K1 + kv_base, V1 + kv_base, kb, j_lo, i_hi, n_steps, cid, tok, w1, w2,
                         qk_scale, HK, D, BLOCK_N, T > 1, True, PINGPONG, PROFILE)
                 tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
             enter("epilogue", PROFILE)
-            tl.static_assert(BLOCK_N * 2 == BLOCK_M * 4, "a K2 slot must hold one fp32 acc tile")
-            # both consumers are past their last block, so no TMA write or wgmma read is left on
-            # the ring: K2 slot 0 can carry consumer 1's accumulator
+            # both consumers are past their Q @ I: the I tile carries consumer 1's accumulator
             tlx.named_barrier_wait(MERGE_BARRIER, 256)
-            merge_acc = tlx.local_reinterpret(tlx.local_view(k2_tiles, 0), tl.float32, [BLOCK_M, D])
+            merge_acc = tlx.local_reinterpret(i_view, tl.float32, [BLOCK_M, D])
+            # the output rows' coordinates, recomputed from an opaque copy of the row index:
+            # otherwise LLVM keeps the Q load's row offsets alive across the loop (spills)
+            offs_m = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tl.arange(0, BLOCK_M)],
+                                               dtype=tl.int32, is_pure=True, pack=1)
+            tok, head = row_coords(i0, h0, offs_m, G, BLOCK_M)
             merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok, head, N,
                             HQ, G, D)
             leave("epilogue", PROFILE)
@@ -183,9 +206,10 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
 
 def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
     """One 64-row tile (one token at G = 64: no mask; neighbouring tokens packed when G < 64; a
-    64-head half of a token when G = 128) for every shape."""
-    return dict(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=240, PINGPONG=pingpong,
-                num_warps=4, num_stages=1)
+    64-head half of a token when G = 128) for every shape. 64-key blocks when G < 16: the per-row
+    masks of 8 or more packed tokens need the registers of half a score tile (zero spills)."""
+    return dict(BLOCK_M=64, BLOCK_N=128 if spec.G >= 16 else 64, NUM_BUFFERS=2,
+                CONSUMER_REGS=240, PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:

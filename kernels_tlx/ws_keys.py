@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import launch_tlx, release_layout, tlx_compile_configs
+from kernels_tlx.common import launch_tlx, release_layout, tlx_compile_configs, v1_layout
 from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
                                    softmax_step, store_rows, tile_setup)
 from kernels_triton.tiling import supports as tiling_supports
@@ -42,14 +42,6 @@ from simplicial_attn.spec import ProblemSpec
 
 ROUNDS_KEYS_SIDE = True  # rounds K1[j] * K2 to bf16, not Q * K1[j] (tests/test_gpu.py emulates it)
 EXTRA_SCOPES = ("build_b",)  # Proton scope of the producer's build (profiling/trace.py expects it)
-
-
-@triton.constexpr_function
-def v1_layout(d):
-    """The columns of a 64-row wgmma accumulator as a [d] vector: per thread 2 adjacent columns in
-    every 8th column group, lanes 4 x 2 columns; the 8 row lanes and the 4 warps hold copies
-    (see common.acc_layout). Equal to the compiler's slice of that accumulator along its rows."""
-    return tlx.layout(shape=((4, 8, 4), (2, d // 8)), stride=((2, 0, 0), (1, 8)))
 
 
 def supports(spec: ProblemSpec) -> str | None:
