@@ -122,7 +122,7 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     i_tiles = tlx.local_alloc((2 * BLOCK_M, D), tl.bfloat16, 1)
     k2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
     v2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
-    merge_m = tlx.local_alloc((BLOCK_M,), tl.float32, 2)  # consumer 1's (m, l); acc: K2 slot 0
+    merge_m = tlx.local_alloc((BLOCK_M,), tl.float32, 2)  # consumer 1's (m, l); acc: the I tile
     fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=2)
 
