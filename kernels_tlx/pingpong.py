@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kernels_tlx import ws
 from kernels_tlx.common import launch_tlx, tlx_compile_configs
-from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
+from kernels_tlx.ws import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 

@@ -11,18 +11,19 @@ Warp groups:
   window: consumer c takes j = j_first + c, j_first + c + 2, ... and at the end consumer 1 hands
   (acc, m, l) to consumer 0, which merges the two softmax states (common.merge_and_store).
 Each consumer first takes Q through the tensor cores once, Q @ I, so that Q sits in its registers in
-the wgmma accumulator layout. Per step (one K2/V2 slot, one j):
+the wgmma accumulator layout, and copies the rows K1[j] | V1[j] of its j into shared memory
+(cp.async, once per tile; a window of more than WINDOW_CAP steps goes a chunk at a time, and the
+producer streams the blocks again for every chunk). Per step (one K2/V2 slot, one j):
     A = Q * K1[j]                 in registers, in that layout (no shared memory)
     S = A @ K2^T                  RS-wgmma
     online softmax in exp2
     acc = acc * alpha + (P @ V2) * V1[j]   RS-wgmma; V1 multiplies the GEMM output (V1 * V2 is
                                   never built in shared memory)
-The rows K1[j] | V1[j] of the next step are loaded from global memory at the end of a step into a
-small shared-memory slot and read back in the accumulator's column layout (`v1_layout`); the "next
-j" of a block's last step is the first j of the next block.
+K1[j] and V1[j] are read from the window in the accumulator's column layout (`v1_layout`); nothing
+is written to shared memory inside the loop, so the step has no barrier.
 `PINGPONG` (the `tlx_pingpong` variant, kernels_tlx/pingpong.py) makes the two consumers take turns
 issuing wgmma; here it is off and each consumer runs on its own.
-Supports any B, N, Hk, w1 <= w2, D in {64, 128}, G a power of two up to 128.
+Supports any B, N, Hk, w1 <= w2, D in {64, 128}, G in {16, 32, 64, 128} (`supports`).
 Differs from `triton`: TMA producer + mbarrier ring, two consumer groups sharing each K2/V2 slot
 and splitting the window, Q resident in registers and A formed there.
 """
@@ -37,48 +38,52 @@ from kernels_tlx.common import (MERGE_BARRIER, Q_READY_BARRIER, launch_tlx, merg
                                 tlx_compile_configs, v1_layout)
 from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
                                    softmax_step, tile_setup)
-from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
+from kernels_triton.tiling import supports as tiling_supports
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 
+@triton.constexpr_function
+def unswizzled():
+    """Plain row-major shared memory (no swizzle): a [rows, 2D] window is then 2D-element rows."""
+    return tlx.swizzled_layout(0, 0, 0)
+
+
 @triton.jit
-def stage_rows(rows, r, k1_base, v1_base, j, HK: tl.constexpr, D: tl.constexpr):
-    """Write the rows K1[j] | V1[j] into the consumer's staging slot r (one store)."""
-    offs = tl.arange(0, 2 * D)
-    row_off = j.to(tl.int64) * (HK * D)
-    ptrs = tl.where(offs < D, k1_base + row_off + offs, v1_base + row_off + (offs - D))
-    tlx.local_store(tlx.local_view(rows, r), tl.load(ptrs))
+def stage_window(win, k1_base, v1_base, j0, j_hi, HK: tl.constexpr, D: tl.constexpr,
+                 CAP: tl.constexpr):
+    """Copy the rows K1[j] | V1[j] for j = j0, j0 + 2, ... (CAP of them, clamped to j_hi) into the
+    consumer's window `win` [CAP, 2D] (cp.async: no registers held) and wait for them."""
+    offs_j = tl.minimum(j0 + 2 * tl.arange(0, CAP), j_hi).to(tl.int64) * (HK * D)
+    offs = offs_j[:, None] + tl.arange(0, D)[None, :]
+    tlx.async_load(k1_base + offs, tlx.local_slice(win, [0, 0], [CAP, D]))
+    tlx.async_load(v1_base + offs, tlx.local_slice(win, [0, D], [CAP, D]))
+    tlx.async_load_wait_group(0, [tlx.async_load_commit_group()])
 
 
 @triton.jit
 def row(rows, r, half: tl.constexpr, D: tl.constexpr):
-    """K1[j] (half 0) or V1[j] (half 1) of staging slot r, in the accumulator's column layout."""
+    """K1[j] (half 0) or V1[j] (half 1) of window row r, in the accumulator's column layout."""
     view = tlx.local_slice(tlx.local_view(rows, r), [half * D], [D])
     return release_layout(tlx.local_load(view, layout=v1_layout(D))).to(tl.float32)
 
 
 @triton.jit
-def consume_block(acc, m_i, l_i, c, q, rows, r_base, k2_tile, v2_tile, k1_base,
-                  v1_base, kb, j_lo, j_hi, n_steps, cid, tok, w1, w2, qk_scale,
-                  HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+def consume_block(acc, m_i, l_i, q, rows, k2_tile, v2_tile, kb, j_start, j_hi,
+                  n_st, r0, cid, tok, w1, w2, qk_scale, D: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_J: tl.constexpr, MASK_K: tl.constexpr, PINGPONG: tl.constexpr,
                   PROFILE: tl.constexpr):
-    """One consumer warp group: one K2/V2 slot against its j = j_lo, j_lo + 2, ... (n_steps of
-    them). Step counter c: this step's K1[j] | V1[j] rows wait in staging slot r_base + c % 2; the
-    next step's rows are loaded into the other slot at the end of the step."""
+    """One consumer warp group: one K2/V2 slot against n_st steps, j = j_start, j_start + 2, ...,
+    whose K1[j] | V1[j] wait in window rows r0, r0 + 1, ..."""
     offs_n = tl.arange(0, BLOCK_N)
     k2t = tlx.local_trans(k2_tile)
-    for st in range(0, n_steps):
-        j = j_lo + 2 * st
-        st_n = tl.where(st + 1 < n_steps, st + 1, 0)   # next step (wraps to the next block)
-        jn = tl.minimum(j_lo + 2 * st_n, j_hi)
-        r = r_base + c % 2
+    for st in range(0, n_st):
+        j = j_start + 2 * st
         enter("qk_gemm", PROFILE)
         take_turn(cid, PINGPONG)
         # A = Q * K1[j], formed in fp32 and rounded: it stays in the accumulator layout of q and
         # becomes the register operand of the wgmma with no shared-memory round trip
-        a = (q.to(tl.float32) * row(rows, r, 0, D)[None, :]).to(tl.bfloat16)
+        a = (q.to(tl.float32) * row(rows, r0 + st, 0, D)[None, :]).to(tl.bfloat16)
         s = tlx.async_dot(a, k2t)
         pass_turn(cid, PINGPONG)
         s = tlx.async_dot_wait(0, s)
@@ -98,11 +103,9 @@ def consume_block(acc, m_i, l_i, c, q, rows, r_base, k2_tile, v2_tile, k1_base,
         pv = tlx.async_dot_wait(0, pv)
         leave("pv_gemm", PROFILE)
         enter("v1_mul", PROFILE)
-        acc = acc * alpha[:, None] + pv * row(rows, r, 1, D)[None, :]
-        stage_rows(rows, r_base + (c + 1) % 2, k1_base, v1_base, jn, HK, D)
+        acc = acc * alpha[:, None] + pv * row(rows, r0 + st, 1, D)[None, :]
         leave("v1_mul", PROFILE)
-        c += 1
-    return acc, m_i, l_i, c
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -110,13 +113,18 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                              HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-                             PINGPONG: tl.constexpr = False, PROFILE: tl.constexpr = False):
+                             WINDOW_CAP: tl.constexpr, PINGPONG: tl.constexpr = False,
+                             PROFILE: tl.constexpr = False):
     T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)
     HALF: tl.constexpr = BLOCK_M // 2
     b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
 
     q_tile = tlx.local_alloc((BLOCK_M, D), tl.bfloat16, 1)
-    rows = tlx.local_alloc((2 * D,), tl.bfloat16, 4)  # K1[j] | V1[j]; consumer c: slots 2c, 2c + 1
+    # the rows K1[j] | V1[j] of each consumer's part of the window (up to WINDOW_CAP of them):
+    # read a row at a time (`rows`, consumer c: rows c * WINDOW_CAP ...), written a window at a
+    # time through an unswizzled [WINDOW_CAP, 2D] alias of the same memory (`window`, buffer c)
+    rows = tlx.local_alloc((2 * D,), tl.bfloat16, 2 * WINDOW_CAP)
+    window = tlx.local_alloc((WINDOW_CAP, 2 * D), tl.bfloat16, 2, reuse=rows, layout=unswizzled())
     # the identity I (first D rows) that puts Q in the accumulator layout (Q @ I), and later the
     # split-j merge buffer of one fp32 [BLOCK_M, D] accumulator
     i_tiles = tlx.local_alloc((2 * BLOCK_M, D), tl.bfloat16, 1)
@@ -127,9 +135,10 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=2)
 
     with tlx.async_tasks():
-        with tlx.async_task("default"):  # producer: TMA ring of K2/V2 blocks, each once
-            produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_blocks, n_blocks, k_lo, n_lo,
-                       n_hi, b, g, N, D, BLOCK_N, NUM_BUFFERS, PROFILE)
+        with tlx.async_task("default"):  # producer: TMA ring of K2/V2 blocks, once per chunk
+            n_chunks = tl.cdiv(tl.cdiv(i_hi - tl.maximum(i0 - w1 + 1, 0) + 1, 2), WINDOW_CAP)
+            produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_chunks * n_blocks, n_blocks,
+                       k_lo, n_lo, n_hi, b, g, N, D, BLOCK_N, NUM_BUFFERS, PROFILE)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid = tlx.async_task_replica_id()
@@ -161,35 +170,49 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
             # pingpong: both consumers issue the same number of wgmma (consumer 1's extra step of
             # an odd window is masked); otherwise each runs its own j
             n_steps = tl.cdiv(i_hi - (j_first if PINGPONG else j_lo) + 1, 2)
-            r_base = 2 * cid
-            stage_rows(rows, r_base, K1 + kv_base, V1 + kv_base, tl.minimum(j_lo, i_hi), HK, D)
+            win = tlx.local_view(window, cid)
+            # (an opaque copy: otherwise LLVM computes both consumers' row addresses before the
+            # split into replicas, and ptxas spills them)
+            r0 = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [cid * WINDOW_CAP],
+                                           dtype=tl.int32, is_pure=True, pack=1)
+            k1_base = K1 + kv_base
+            v1_base = V1 + kv_base
+            # the window is copied once per tile. A longer one goes in chunks of WINDOW_CAP steps,
+            # each against the whole key sequence (both consumers count consumer 0's chunks)
+            n_chunks = tl.cdiv(tl.cdiv(i_hi - j_first + 1, 2), WINDOW_CAP)
+            stage_window(win, k1_base, v1_base, j_lo, i_hi, HK, D, WINDOW_CAP)
             if PINGPONG:
                 if cid == 1:
                     pass_turn(cid, PINGPONG)  # consumer 0 issues first
-            c = 0
             m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, D], tl.float32)
             n_int = n_hi - n_lo
-            for t in range(0, n_blocks):
-                buf = t % NUM_BUFFERS
-                kb, masked = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
-                enter("wait_kv", PROFILE)
-                tlx.barrier_wait(tlx.local_view(fulls, buf), (t // NUM_BUFFERS) & 1)
-                leave("wait_kv", PROFILE)
-                k2_tile = tlx.local_view(k2_tiles, buf)
-                v2_tile = tlx.local_view(v2_tiles, buf)
-                if t < n_int:
-                    acc, m_i, l_i, c = consume_block(
-                        acc, m_i, l_i, c, q, rows, r_base, k2_tile, v2_tile,
-                        K1 + kv_base, V1 + kv_base, kb, j_lo, i_hi, n_steps, cid, tok, w1, w2,
-                        qk_scale, HK, D, BLOCK_N, T > 1, False, PINGPONG, PROFILE)
-                else:
-                    acc, m_i, l_i, c = consume_block(
-                        acc, m_i, l_i, c, q, rows, r_base, k2_tile, v2_tile,
-                        K1 + kv_base, V1 + kv_base, kb, j_lo, i_hi, n_steps, cid, tok, w1, w2,
-                        qk_scale, HK, D, BLOCK_N, T > 1, True, PINGPONG, PROFILE)
-                tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
+            for ch in range(0, n_chunks):
+                j_start = j_lo + 2 * WINDOW_CAP * ch
+                n_st = tl.minimum(n_steps - WINDOW_CAP * ch, WINDOW_CAP)
+                if ch > 0:
+                    stage_window(win, k1_base, v1_base, j_start, i_hi, HK, D, WINDOW_CAP)
+                for t in range(0, n_blocks):
+                    u = ch * n_blocks + t
+                    buf = u % NUM_BUFFERS
+                    kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+                    enter("wait_kv", PROFILE)
+                    tlx.barrier_wait(tlx.local_view(fulls, buf), (u // NUM_BUFFERS) & 1)
+                    leave("wait_kv", PROFILE)
+                    k2_tile = tlx.local_view(k2_tiles, buf)
+                    v2_tile = tlx.local_view(v2_tiles, buf)
+                    if t < n_int:
+                        acc, m_i, l_i = consume_block(
+                            acc, m_i, l_i, q, rows, k2_tile, v2_tile, kb, j_start, i_hi, n_st, r0,
+                            cid, tok, w1, w2, qk_scale, D, BLOCK_N, T > 1, False, PINGPONG,
+                            PROFILE)
+                    else:
+                        acc, m_i, l_i = consume_block(
+                            acc, m_i, l_i, q, rows, k2_tile, v2_tile, kb, j_start, i_hi, n_st, r0,
+                            cid, tok, w1, w2, qk_scale, D, BLOCK_N, T > 1, True, PINGPONG,
+                            PROFILE)
+                    tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
             enter("epilogue", PROFILE)
             # both consumers are past their Q @ I: the I tile carries consumer 1's accumulator
             tlx.named_barrier_wait(MERGE_BARRIER, 256)
@@ -204,12 +227,20 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
             leave("epilogue", PROFILE)
 
 
+def supports(spec: ProblemSpec) -> str | None:
+    why = tiling_supports(spec)
+    if why is None and spec.G < 16:
+        why = (f"G = Hq/Hk = {spec.G} < 16: a 64-row tile packs {64 // spec.G} tokens, and their "
+               "per-row masks do not fit this kernel's registers; use `triton` (faster there)")
+    return why
+
+
 def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
-    """One 64-row tile (one token at G = 64: no mask; neighbouring tokens packed when G < 64; a
-    64-head half of a token when G = 128) for every shape. 64-key blocks when G < 16: the per-row
-    masks of 8 or more packed tokens need the registers of half a score tile (zero spills)."""
-    return dict(BLOCK_M=64, BLOCK_N=128 if spec.G >= 16 else 64, NUM_BUFFERS=2,
-                CONSUMER_REGS=240, PINGPONG=pingpong, num_warps=4, num_stages=1)
+    """One 64-row tile (one token at G = 64: no mask; 2 or 4 neighbouring tokens packed when
+    G < 64; a 64-head half of a token when G = 128) and 128-key blocks for every shape. Each
+    consumer's window buffer holds 32 rows (w1 up to 64 in one chunk)."""
+    return dict(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=240, WINDOW_CAP=32,
+                PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
