@@ -238,7 +238,7 @@ def supports(spec: ProblemSpec) -> str | None:
 def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
     """One 64-row tile (one token at G = 64: no mask; 2 or 4 neighbouring tokens packed when
     G < 64; a 64-head half of a token when G = 128) and 128-key blocks for every shape. Each
-    consumer's window buffer holds 32 rows (w1 up to 64 in one chunk)."""
+    consumer's window buffer holds 32 rows: a window of up to 64 rows (w1 + T - 1) in one chunk."""
     return dict(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=240, WINDOW_CAP=32,
                 PINGPONG=pingpong, num_warps=4, num_stages=1)
 
