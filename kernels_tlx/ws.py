@@ -62,6 +62,13 @@ def stage_window(win, k1_base, v1_base, j0, j_hi, HK: tl.constexpr, D: tl.conste
 
 
 @triton.jit
+def window_chunks(i0, i_hi, w1, CAP: tl.constexpr):
+    """How many chunks of CAP steps the tile's window takes: consumer 0's count (it has the
+    larger half), which the producer and both consumers must agree on."""
+    return tl.cdiv(tl.cdiv(i_hi - tl.maximum(i0 - w1 + 1, 0) + 1, 2), CAP)
+
+
+@triton.jit
 def row(rows, r, half: tl.constexpr, D: tl.constexpr):
     """K1[j] (half 0) or V1[j] (half 1) of window row r, in the accumulator's column layout."""
     view = tlx.local_slice(tlx.local_view(rows, r), [half * D], [D])
@@ -136,7 +143,7 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA ring of K2/V2 blocks, once per chunk
-            n_chunks = tl.cdiv(tl.cdiv(i_hi - tl.maximum(i0 - w1 + 1, 0) + 1, 2), WINDOW_CAP)
+            n_chunks = window_chunks(i0, i_hi, w1, WINDOW_CAP)
             produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_chunks * n_blocks, n_blocks,
                        k_lo, n_lo, n_hi, b, g, N, D, BLOCK_N, NUM_BUFFERS, PROFILE)
 
@@ -178,8 +185,8 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
             k1_base = K1 + kv_base
             v1_base = V1 + kv_base
             # the window is copied once per tile. A longer one goes in chunks of WINDOW_CAP steps,
-            # each against the whole key sequence (both consumers count consumer 0's chunks)
-            n_chunks = tl.cdiv(tl.cdiv(i_hi - j_first + 1, 2), WINDOW_CAP)
+            # each against the whole key sequence
+            n_chunks = window_chunks(i0, i_hi, w1, WINDOW_CAP)
             stage_window(win, k1_base, v1_base, j_lo, i_hi, HK, D, WINDOW_CAP)
             if PINGPONG:
                 if cid == 1:
