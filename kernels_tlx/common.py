@@ -17,7 +17,7 @@ from simplicial_attn.spec import ProblemSpec
 # Named barriers (this build's compiler emits ids 0-3 for its own partition syncs; fbtriton's
 # tutorials reserve 0-6; profiling.resources lists the ids each kernel uses):
 MERGE_BARRIER = tl.constexpr(8)    # 8 and 9: the split-j hand-over of (acc, m, l)
-Q_READY_BARRIER = tl.constexpr(10)  # both consumers have stored their half of the Q tile
+I_READY_BARRIER = tl.constexpr(10)  # tlx_ws: consumer 0 has stored the identity tile (Q @ I)
 TURN_BARRIER = tl.constexpr(11)     # 11 + c: consumer c's turn on the tensor cores (pingpong)
 # The register layout of a 64-row wgmma accumulator of 4 warps (one warp group), as
 # (thread, value) modes over a [64, D] row-major tile: lanes 4 x 2 columns, 8 rows; warps 16 rows;
@@ -46,13 +46,13 @@ def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
 
 
 @triton.jit
-def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_loads, n_blocks, k_lo, n_lo, n_hi,
-               b, g, N, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr,
+def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, first, n_loads, n_blocks, k_lo, n_lo,
+               n_hi, b, g, N, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr,
                PROFILE: tl.constexpr):
-    """Producer warp group: TMA-load blocks c = 0 .. n_loads-1 (block c % n_blocks of the tile's key
-    sequence) into ring slot c % NUM_BUFFERS. `empties` (one arrival per consumer) frees a slot;
-    `fulls` (1 arrival + the transaction bytes) says it has landed."""
-    for c in range(0, n_loads):
+    """Producer warp group: TMA-load blocks c = first .. first+n_loads-1 (block c % n_blocks of the
+    tile's key sequence) into ring slot c % NUM_BUFFERS. `empties` (one arrival per consumer) frees
+    a slot; `fulls` (1 arrival + the transaction bytes) says it has landed."""
+    for c in range(first, first + n_loads):
         buf = c % NUM_BUFFERS
         kb, _ = key_block(c % n_blocks, k_lo, n_lo, n_hi, BLOCK_N)
         enter("load_kv", PROFILE)
@@ -118,20 +118,37 @@ def _constexprs(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
 
 
+def q_rows(G: int, block_m: int) -> int:
+    """Rows of one TMA box of Q: the heads of one token that a tile holds."""
+    return min(G, block_m)
+
+
+def q_descriptor(q, spec: ProblemSpec, block_m: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, N, Hq, D] Q as [B*N*Hq, D]; a box is the q_rows heads of one
+    token. Rows of a token past N are the next batch's (or zero past the end): their outputs are
+    never stored."""
+    return TensorDescriptor(q, shape=[spec.B * spec.N * spec.Hq, spec.D], strides=[spec.D, 1],
+                            block_shape=[q_rows(spec.G, block_m), spec.D])
+
+
 def launch_tlx(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
-               profile: bool) -> None:
+               profile: bool, q_tma: bool = False) -> None:
     """Launch a TLX forward kernel with the common signature; `cfg` holds its constexprs plus
-    num_warps/num_stages. profile=True compiles the Proton-scoped copy (profiling/trace.py)."""
+    num_warps/num_stages. q_tma: the kernel takes Q as a TMA descriptor (q_descriptor).
+    profile=True compiles the Proton-scoped copy (profiling/trace.py)."""
     k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
+    qd = q_descriptor(q, spec, cfg["BLOCK_M"]) if q_tma else q
     kernel[grid(spec, cfg["BLOCK_M"])](
-        q, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
+        qd, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
         HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_constexprs(cfg))
 
 
 def tlx_compile_configs(kernel, config: Callable[[ProblemSpec], dict],
-                        supports: Callable[[ProblemSpec], str | None]) -> list[CompileConfig]:
-    """The default configs of a TLX variant at every (Hq, Hk, D) of tiling.COMPILE_SHAPES."""
+                        supports: Callable[[ProblemSpec], str | None],
+                        q_tma: bool = False) -> list[CompileConfig]:
+    """The default configs of a TLX variant at every (Hq, Hk, D) of tiling.COMPILE_SHAPES
+    (q_tma: as in launch_tlx)."""
     out = []
     for hq, hk, d in COMPILE_SHAPES:
         spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
@@ -139,7 +156,8 @@ def tlx_compile_configs(kernel, config: Callable[[ProblemSpec], dict],
             continue
         cfg = config(spec)
         desc = f"tensordesc<bf16[{cfg['BLOCK_N']},{d}]>"
-        sig = dict(Q="*bf16", K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
+        q_sig = f"tensordesc<bf16[{q_rows(hq // hk, cfg['BLOCK_M'])},{d}]>" if q_tma else "*bf16"
+        sig = dict(Q=q_sig, K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
                    N="i32", w1="i32", w2="i32", qk_scale="fp32")
         consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d, **_constexprs(cfg))
         sig.update({k: "constexpr" for k in consts})

@@ -26,8 +26,8 @@ def config(spec: ProblemSpec) -> dict:
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
     launch_tlx(ws.simplicial_fwd_ws_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse,
-               profile)
+               profile, q_tma=True)
 
 
 def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(ws.simplicial_fwd_ws_kernel, config, supports)
+    return tlx_compile_configs(ws.simplicial_fwd_ws_kernel, config, supports, q_tma=True)

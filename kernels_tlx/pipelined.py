@@ -76,7 +76,7 @@ def simplicial_fwd_pipelined_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_s
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: the block sequence once per round of j
-            produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_rounds * n_blocks, n_blocks,
+            produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, 0, n_rounds * n_blocks, n_blocks,
                        k_lo, n_lo, n_hi, b, g, N, D, BLOCK_N, NUM_BUFFERS, PROFILE)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):

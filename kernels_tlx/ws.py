@@ -1,19 +1,22 @@
 """`tlx_ws`: warp-specialized TLX forward (the seeds' Kernel-1).
 
 Warp groups:
-- producer ("default", 4 warps, registers given away): walks the tile's K2/V2 blocks in the order of
-  `kernels_triton.tiling.key_block` and TMA-loads each into a ring of NUM_BUFFERS shared-memory
-  slots; `fulls[i]` (1 arrival + transaction bytes) says a slot is loaded, `empties[i]` (one arrival
-  per consumer) says both consumers are done with it.
+- producer ("default", 4 warps, registers given away): TMA-loads the tile's Q once (`q_full`);
+  then, per chunk of WINDOW rows of the w1 window, bulk-copies (`cp.async.bulk`, the TMA engine)
+  the rows K1[j] and V1[j] of the chunk into the window (`win_full`; `win_empty`, one arrival per
+  consumer, says both are done with the previous chunk), and walks the tile's K2/V2 blocks in
+  the order of `kernels_triton.tiling.key_block`, TMA-loading each into a ring of NUM_BUFFERS
+  shared-memory slots; `fulls[i]` (1 arrival + transaction bytes) says a slot is loaded,
+  `empties[i]` (one arrival per consumer) says both consumers are done with it. A window of up
+  to WINDOW rows (w1 + T - 1, T tokens per tile) is one chunk, so Q, K1 and V1 cross into shared
+  memory once per tile; a longer one streams the K2/V2 blocks once per chunk.
 - Two consumer warp groups (4 warps each) on one 64-row tile (heads x neighbouring tokens, see
   kernels_triton/tiling.py). They share every K2/V2 slot, so a block crosses L2 -> shared memory
-  once per tile, and the tile's Q, stored once in shared memory (half by each). They split the w1
-  window: consumer c takes j = j_first + c, j_first + c + 2, ... and at the end consumer 1 hands
-  (acc, m, l) to consumer 0, which merges the two softmax states (common.merge_and_store).
+  once per tile (per chunk), and the tile's Q. They split the w1 window: consumer c takes
+  j = j_first + c, j_first + c + 2, ... and at the end consumer 1 hands (acc, m, l) to consumer 0,
+  which merges the two softmax states (common.merge_and_store).
 Each consumer first takes Q through the tensor cores once, Q @ I, so that Q sits in its registers in
-the wgmma accumulator layout, and copies the rows K1[j] | V1[j] of its j into shared memory
-(cp.async, once per tile; a window of more than WINDOW_CAP steps goes a chunk at a time, and the
-producer streams the blocks again for every chunk). Per step (one K2/V2 slot, one j):
+the wgmma accumulator layout. Per step (one K2/V2 slot, one j):
     A = Q * K1[j]                 in registers, in that layout (no shared memory)
     S = A @ K2^T                  RS-wgmma
     online softmax in exp2
@@ -33,64 +36,96 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import (MERGE_BARRIER, Q_READY_BARRIER, launch_tlx, merge_and_store,
+from kernels_tlx.common import (I_READY_BARRIER, MERGE_BARRIER, launch_tlx, merge_and_store,
                                 pass_turn, produce_kv, release_layout, take_turn,
                                 tlx_compile_configs, v1_layout)
-from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
-                                   softmax_step, tile_setup)
+from kernels_triton.tiling import (enter, key_block, leave, mask_scores, row_coords, softmax_step,
+                                   tile_setup)
 from kernels_triton.tiling import supports as tiling_supports
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 
-@triton.constexpr_function
-def unswizzled():
-    """Plain row-major shared memory (no swizzle): a [rows, 2D] window is then 2D-element rows."""
-    return tlx.swizzled_layout(0, 0, 0)
+@triton.jit
+def window_chunks(i0, i_hi, w1, WINDOW: tl.constexpr):
+    """How many chunks of WINDOW rows the tile's window j in [max(i0 - w1 + 1, 0), i_hi] takes: the
+    producer and both consumers must agree on it."""
+    return tl.cdiv(i_hi - tl.maximum(i0 - w1 + 1, 0) + 1, WINDOW)
 
 
 @triton.jit
-def stage_window(win, k1_base, v1_base, j0, j_hi, HK: tl.constexpr, D: tl.constexpr,
-                 CAP: tl.constexpr):
-    """Copy the rows K1[j] | V1[j] for j = j0, j0 + 2, ... (CAP of them, clamped to j_hi) into the
-    consumer's window `win` [CAP, 2D] (cp.async: no registers held) and wait for them."""
-    offs_j = tl.minimum(j0 + 2 * tl.arange(0, CAP), j_hi).to(tl.int64) * (HK * D)
-    offs = offs_j[:, None] + tl.arange(0, D)[None, :]
-    tlx.async_load(k1_base + offs, tlx.local_slice(win, [0, 0], [CAP, D]))
-    tlx.async_load(v1_base + offs, tlx.local_slice(win, [0, D], [CAP, D]))
-    tlx.async_load_wait_group(0, [tlx.async_load_commit_group()])
+def produce_q(Q, q_smem, q_full, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
+              D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Producer: TMA-load the tile's Q, one box per token (its q_rows heads), into q_smem."""
+    HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
+    tlx.barrier_expect_bytes(q_full, 2 * BLOCK_M * D)
+    for t in tl.static_range(BLOCK_M // HPT):
+        tlx.async_descriptor_load(Q, tlx.local_slice(q_smem, [t * HPT, 0], [HPT, D]),
+                                  [(b * N + i0 + t) * HQ + g * G + h0, 0], q_full)
 
 
 @triton.jit
-def window_chunks(i0, i_hi, w1, CAP: tl.constexpr):
-    """How many chunks of CAP steps the tile's window takes: consumer 0's count (it has the
-    larger half), which the producer and both consumers must agree on."""
-    return tl.cdiv(tl.cdiv(i_hi - tl.maximum(i0 - w1 + 1, 0) + 1, 2), CAP)
+def produce_window(K1, V1, k1_rows, v1_rows, k1_flat, v1_flat, win_full, win_empty, ch, j0, i_hi,
+                   kv_base, N, HK: tl.constexpr, D: tl.constexpr, WINDOW: tl.constexpr):
+    """Producer: once both consumers are done with chunk ch - 1, bulk-copy (TMA engine,
+    `cp.async.bulk`) the chunk's rows K1[j] and V1[j], j = j0 .. j0 + L - 1, into window rows
+    0 .. L - 1, and a copy of row L - 1 into row L (pingpong's masked extra step reads it);
+    win_full counts WINDOW rows of bytes."""
+    tlx.barrier_wait(win_empty, (ch & 1) ^ 1)
+    tlx.barrier_expect_bytes(win_full, 2 * 2 * WINDOW * D)
+    L = tl.minimum(i_hi - j0 + 1, WINDOW)
+    if j0 + WINDOW <= N:
+        # rows 0 .. n - 1 as they are (one copy each when the rows are contiguous, Hk = 1) ...
+        n = tl.minimum(L, WINDOW - 1)
+        if HK == 1:
+            off = kv_base + j0.to(tl.int64) * D
+            tlx.async_load(K1 + off, k1_flat, bulk=True, bulk_size=n * (2 * D), barrier=win_full)
+            tlx.async_load(V1 + off, v1_flat, bulk=True, bulk_size=n * (2 * D), barrier=win_full)
+        else:
+            for r in range(0, n):
+                off = kv_base + (j0 + r).to(tl.int64) * (HK * D)
+                tlx.async_load(K1 + off, tlx.local_view(k1_rows, r), bulk=True, barrier=win_full)
+                tlx.async_load(V1 + off, tlx.local_view(v1_rows, r), bulk=True, barrier=win_full)
+        # ... then rows n .. WINDOW - 1 in one copy (through row n's view, on past its end) that
+        # starts at row L - 1 of the chunk: what follows that row in memory lands in rows that are
+        # never read, and it stays inside the batch
+        off = kv_base + (j0 + L - 1).to(tl.int64) * (HK * D)
+        size = (WINDOW - n) * (2 * D)
+        tlx.async_load(K1 + off, tlx.local_view(k1_rows, n), bulk=True, bulk_size=size,
+                       barrier=win_full)
+        tlx.async_load(V1 + off, tlx.local_view(v1_rows, n), bulk=True, bulk_size=size,
+                       barrier=win_full)
+    else:  # the batch ends within WINDOW rows: a copy per row, past L - 1 a copy of row L - 1
+        for r in range(0, WINDOW):
+            off = kv_base + (j0 + tl.minimum(r, L - 1)).to(tl.int64) * (HK * D)
+            tlx.async_load(K1 + off, tlx.local_view(k1_rows, r), bulk=True, barrier=win_full)
+            tlx.async_load(V1 + off, tlx.local_view(v1_rows, r), bulk=True, barrier=win_full)
 
 
 @triton.jit
-def row(rows, r, half: tl.constexpr, D: tl.constexpr):
-    """K1[j] (half 0) or V1[j] (half 1) of window row r, in the accumulator's column layout."""
-    view = tlx.local_slice(tlx.local_view(rows, r), [half * D], [D])
-    return release_layout(tlx.local_load(view, layout=v1_layout(D))).to(tl.float32)
+def row(rows, r, D: tl.constexpr):
+    """Window row r (K1[j] or V1[j]) in the accumulator's column layout."""
+    return release_layout(tlx.local_load(tlx.local_view(rows, r),
+                                         layout=v1_layout(D))).to(tl.float32)
 
 
 @triton.jit
-def consume_block(acc, m_i, l_i, q, rows, k2_tile, v2_tile, kb, j_start, j_hi,
-                  n_st, r0, cid, tok, w1, w2, qk_scale, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_J: tl.constexpr, MASK_K: tl.constexpr, PINGPONG: tl.constexpr,
-                  PROFILE: tl.constexpr):
+def consume_block(acc, m_i, l_i, q, k1_rows, v1_rows, k2_tile, v2_tile, kb, j_start, j_hi,
+                  n_st, r0, cid, tok, w1, w2, qk_scale, D: tl.constexpr,
+                  BLOCK_N: tl.constexpr, MASK_J: tl.constexpr, MASK_K: tl.constexpr,
+                  PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
     """One consumer warp group: one K2/V2 slot against n_st steps, j = j_start, j_start + 2, ...,
-    whose K1[j] | V1[j] wait in window rows r0, r0 + 1, ..."""
+    whose K1[j] and V1[j] wait in window rows r0, r0 + 2, ..."""
     offs_n = tl.arange(0, BLOCK_N)
     k2t = tlx.local_trans(k2_tile)
     for st in range(0, n_st):
         j = j_start + 2 * st
+        r = r0 + 2 * st
         enter("qk_gemm", PROFILE)
         take_turn(cid, PINGPONG)
         # A = Q * K1[j], formed in fp32 and rounded: it stays in the accumulator layout of q and
         # becomes the register operand of the wgmma with no shared-memory round trip
-        a = (q.to(tl.float32) * row(rows, r0 + st, 0, D)[None, :]).to(tl.bfloat16)
+        a = (q.to(tl.float32) * row(k1_rows, r, D)[None, :]).to(tl.bfloat16)
         s = tlx.async_dot(a, k2t)
         pass_turn(cid, PINGPONG)
         s = tlx.async_dot_wait(0, s)
@@ -110,7 +145,7 @@ def consume_block(acc, m_i, l_i, q, rows, k2_tile, v2_tile, kb, j_start, j_hi,
         pv = tlx.async_dot_wait(0, pv)
         leave("pv_gemm", PROFILE)
         enter("v1_mul", PROFILE)
-        acc = acc * alpha[:, None] + pv * row(rows, r0 + st, 1, D)[None, :]
+        acc = acc * alpha[:, None] + pv * row(v1_rows, r, D)[None, :]
         leave("v1_mul", PROFILE)
     return acc, m_i, l_i
 
@@ -120,18 +155,18 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                              HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-                             WINDOW_CAP: tl.constexpr, PINGPONG: tl.constexpr = False,
+                             WINDOW: tl.constexpr, PINGPONG: tl.constexpr = False,
                              PROFILE: tl.constexpr = False):
     T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)
-    HALF: tl.constexpr = BLOCK_M // 2
     b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
 
     q_tile = tlx.local_alloc((BLOCK_M, D), tl.bfloat16, 1)
-    # the rows K1[j] | V1[j] of each consumer's part of the window (up to WINDOW_CAP of them):
-    # read a row at a time (`rows`, consumer c: rows c * WINDOW_CAP ...), written a window at a
-    # time through an unswizzled [WINDOW_CAP, 2D] alias of the same memory (`window`, buffer c)
-    rows = tlx.local_alloc((2 * D,), tl.bfloat16, 2 * WINDOW_CAP)
-    window = tlx.local_alloc((WINDOW_CAP, 2 * D), tl.bfloat16, 2, reuse=rows, layout=unswizzled())
+    # the window: rows K1[j] and V1[j] for j = j_first + WINDOW * ch + r, r < WINDOW (consumer c
+    # reads r = c, c + 2, ...); plain 1-D rows, read one at a time
+    k1_rows = tlx.local_alloc((D,), tl.bfloat16, WINDOW)
+    v1_rows = tlx.local_alloc((D,), tl.bfloat16, WINDOW)
+    k1_flat = tlx.local_view(tlx.local_alloc((WINDOW * D,), tl.bfloat16, 1, reuse=k1_rows), 0)
+    v1_flat = tlx.local_view(tlx.local_alloc((WINDOW * D,), tl.bfloat16, 1, reuse=v1_rows), 0)
     # the identity I (first D rows) that puts Q in the accumulator layout (Q @ I), and later the
     # split-j merge buffer of one fp32 [BLOCK_M, D] accumulator
     i_tiles = tlx.local_alloc((2 * BLOCK_M, D), tl.bfloat16, 1)
@@ -140,54 +175,53 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     merge_m = tlx.local_alloc((BLOCK_M,), tl.float32, 2)  # consumer 1's (m, l); acc: the I tile
     fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=2)
+    q_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
+    win_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
+    win_empty = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=2), 0)
+    q_smem = tlx.local_view(q_tile, 0)
+    j_first = tl.maximum(i0 - w1 + 1, 0)
+    n_chunks = window_chunks(i0, i_hi, w1, WINDOW)
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
 
     with tlx.async_tasks():
-        with tlx.async_task("default"):  # producer: TMA ring of K2/V2 blocks, once per chunk
-            n_chunks = window_chunks(i0, i_hi, w1, WINDOW_CAP)
-            produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, n_chunks * n_blocks, n_blocks,
-                       k_lo, n_lo, n_hi, b, g, N, D, BLOCK_N, NUM_BUFFERS, PROFILE)
+        with tlx.async_task("default"):  # producer: Q, then per chunk the window and the K2/V2 ring
+            enter("load_kv", PROFILE)
+            produce_q(Q, q_smem, q_full, b, g, i0, h0, N, HQ, G, D, BLOCK_M)
+            leave("load_kv", PROFILE)
+            for ch in range(0, n_chunks):
+                enter("load_kv", PROFILE)
+                produce_window(K1, V1, k1_rows, v1_rows, k1_flat, v1_flat, win_full, win_empty, ch,
+                               j_first + WINDOW * ch, i_hi, kv_base, N, HK, D, WINDOW)
+                leave("load_kv", PROFILE)
+                produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, ch * n_blocks, n_blocks,
+                           n_blocks, k_lo, n_lo, n_hi, b, g, N, D, BLOCK_N, NUM_BUFFERS, PROFILE)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid = tlx.async_task_replica_id()
             tok = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)[0]
-            q_smem = tlx.local_view(q_tile, 0)
-            tok_h, head_h = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
-            q_half = load_q(Q, b, g, tok_h, head_h, N, HQ, G, D)
-            if cid == 0:
-                tlx.local_store(tlx.local_slice(q_smem, [0, 0], [HALF, D]), q_half)
-            else:
-                tlx.local_store(tlx.local_slice(q_smem, [HALF, 0], [HALF, D]), q_half)
             i_view = tlx.local_view(i_tiles, 0)
             i_tile = tlx.local_slice(i_view, [0, 0], [D, D])
             if cid == 0:
                 offs_i = tl.arange(0, D)
                 tlx.local_store(i_tile, tl.where(offs_i[:, None] == offs_i[None, :], 1.0,
                                                  0.0).to(tl.bfloat16))
-            tlx.fence_async_shared()
-            tlx.named_barrier_wait(Q_READY_BARRIER, 256)
+                tlx.fence_async_shared()
+            tlx.named_barrier_wait(I_READY_BARRIER, 256)
+            tlx.barrier_wait(q_full, 0)
             # Q in the wgmma accumulator layout, kept in registers: Q @ I is exact (one product per
             # output). A local_load of Q in that layout is not enough: the compiler moves the
             # product Q * K1[j] to a blocked layout and back through shared memory.
             q = tlx.async_dot(q_smem, i_tile)
             q = tlx.async_dot_wait(0, q).to(tl.bfloat16)
 
-            kv_base = b.to(tl.int64) * N * (HK * D) + g * D
-            j_first = tl.maximum(i0 - w1 + 1, 0)
             j_lo = j_first + cid
             # pingpong: both consumers issue the same number of wgmma (consumer 1's extra step of
             # an odd window is masked); otherwise each runs its own j
             n_steps = tl.cdiv(i_hi - (j_first if PINGPONG else j_lo) + 1, 2)
-            win = tlx.local_view(window, cid)
             # (an opaque copy: otherwise LLVM computes both consumers' row addresses before the
             # split into replicas, and ptxas spills them)
-            r0 = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [cid * WINDOW_CAP],
-                                           dtype=tl.int32, is_pure=True, pack=1)
-            k1_base = K1 + kv_base
-            v1_base = V1 + kv_base
-            # the window is copied once per tile. A longer one goes in chunks of WINDOW_CAP steps,
-            # each against the whole key sequence
-            n_chunks = window_chunks(i0, i_hi, w1, WINDOW_CAP)
-            stage_window(win, k1_base, v1_base, j_lo, i_hi, HK, D, WINDOW_CAP)
+            r0 = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [cid], dtype=tl.int32,
+                                           is_pure=True, pack=1)
             if PINGPONG:
                 if cid == 1:
                     pass_turn(cid, PINGPONG)  # consumer 0 issues first
@@ -196,10 +230,9 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
             acc = tl.zeros([BLOCK_M, D], tl.float32)
             n_int = n_hi - n_lo
             for ch in range(0, n_chunks):
-                j_start = j_lo + 2 * WINDOW_CAP * ch
-                n_st = tl.minimum(n_steps - WINDOW_CAP * ch, WINDOW_CAP)
-                if ch > 0:
-                    stage_window(win, k1_base, v1_base, j_start, i_hi, HK, D, WINDOW_CAP)
+                j_start = j_lo + WINDOW * ch
+                n_st = tl.minimum(n_steps - (WINDOW // 2) * ch, WINDOW // 2)
+                tlx.barrier_wait(win_full, ch & 1)
                 for t in range(0, n_blocks):
                     u = ch * n_blocks + t
                     buf = u % NUM_BUFFERS
@@ -211,15 +244,16 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                     v2_tile = tlx.local_view(v2_tiles, buf)
                     if t < n_int:
                         acc, m_i, l_i = consume_block(
-                            acc, m_i, l_i, q, rows, k2_tile, v2_tile, kb, j_start, i_hi, n_st, r0,
-                            cid, tok, w1, w2, qk_scale, D, BLOCK_N, T > 1, False, PINGPONG,
-                            PROFILE)
+                            acc, m_i, l_i, q, k1_rows, v1_rows, k2_tile, v2_tile, kb, j_start,
+                            i_hi, n_st, r0, cid, tok, w1, w2, qk_scale, D, BLOCK_N, T > 1,
+                            False, PINGPONG, PROFILE)
                     else:
                         acc, m_i, l_i = consume_block(
-                            acc, m_i, l_i, q, rows, k2_tile, v2_tile, kb, j_start, i_hi, n_st, r0,
-                            cid, tok, w1, w2, qk_scale, D, BLOCK_N, T > 1, True, PINGPONG,
-                            PROFILE)
+                            acc, m_i, l_i, q, k1_rows, v1_rows, k2_tile, v2_tile, kb, j_start,
+                            i_hi, n_st, r0, cid, tok, w1, w2, qk_scale, D, BLOCK_N, T > 1,
+                            True, PINGPONG, PROFILE)
                     tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
+                tlx.barrier_arrive(win_empty, 1)
             enter("epilogue", PROFILE)
             # both consumers are past their Q @ I: the I tile carries consumer 1's accumulator
             tlx.named_barrier_wait(MERGE_BARRIER, 256)
@@ -244,15 +278,16 @@ def supports(spec: ProblemSpec) -> str | None:
 
 def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
     """One 64-row tile (one token at G = 64: no mask; 2 or 4 neighbouring tokens packed when
-    G < 64; a 64-head half of a token when G = 128) and 128-key blocks for every shape. Each
-    consumer's window buffer holds 32 rows: a window of up to 64 rows (w1 + T - 1) in one chunk."""
-    return dict(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=240, WINDOW_CAP=32,
+    G < 64; a 64-head half of a token when G = 128) and 128-key blocks for every shape. The window
+    buffer holds 64 rows (both consumers'): a window of up to 64 rows (w1 + T - 1) is one chunk."""
+    return dict(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=240, WINDOW=64,
                 PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    launch_tlx(simplicial_fwd_ws_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile)
+    launch_tlx(simplicial_fwd_ws_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile,
+               q_tma=True)
 
 
 def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(simplicial_fwd_ws_kernel, config, supports)
+    return tlx_compile_configs(simplicial_fwd_ws_kernel, config, supports, q_tma=True)
