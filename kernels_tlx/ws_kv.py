@@ -19,7 +19,8 @@ Warp groups (4 warps each):
       online softmax in exp2
       acc = acc * alpha + P @ C_j   RS-wgmma accumulating into acc; C slot released
 `PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/pipelined_kv.py) overlaps the softmax of a
-step with the PV wgmma of the one before (consume_pipelined).
+step with the PV wgmma of the one before (consume_pipelined); `PINGPONG` on top of it (the
+`tlx_pipelined_pingpong` variant) makes the two consumers take turns issuing those wgmma pairs.
 Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys).
 Rounds K1[j] * K2 and V1[j] * V2 to bf16 (tests/test_gpu.py emulates both).
 """
@@ -29,7 +30,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import launch_tlx, tlx_compile_configs
+from kernels_tlx.common import launch_tlx, pass_turn, take_turn, tlx_compile_configs
 from kernels_tlx.ws_keys import build, row_tile, start_consumer, supports, token_tile
 from kernels_triton.tiling import (enter, key_block, leave, mask_scores, normalized,
                                    softmax_step, write_rows)
@@ -112,10 +113,14 @@ def consume(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls
 @triton.jit
 def consume_pipelined(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                       c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
-                      BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, PROFILE: tl.constexpr):
+                      cid, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, PINGPONG: tl.constexpr,
+                      PROFILE: tl.constexpr):
     """One consumer warp group, FlashAttention-3 style: the QK wgmma of step c and the PV wgmma
-    of step c - 1 are issued together, and the softmax of step c runs while PV(c - 1) does."""
+    of step c - 1 are issued together, and the softmax of step c runs while PV(c - 1) does.
+    PINGPONG: the two consumers take turns issuing those pairs (both run n_steps steps)."""
+    take_turn(cid, PINGPONG)
     s = qk_issue(q_smem, b_tiles, b_fulls, 0, NUM_B)
+    pass_turn(cid, PINGPONG)
     s = tlx.async_dot_wait(0, s)
     release(b_empties, 0, NUM_B)
     p, alpha, m_i, l_i = scores_softmax(s, 0, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
@@ -123,8 +128,10 @@ def consume_pipelined(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tile
     p_prev = p.to(tl.bfloat16)
     for c in range(1, n_steps):
         enter("qk_gemm", PROFILE)
+        take_turn(cid, PINGPONG)
         s = qk_issue(q_smem, b_tiles, b_fulls, c, NUM_B)
         acc = pv_issue(p_prev, acc, c_tiles, c_fulls, c - 1, NUM_B)
+        pass_turn(cid, PINGPONG)
         s = tlx.async_dot_wait(1, s)  # QK(c) done, PV(c - 1) runs on
         release(b_empties, c, NUM_B)
         leave("qk_gemm", PROFILE)
@@ -138,7 +145,9 @@ def consume_pipelined(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tile
         leave("pv_gemm", PROFILE)
         acc = acc * alpha[:, None]
         p_prev = p.to(tl.bfloat16)
+    take_turn(cid, PINGPONG)
     acc = pv_issue(p_prev, acc, c_tiles, c_fulls, n_steps - 1, NUM_B)
+    pass_turn(cid, PINGPONG)
     acc = tlx.async_dot_wait(0, acc)
     release(c_empties, n_steps - 1, NUM_B)
     return acc, m_i, l_i
@@ -171,7 +180,8 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 NUM_B: tl.constexpr, CH: tl.constexpr,
                                 CONSUMER_REGS: tl.constexpr, PRODUCER_REGS: tl.constexpr,
-                                PIPELINE: tl.constexpr, PROFILE: tl.constexpr = False):
+                                PIPELINE: tl.constexpr, PINGPONG: tl.constexpr = False,
+                                PROFILE: tl.constexpr = False):
     HALF: tl.constexpr = BLOCK_M // 2
     b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base = token_tile(
         N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N)
@@ -203,10 +213,13 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                                       BLOCK_M)
             n_steps = n_blocks * n_j
             if PIPELINE:
+                if PINGPONG:
+                    if cid == 1:
+                        pass_turn(cid, PINGPONG)  # consumer 0 issues first
                 acc, m_i, l_i = consume_pipelined(
                     acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                     c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
-                    BLOCK_N, NUM_B, PROFILE)
+                    cid, BLOCK_N, NUM_B, PINGPONG, PROFILE)
             else:
                 acc, m_i, l_i = consume(
                     acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
@@ -220,13 +233,13 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
             leave("epilogue", PROFILE)
 
 
-def config(spec: ProblemSpec, pipelined: bool = False) -> dict:
+def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -> dict:
     """Every shape: 128-row tile, 128-key blocks, two B and two C slots (all that fits in shared
     memory at D = 128 beside Q and the K2/V2 slots), 8-row build chunks; consumers at 216
     registers and the two producers at 40 (measured best of 200-232 / 24-80 and chunks of 8-32
     rows, docs/perf-notes.md session 5)."""
     return dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=216, PRODUCER_REGS=40,
-                PIPELINE=pipelined, num_warps=4, num_stages=1)
+                PIPELINE=pipelined, PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:

@@ -47,6 +47,8 @@ register(Variant("tlx_ws", "kernels_tlx.ws", needs_hopper=True, rank=0,
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk in {16, 32, 64, 128}; D in {64, 128}"))
 register(Variant("tlx_pingpong", "kernels_tlx.pingpong", needs_hopper=True, rank=-1,
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk in {16, 32, 64, 128}; D in {64, 128}"))
+register(Variant("tlx_pipelined_pingpong", "kernels_tlx.pipelined_pingpong", needs_hopper=True,
+                 rank=-3, supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
 register(Variant("tlx_pipelined", "kernels_tlx.pipelined", needs_hopper=True, rank=-2,
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}; "
                           "G >= 64 when D = 128"))

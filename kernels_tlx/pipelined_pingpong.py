@@ -1,0 +1,35 @@
+"""`tlx_pipelined_pingpong`: `tlx_pipelined_kv` with the two consumer warp groups taking turns.
+
+Each consumer step issues QK(c) and PV(c - 1) as one pair (the FlashAttention-3 overlap of
+`tlx_pipelined_kv`). Here consumer c waits on named barrier TURN_BARRIER + c before issuing its
+pair and arrives on the other consumer's barrier after (kernels_tlx/common.py: take_turn /
+pass_turn). So the pairs alternate between the consumers: one consumer's softmax runs while the
+other's pair owns the tensor cores, on top of each consumer's own QK/PV overlap. Consumer 1 arrives
+once at the start so consumer 0 goes first. Both consumers run the same steps (same j, two 64-row
+halves of the tile), so the turns always match.
+
+Everything else (the two producers of B_j = K1[j] * K2 and C_j = V1[j] * V2, tile, rings) is
+`tlx_ws_kv`'s kernel, run with PIPELINE=True and PINGPONG=True. Supports the same shapes:
+G = Hq/Hk = 128.
+"""
+from __future__ import annotations
+
+from kernels_tlx import ws_kv
+from kernels_tlx.common import launch_tlx, tlx_compile_configs
+from kernels_tlx.ws_kv import (ABSENT_SCOPES, EXTRA_SCOPES,  # noqa: F401  (read by tests, trace)
+                               ROUNDS_KEYS_SIDE, ROUNDS_VALUES_SIDE, supports)
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+
+def config(spec: ProblemSpec) -> dict:
+    return ws_kv.config(spec, pipelined=True, pingpong=True)
+
+
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
+    launch_tlx(ws_kv.simplicial_fwd_ws_kv_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse,
+               profile)
+
+
+def compile_configs() -> list[CompileConfig]:
+    return tlx_compile_configs(ws_kv.simplicial_fwd_ws_kv_kernel, config, supports)
