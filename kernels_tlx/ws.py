@@ -47,13 +47,6 @@ from simplicial_attn.spec import ProblemSpec
 
 
 @triton.jit
-def window_chunks(i0, i_hi, w1, WINDOW: tl.constexpr):
-    """How many chunks of WINDOW rows the tile's window j in [max(i0 - w1 + 1, 0), i_hi] takes: the
-    producer and both consumers must agree on it."""
-    return tl.cdiv(i_hi - tl.maximum(i0 - w1 + 1, 0) + 1, WINDOW)
-
-
-@triton.jit
 def produce_q(Q, q_smem, q_full, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
               D: tl.constexpr, BLOCK_M: tl.constexpr):
     """Producer: TMA-load the tile's Q, one box per token (its q_rows heads), into q_smem."""
@@ -180,7 +173,7 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     win_empty = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=2), 0)
     q_smem = tlx.local_view(q_tile, 0)
     j_first = tl.maximum(i0 - w1 + 1, 0)
-    n_chunks = window_chunks(i0, i_hi, w1, WINDOW)
+    n_chunks = tl.cdiv(i_hi - j_first + 1, WINDOW)  # the producer's and both consumers' count
     kv_base = b.to(tl.int64) * N * (HK * D) + g * D
 
     with tlx.async_tasks():
