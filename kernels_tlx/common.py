@@ -144,6 +144,19 @@ def launch_tlx(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse
         num_stages=cfg["num_stages"], **_constexprs(cfg))
 
 
+def tlx_entry_points(kernel, config: Callable[[ProblemSpec], dict],
+                     supports: Callable[[ProblemSpec], str | None], q_tma: bool = False):
+    """A TLX variant module's `launch` and `compile_configs` (simplicial_attn/registry.py) for
+    `kernel` run with `config(spec)` (q_tma: as in launch_tlx)."""
+    def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
+        launch_tlx(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma)
+
+    def compile_configs() -> list[CompileConfig]:
+        return tlx_compile_configs(kernel, config, supports, q_tma)
+
+    return launch, compile_configs
+
+
 def tlx_compile_configs(kernel, config: Callable[[ProblemSpec], dict],
                         supports: Callable[[ProblemSpec], str | None],
                         q_tma: bool = False) -> list[CompileConfig]:

@@ -14,9 +14,8 @@ Everything else (producer, tile geometry, split-j window, Q and A in registers, 
 from __future__ import annotations
 
 from kernels_tlx import ws
-from kernels_tlx.common import launch_tlx, tlx_compile_configs
+from kernels_tlx.common import tlx_entry_points
 from kernels_tlx.ws import supports  # noqa: F401  (this variant's registry `supports`)
-from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -24,10 +23,5 @@ def config(spec: ProblemSpec) -> dict:
     return ws.config(spec, pingpong=True)
 
 
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    launch_tlx(ws.simplicial_fwd_ws_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse,
-               profile, q_tma=True)
-
-
-def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(ws.simplicial_fwd_ws_kernel, config, supports, q_tma=True)
+launch, compile_configs = tlx_entry_points(ws.simplicial_fwd_ws_kernel, config, supports,
+                                           q_tma=True)

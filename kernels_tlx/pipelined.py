@@ -18,11 +18,10 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import launch_tlx, merge_and_store, produce_kv, tlx_compile_configs
+from kernels_tlx.common import merge_and_store, produce_kv, tlx_entry_points
 from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
                                    softmax_step, store_rows, tile_setup)
 from kernels_triton.tiling import supports as tiling_supports
-from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -170,10 +169,4 @@ def _config(spec: ProblemSpec) -> dict:
                 SPLIT_J=split, num_warps=4, num_stages=1)
 
 
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    launch_tlx(simplicial_fwd_pipelined_kernel, _config(spec), spec, q, k1, k2, v1, v2, out, lse,
-               profile)
-
-
-def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(simplicial_fwd_pipelined_kernel, _config, supports)
+launch, compile_configs = tlx_entry_points(simplicial_fwd_pipelined_kernel, _config, supports)

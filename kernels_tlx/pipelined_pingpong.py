@@ -15,10 +15,9 @@ G = Hq/Hk = 128.
 from __future__ import annotations
 
 from kernels_tlx import ws_kv
-from kernels_tlx.common import launch_tlx, tlx_compile_configs
+from kernels_tlx.common import tlx_entry_points
 from kernels_tlx.ws_kv import (ABSENT_SCOPES, EXTRA_SCOPES,  # noqa: F401  (read by tests, trace)
                                ROUNDS_KEYS_SIDE, ROUNDS_VALUES_SIDE, supports)
-from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -26,10 +25,4 @@ def config(spec: ProblemSpec) -> dict:
     return ws_kv.config(spec, pipelined=True, pingpong=True)
 
 
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    launch_tlx(ws_kv.simplicial_fwd_ws_kv_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse,
-               profile)
-
-
-def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(ws_kv.simplicial_fwd_ws_kv_kernel, config, supports)
+launch, compile_configs = tlx_entry_points(ws_kv.simplicial_fwd_ws_kv_kernel, config, supports)

@@ -36,13 +36,12 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import (I_READY_BARRIER, MERGE_BARRIER, launch_tlx, merge_and_store,
+from kernels_tlx.common import (I_READY_BARRIER, MERGE_BARRIER, merge_and_store,
                                 pass_turn, produce_kv, release_layout, take_turn,
-                                tlx_compile_configs, v1_layout)
+                                tlx_entry_points, v1_layout)
 from kernels_triton.tiling import (enter, key_block, leave, mask_scores, row_coords, softmax_step,
                                    tile_setup)
 from kernels_triton.tiling import supports as tiling_supports
-from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -277,10 +276,4 @@ def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
                 PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    launch_tlx(simplicial_fwd_ws_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile,
-               q_tma=True)
-
-
-def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(simplicial_fwd_ws_kernel, config, supports, q_tma=True)
+launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_kernel, config, supports, q_tma=True)

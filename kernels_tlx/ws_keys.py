@@ -33,11 +33,10 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import launch_tlx, release_layout, tlx_compile_configs, v1_layout
+from kernels_tlx.common import release_layout, tlx_entry_points, v1_layout
 from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
                                    softmax_step, store_rows, tile_setup)
 from kernels_triton.tiling import supports as tiling_supports
-from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 ROUNDS_KEYS_SIDE = True  # rounds K1[j] * K2 to bf16, not Q * K1[j] (tests/test_gpu.py emulates it)
@@ -227,10 +226,4 @@ def config(spec: ProblemSpec) -> dict:
                 num_stages=1)
 
 
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    launch_tlx(simplicial_fwd_ws_keys_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse,
-               profile)
-
-
-def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(simplicial_fwd_ws_keys_kernel, config, supports)
+launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_keys_kernel, config, supports)

@@ -30,11 +30,10 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import launch_tlx, pass_turn, take_turn, tlx_compile_configs
+from kernels_tlx.common import pass_turn, take_turn, tlx_entry_points
 from kernels_tlx.ws_keys import build, row_tile, start_consumer, supports, token_tile
 from kernels_triton.tiling import (enter, key_block, leave, mask_scores, normalized,
                                    softmax_step, write_rows)
-from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 ROUNDS_KEYS_SIDE = True    # rounds K1[j] * K2 to bf16, not Q * K1[j]
@@ -242,10 +241,4 @@ def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -
                 PIPELINE=pipelined, PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    launch_tlx(simplicial_fwd_ws_kv_kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse,
-               profile)
-
-
-def compile_configs() -> list[CompileConfig]:
-    return tlx_compile_configs(simplicial_fwd_ws_kv_kernel, config, supports)
+launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_kv_kernel, config, supports)
