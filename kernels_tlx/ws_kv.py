@@ -3,7 +3,7 @@
     S = Q @ (K1[j] * K2)^T,   acc += P @ (V1[j] * V2)     instead of   acc += (P @ V2) * V1[j]
 
 For one j, (B_j, C_j) = (K1[j] * K2, V1[j] * V2) is a block of keys and values of ordinary
-attention, so a consumer step is a FlashAttention step: one SS-wgmma for S, the online softmax,
+attention, so a consumer step is a FlashAttention step: one RS-wgmma for S, the online softmax,
 acc *= alpha and one RS-wgmma that accumulates P @ C_j straight into acc. No P @ V2 tile
 (64 registers) and no V1 multiply on the consumers' path.
 
@@ -13,9 +13,9 @@ Warp groups (4 warps each):
   V1[j] * V2) into ring slot c % NUM_B in CH-row chunks (packed bf16x2 multiplies), fence the
   proxy and mark the slot full. Two producers because one building both fell behind the
   consumers (docs/perf-notes.md, session 5).
-- Two consumers, rows 64c .. 64c + 63 of the tile (one token's 128 heads), Q resident in shared
-  memory, both on the same j. Per step:
-      S = Q @ B_j^T                 SS-wgmma; B slot released
+- Two consumers, rows 64c .. 64c + 63 of the tile (one token's 128 heads), both on the same j.
+  Each loads its Q rows into registers once (32 per thread) and keeps them there. Per step:
+      S = Q @ B_j^T                 RS-wgmma (Q the register operand); B slot released
       online softmax in exp2
       acc = acc * alpha + P @ C_j   RS-wgmma accumulating into acc; C slot released
 `PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/pipelined_kv.py) overlaps the softmax of a
@@ -53,11 +53,11 @@ def produce_step(row, src_tile, dst_tiles, fulls, empties, c, D: tl.constexpr,
 
 
 @triton.jit
-def qk_issue(q_smem, b_tiles, b_fulls, c, NUM_B: tl.constexpr):
-    """Consumer: wait for B_j of step c, issue S = Q @ B_j^T (not waited)."""
+def qk_issue(q, b_tiles, b_fulls, c, NUM_B: tl.constexpr):
+    """Consumer: wait for B_j of step c, issue S = Q @ B_j^T (not waited); Q in registers."""
     bs = c % NUM_B
     tlx.barrier_wait(tlx.local_view(b_fulls, bs), (c // NUM_B) & 1)
-    return tlx.async_dot(q_smem, tlx.local_trans(tlx.local_view(b_tiles, bs)))
+    return tlx.async_dot(q, tlx.local_trans(tlx.local_view(b_tiles, bs)))
 
 
 @triton.jit
@@ -86,13 +86,13 @@ def scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, 
 
 
 @triton.jit
-def consume(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
+def consume(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
             n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, BLOCK_N: tl.constexpr,
             NUM_B: tl.constexpr, PROFILE: tl.constexpr):
     """One consumer warp group, one step after the other: QK, softmax, PV."""
     for c in range(0, n_steps):
         enter("qk_gemm", PROFILE)
-        s = qk_issue(q_smem, b_tiles, b_fulls, c, NUM_B)
+        s = qk_issue(q, b_tiles, b_fulls, c, NUM_B)
         s = tlx.async_dot_wait(0, s)
         release(b_empties, c, NUM_B)
         leave("qk_gemm", PROFILE)
@@ -110,7 +110,7 @@ def consume(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls
 
 
 @triton.jit
-def consume_pipelined(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                       c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
                       cid, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, PINGPONG: tl.constexpr,
                       PROFILE: tl.constexpr):
@@ -118,7 +118,7 @@ def consume_pipelined(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tile
     of step c - 1 are issued together, and the softmax of step c runs while PV(c - 1) does.
     PINGPONG: the two consumers take turns issuing those pairs (both run n_steps steps)."""
     take_turn(cid, PINGPONG)
-    s = qk_issue(q_smem, b_tiles, b_fulls, 0, NUM_B)
+    s = qk_issue(q, b_tiles, b_fulls, 0, NUM_B)
     pass_turn(cid, PINGPONG)
     s = tlx.async_dot_wait(0, s)
     release(b_empties, 0, NUM_B)
@@ -128,7 +128,7 @@ def consume_pipelined(acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tile
     for c in range(1, n_steps):
         enter("qk_gemm", PROFILE)
         take_turn(cid, PINGPONG)
-        s = qk_issue(q_smem, b_tiles, b_fulls, c, NUM_B)
+        s = qk_issue(q, b_tiles, b_fulls, c, NUM_B)
         acc = pv_issue(p_prev, acc, c_tiles, c_fulls, c - 1, NUM_B)
         pass_turn(cid, PINGPONG)
         s = tlx.async_dot_wait(1, s)  # QK(c) done, PV(c - 1) runs on
@@ -210,18 +210,21 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
             q_smem = tlx.local_view(q_tiles, cid)
             tok, head, m_i, l_i, acc = start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ, G, D,
                                                       BLOCK_M)
+            # Q into registers once: the register operand of every QK wgmma, so a step reads only
+            # B_j from shared memory (16 KB less per consumer step, docs/perf-notes.md session 10)
+            q = tlx.local_load(q_smem)
             n_steps = n_blocks * n_j
             if PIPELINE:
                 if PINGPONG:
                     if cid == 1:
                         pass_turn(cid, PINGPONG)  # consumer 0 issues first
                 acc, m_i, l_i = consume_pipelined(
-                    acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                    acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                     c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
                     cid, BLOCK_N, NUM_B, PINGPONG, PROFILE)
             else:
                 acc, m_i, l_i = consume(
-                    acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                    acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                     c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
                     BLOCK_N, NUM_B, PROFILE)
             enter("epilogue", PROFILE)
@@ -234,10 +237,10 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
 
 def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -> dict:
     """Every shape: 128-row tile, 128-key blocks, two B and two C slots (all that fits in shared
-    memory at D = 128 beside Q and the K2/V2 slots), 8-row build chunks; consumers at 216
-    registers and the two producers at 40 (measured best of 200-232 / 24-80 and chunks of 8-32
-    rows, docs/perf-notes.md session 5)."""
-    return dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=216, PRODUCER_REGS=40,
+    memory at D = 128 beside Q and the K2/V2 slots), 8-row build chunks (docs/perf-notes.md
+    session 5); consumers at 224 registers, which Q in registers needs (216 spill), and so the two
+    producers at 32 (24 spill; session 10)."""
+    return dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=224, PRODUCER_REGS=32,
                 PIPELINE=pipelined, PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
