@@ -266,10 +266,12 @@ def _fixed_params(rows: Iterable[dict], keys: Sequence[str]) -> str:
 
 def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str = "2-simplicial attention forward"
                      ) -> None:
-    """TFLOPS vs N (log2 x axis): one line per variant, and per w2 when the rows hold several.
+    """TFLOPS vs N (log2 x axis): one line per variant, one panel per w2 when the rows hold
+    several (panels share the y axis, so heights compare across them).
 
     Rows need 'variant', 'N', 'w2', 'tflops' (rows without a number are skipped). Rows with kind
-    'matmul' become a dashed horizontal line. The title names the shape fields that are fixed.
+    'matmul' become a dashed grey horizontal line. Each variant keeps one colour and line style in
+    every panel (peers dotted). The title names the shape fields that are fixed.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -278,47 +280,47 @@ def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str = "2-simplicial
     timed = [r for r in rows if isinstance(r.get("tflops"), (int, float))]
     matmul = [r for r in timed if r.get("kind") == "matmul"]
     points = [r for r in timed if r.get("kind") != "matmul" and r.get("N") is not None]
-    several_w2 = len({r.get("w2") for r in points}) > 1
-
-    # One series per (variant, w2): colour by w2 when several, else by variant; line style by
-    # variant (peers dotted).
     series: dict[tuple[str, object], list[tuple[int, float]]] = {}
     for r in points:
         series.setdefault((str(r["variant"]), r.get("w2")), []).append(
             (int(r["N"]), float(r["tflops"])))
     variants = list(dict.fromkeys(v for v, _ in series))
-    w2s = list(dict.fromkeys(w for _, w in series))
+    w2s = list(dict.fromkeys(w for _, w in series)) or [None]
     peers = {str(r["variant"]) for r in points if r.get("kind") == "peer"}
     styles = ["-", "--", "-.", (0, (5, 1, 1, 1))]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for (variant, w2), pts in series.items():
-        pts.sort()
-        vi = variants.index(variant)
-        style = ":" if variant in peers else styles[vi % len(styles)]
-        color = colors[(w2s.index(w2) if several_w2 else vi) % len(colors)]
-        label = f"{variant} w2={w2}" if several_w2 else variant
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=style, color=color,
-                marker="o", label=label)
-    for r in matmul:
-        ax.axhline(float(r["tflops"]), linestyle="--", color="gray",
-                   label=f"{r['variant']} ({float(r['tflops']):.0f} TFLOPS)")
-    ax.set_xscale("log", base=2)
     ns = sorted({p[0] for pts in series.values() for p in pts})
-    if ns:
-        ax.set_xticks(ns)
-        ax.set_xticklabels([str(n) for n in ns])
-    ax.set_xlabel("N (sequence length)")
-    ax.set_ylabel("TFLOPS")
-    ax.set_ylim(bottom=0)
+
+    fig, axes = plt.subplots(1, len(w2s), figsize=(3.2 * len(w2s) + 2.2, 4.6), sharey=True,
+                             squeeze=False)
+    for ax, w2 in zip(axes[0], w2s):
+        for vi, variant in enumerate(variants):
+            pts = sorted(series.get((variant, w2), []))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[vi % len(colors)],
+                        linestyle=":" if variant in peers else styles[vi % len(styles)],
+                        marker="o", markersize=4, label=variant)
+        for r in matmul:
+            ax.axhline(float(r["tflops"]), linestyle="--", color="gray",
+                       label=f"{r['variant']} ({float(r['tflops']):.0f} TFLOPS)")
+        ax.set_xscale("log", base=2)
+        if ns:
+            ax.set_xticks(ns)
+            ax.set_xticklabels([str(n) for n in ns], fontsize=8)
+        ax.set_xlabel("N (sequence length)")
+        if len(w2s) > 1:
+            ax.set_title(f"w2 = {w2}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    top = max([p[1] for pts in series.values() for p in pts] + [float(r["tflops"]) for r in matmul],
+              default=1.0)
+    axes[0][0].set_ylim(0, top * 1.06)  # shared: the highest point of any panel fits
+    axes[0][0].set_ylabel("TFLOPS")
     fixed = _fixed_params(points, ("B", "Hq", "Hk", "D", "w1", "w2"))
     gpu = {r.get("gpu") for r in timed if r.get("gpu") not in (None, "", "none")}
     suffix = f" on {gpu.pop()}" if len(gpu) == 1 else ""
-    ax.set_title(f"{title}{suffix}\n{fixed}", fontsize=10)
-    ax.grid(True, alpha=0.3)
+    fig.suptitle(f"{title}{suffix}\n{fixed}", fontsize=10)
     if series or matmul:
-        ax.legend(fontsize=8)
+        axes[0][-1].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
