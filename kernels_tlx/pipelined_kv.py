@@ -5,7 +5,7 @@ Step c issues the QK wgmma of step c and the PV wgmma of step c - 1 back to back
 only, and runs the softmax of step c while PV(c - 1) is still on the tensor cores; P of the
 previous step is carried in registers (kernels_tlx/ws_kv.py: consume_pipelined). This fits where
 `tlx_pipelined` (on `tlx_ws`) could not: with the V1 multiply moved to the producers, a consumer
-holds only acc, S and P (zero spills at 216 registers).
+holds only acc, S, P and its Q rows (zero spills at 224 registers).
 
 Everything else (the two producers of B_j = K1[j] * K2 and C_j = V1[j] * V2, tile, rings) is
 `tlx_ws_kv`'s kernel, run with PIPELINE=True. Supports the same shapes: G = Hq/Hk = 128.

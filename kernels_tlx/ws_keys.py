@@ -127,7 +127,7 @@ def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
 def start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
                    D: tl.constexpr, BLOCK_M: tl.constexpr):
     """Consumer cid (rows 64 cid .. 64 cid + 63): its rows' tokens and heads, their Q stored in
-    `q_smem` for the wgmma, and an empty online-softmax state (m, l, acc)."""
+    `q_smem` (fenced for the wgmma), and an empty online-softmax state (m, l, acc)."""
     HALF: tl.constexpr = BLOCK_M // 2
     tok, head = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
     tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
