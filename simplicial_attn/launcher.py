@@ -24,7 +24,7 @@ def pick(spec: ProblemSpec, variant: str, hopper: bool = True) -> registry.Varia
             raise ValueError(f"variant {variant!r} cannot take {spec.short()}: {why}{hint}")
         return v
     reasons = []
-    for v in sorted(registry.all_variants(), key=lambda v: -v.rank):
+    for v in sorted(registry.all_variants(), key=lambda v: -v.rank_for(spec)):
         if v.needs_hopper and not hopper:
             reasons.append(f"{v.name}: needs sm_90")
             continue

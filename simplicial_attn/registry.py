@@ -12,6 +12,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Callable, Union
+
+from .spec import ProblemSpec
 
 
 @dataclass(frozen=True)
@@ -19,11 +22,16 @@ class Variant:
     name: str
     module: str          # import path of the kernel module
     needs_hopper: bool   # uses TMA descriptors / wgmma / setmaxnreg: sm_90 only
-    rank: int            # "auto" tries variants from the highest rank down (measured speed order)
+    # "auto" tries variants from the highest rank down (measured speed order); a function of the
+    # shape where that order changes with it
+    rank: Union[int, Callable[[ProblemSpec], int]]
     supports: str        # one line: which shapes it takes
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
+
+    def rank_for(self, spec: ProblemSpec) -> int:
+        return self.rank(spec) if callable(self.rank) else self.rank
 
 
 _REGISTRY: dict[str, Variant] = {}
@@ -35,18 +43,24 @@ def register(v: Variant) -> None:
     _REGISTRY[v.name] = v
 
 
-register(Variant("triton", "kernels_triton.fwd", needs_hopper=True, rank=1,
+# Ranks: the speed order at S* (G = 128, D = 128) and Hq = 64 on the lent H100 and H200
+# (docs/perf-notes.md, session 11). tlx_ws is ahead of triton at 7 of 8 shapes timed with G from
+# 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of tlx_pipelined_kv (450 vs 417 at G = 128).
+# tlx_pipelined_pingpong is on par with tlx_pipelined_kv and tlx_pipelined far behind: both stay
+# below the rest, so "auto" never takes them.
+register(Variant("tlx_pipelined_kv", "kernels_tlx.pipelined_kv", needs_hopper=True,
+                 rank=lambda spec: 8 if spec.D == 128 else 6,
+                 supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
+register(Variant("tlx_ws", "kernels_tlx.ws", needs_hopper=True, rank=7,
+                 supports="any B, N, Hk, w1, w2; G = Hq/Hk in {16, 32, 64, 128}; D in {64, 128}"))
+register(Variant("tlx_ws_kv", "kernels_tlx.ws_kv", needs_hopper=True, rank=5,
+                 supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
+register(Variant("tlx_ws_keys", "kernels_tlx.ws_keys", needs_hopper=True, rank=4,
+                 supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
+register(Variant("tlx_pingpong", "kernels_tlx.pingpong", needs_hopper=True, rank=3,
+                 supports="any B, N, Hk, w1, w2; G = Hq/Hk in {16, 32, 64, 128}; D in {64, 128}"))
+register(Variant("triton", "kernels_triton.fwd", needs_hopper=True, rank=2,
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
-register(Variant("tlx_pipelined_kv", "kernels_tlx.pipelined_kv", needs_hopper=True, rank=4,
-                 supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
-register(Variant("tlx_ws_kv", "kernels_tlx.ws_kv", needs_hopper=True, rank=3,
-                 supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
-register(Variant("tlx_ws_keys", "kernels_tlx.ws_keys", needs_hopper=True, rank=2,
-                 supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
-register(Variant("tlx_ws", "kernels_tlx.ws", needs_hopper=True, rank=0,
-                 supports="any B, N, Hk, w1, w2; G = Hq/Hk in {16, 32, 64, 128}; D in {64, 128}"))
-register(Variant("tlx_pingpong", "kernels_tlx.pingpong", needs_hopper=True, rank=-1,
-                 supports="any B, N, Hk, w1, w2; G = Hq/Hk in {16, 32, 64, 128}; D in {64, 128}"))
 register(Variant("tlx_pipelined_pingpong", "kernels_tlx.pipelined_pingpong", needs_hopper=True,
                  rank=-3, supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
 register(Variant("tlx_pipelined", "kernels_tlx.pipelined", needs_hopper=True, rank=-2,
