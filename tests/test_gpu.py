@@ -402,9 +402,11 @@ def test_storage_offset_inputs(v, rand, seed):
         f"variant={v.name} {shape} seed={seed}: inputs at a storage offset changed the result")
 
 
-def test_auto(rand, seed):
-    """variant="auto" runs, takes the variant pick() names, and is accurate."""
-    shape = SHAPES["N1000_Hq16Hk2"]
+@pytest.mark.parametrize("name", ["N1000_Hq16Hk2", "N129_G64_w128", "N63_G128"])
+def test_auto(name, rand, seed):
+    """variant="auto" runs, takes the variant pick() names, and is accurate (at shapes where the
+    ranks pick triton, tlx_ws and tlx_pipelined_kv on an H100/H200)."""
+    shape = SHAPES[name]
     x = inputs(rand, shape)
     spec = validate(*x, shape.w1, shape.w2)
     hopper = torch.cuda.get_device_capability()[0] == 9
