@@ -10,9 +10,9 @@ A variant module (e.g. `kernels_triton/fwd.py`) defines:
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Union
 
 from .spec import ProblemSpec
 
@@ -24,7 +24,7 @@ class Variant:
     needs_hopper: bool   # uses TMA descriptors / wgmma / setmaxnreg: sm_90 only
     # "auto" tries variants from the highest rank down (measured speed order); a function of the
     # shape where that order changes with it
-    rank: Union[int, Callable[[ProblemSpec], int]]
+    rank: int | Callable[[ProblemSpec], int]
     supports: str        # one line: which shapes it takes
 
     def load(self) -> ModuleType:
@@ -45,7 +45,8 @@ def register(v: Variant) -> None:
 
 # Ranks: the speed order at S* (G = 128, D = 128) and Hq = 64 on the lent H100 and H200
 # (docs/perf-notes.md, session 11). tlx_ws is ahead of triton at 7 of 8 shapes timed with G from
-# 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of tlx_pipelined_kv (450 vs 417 at G = 128).
+# 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of tlx_pipelined_kv (450 vs 417 at
+# G = 128).
 # tlx_pipelined_pingpong is on par with tlx_pipelined_kv and tlx_pipelined far behind: both stay
 # below the rest, so "auto" never takes them.
 register(Variant("tlx_pipelined_kv", "kernels_tlx.pipelined_kv", needs_hopper=True,
