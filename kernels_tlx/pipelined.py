@@ -4,9 +4,11 @@ Differs from `tlx_ws` (kernels_tlx/ws.py) in the loop order and what it buys:
 - For each j of the window, A = Q * K1[j] is built once (into shared memory: SS-wgmma), and the PV wgmma accumulates P @ V2 straight
   into one register tile `acc_j` across the whole key window (rescaled by alpha like FlashAttention);
   (* V1[j]) and the hand-over into `acc` happen once per j instead of once per (block, j).
-- Within a j, the PV wgmma of block t-1 is issued right after the QK wgmma of block t and left
+- Within a j, the PV wgmma of block t-1 is issued right after the QK wgmma of block t, to be left
   running while the softmax of block t executes (FlashAttention-3 style intra-warp-group overlap;
-  P of the previous block is carried in registers).
+  P of the previous block is carried in registers). In the compiled code ptxas waits for it
+  before the softmax ("ex2 under wgmma" = 0 in `python -m profiling.resources`), as in
+  `tlx_pipelined_kv`.
 - The cost: the K2/V2 window is streamed once per j (the producer repeats the block sequence w1
   times); both consumer groups share every slot.
 Warp groups and masks as in tlx_ws; tile geometry: G > 64: two consumers on the two 64-head

@@ -1,11 +1,16 @@
-"""`tlx_pipelined_kv`: `tlx_ws_kv` with the softmax overlapping the tensor cores inside each
-consumer warp group (FlashAttention-3 style).
+"""`tlx_pipelined_kv`: `tlx_ws_kv` with each consumer's two GEMMs issued as one pair
+(FlashAttention-3's intra-warp-group pipelining, as written).
 
-Step c issues the QK wgmma of step c and the PV wgmma of step c - 1 back to back, waits for QK(c)
-only, and runs the softmax of step c while PV(c - 1) is still on the tensor cores; P of the
-previous step is carried in registers (kernels_tlx/ws_kv.py: consume_pipelined). This fits where
-`tlx_pipelined` (on `tlx_ws`) could not: with the V1 multiply moved to the producers, a consumer
-holds only acc, S, P and its Q rows (zero spills at 224 registers).
+Step c issues the QK wgmma of step c and the PV wgmma of step c - 1 back to back and waits for
+QK(c) first, so that the softmax of step c could run while PV(c - 1) is still on the tensor cores;
+P of the previous step is carried in registers (kernels_tlx/ws_kv.py: consume_pipelined). A
+consumer holds only acc, S, P and its Q rows (zero spills at 224 registers).
+
+What the compiled code does: ptxas writes the new P into the registers that PV(c - 1) is still
+reading (the loop-carried P), so it waits for PV(c - 1) before the softmax begins ("ex2 under
+wgmma" = 0 in `python -m profiling.resources`). The step is then QK(c) + PV(c - 1) back to back,
+one wait, softmax: the gain over `tlx_ws_kv` (+4-5% at S*) is the pair issue, not a softmax under
+PV. A version whose softmax does run under PV was slower (docs/perf-notes.md, session 12).
 
 Everything else (the two producers of B_j = K1[j] * K2 and C_j = V1[j] * V2, tile, rings) is
 `tlx_ws_kv`'s kernel, run with PIPELINE=True. Supports the same shapes: G = Hq/Hk = 128.

@@ -1,10 +1,11 @@
 """`tlx_pipelined_pingpong`: `tlx_pipelined_kv` with the two consumer warp groups taking turns.
 
-Each consumer step issues QK(c) and PV(c - 1) as one pair (the FlashAttention-3 overlap of
-`tlx_pipelined_kv`). Here consumer c waits on named barrier TURN_BARRIER + c before issuing its
-pair and arrives on the other consumer's barrier after (kernels_tlx/common.py: take_turn /
-pass_turn). So the pairs alternate between the consumers: one consumer's softmax runs while the
-other's pair owns the tensor cores, on top of each consumer's own QK/PV overlap. Consumer 1 arrives
+Each consumer step issues QK(c) and PV(c - 1) as one pair (as `tlx_pipelined_kv` does; in the
+compiled code each consumer still waits for its PV before its softmax, see pipelined_kv.py).
+Here consumer c waits on named barrier TURN_BARRIER + c before issuing its pair and arrives on the
+other consumer's barrier after (kernels_tlx/common.py: take_turn / pass_turn). So the pairs
+alternate between the consumers: one consumer's softmax runs while the other's pair owns the
+tensor cores. Consumer 1 arrives
 once at the start so consumer 0 goes first. Both consumers run the same steps (same j, two 64-row
 halves of the tile), so the turns always match.
 

@@ -18,8 +18,8 @@ Warp groups (4 warps each):
       S = Q @ B_j^T                 RS-wgmma (Q the register operand); B slot released
       online softmax in exp2
       acc = acc * alpha + P @ C_j   RS-wgmma accumulating into acc; C slot released
-`PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/pipelined_kv.py) overlaps the softmax of a
-step with the PV wgmma of the one before (consume_pipelined); `PINGPONG` on top of it (the
+`PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/pipelined_kv.py) issues the QK wgmma of a
+step together with the PV wgmma of the one before (consume_pipelined); `PINGPONG` on top of it (the
 `tlx_pipelined_pingpong` variant) makes the two consumers take turns issuing those wgmma pairs.
 Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys).
 Rounds K1[j] * K2 and V1[j] * V2 to bf16 (tests/test_gpu.py emulates both).
@@ -115,8 +115,11 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
                       cid, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, PINGPONG: tl.constexpr,
                       PROFILE: tl.constexpr):
     """One consumer warp group, FlashAttention-3 style: the QK wgmma of step c and the PV wgmma
-    of step c - 1 are issued together, and the softmax of step c runs while PV(c - 1) does.
-    PINGPONG: the two consumers take turns issuing those pairs (both run n_steps steps)."""
+    of step c - 1 are issued together, and QK(c) is waited for first. In the compiled code the
+    softmax of step c does not run under PV(c - 1): ptxas computes the new P into the registers
+    PV(c - 1) reads (p_prev is loop-carried) and so waits for it first (kernels_tlx/
+    pipelined_kv.py). PINGPONG: the two consumers take turns issuing those pairs (both run
+    n_steps steps)."""
     take_turn(cid, PINGPONG)
     s = qk_issue(q, b_tiles, b_fulls, 0, NUM_B)
     pass_turn(cid, PINGPONG)

@@ -10,6 +10,9 @@ The numbers come from the wheel's own tools in `triton/backends/nvidia/bin/`:
                 so the numbers describe the cubin that runs.
   cuobjdump     -res-usage on Triton's cubin: REG as a cross-check (`cubin_registers`) and SHARED.
   the PTX text  wgmma.mma_async count, setmaxnreg.{inc,dec} values, bar.sync/bar.arrive ids.
+  cuobjdump     -sass: "ex2 under wgmma", the exp2 issued between a wait that leaves one wgmma
+                group in flight and the full wait (parse_sass_overlap): whether a pipelined
+                consumer's softmax really runs under its PV wgmma in the compiled code.
 
 smem_bytes = dynamic (`k.metadata.shared`, what Triton allocates) + static (ptxas "N bytes smem").
 cuobjdump's SHARED is static + the 1 KiB per block that the driver reserves on sm_80+; that reserve
@@ -138,6 +141,29 @@ def parse_cuobjdump(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
+_DEPBAR = re.compile(r"\bWARPGROUP\.DEPBAR\.LE\s+gsb0\s*,\s*(0x[0-9a-fA-F]+|\d+)")
+_EX2 = re.compile(r"\bMUFU\.EX2\b")
+
+
+def parse_sass_overlap(sass: str) -> int | None:
+    """The exp2 that run while a wgmma is still in flight: the most MUFU.EX2 found, in listing
+    order, between a `WARPGROUP.DEPBAR.LE gsb0, 0x1` (wait until one wgmma group is left) and the
+    next `WARPGROUP.DEPBAR.LE gsb0, 0x0` (wait for all). None when no wait leaves a group in flight.
+    A FlashAttention-3 style consumer (softmax of step c under the PV wgmma of step c - 1) shows
+    its whole softmax here; 0 means ptxas put the full wait before the softmax."""
+    best, count = None, None
+    for line in sass.splitlines():
+        if m := _DEPBAR.search(line):
+            pending = int(m.group(1), 0)
+            if pending >= 1:
+                count = 0
+            elif count is not None:
+                best, count = max(best or 0, count), None
+        elif count is not None and _EX2.search(line):
+            count += 1
+    return best
+
+
 # ------------------------------------------------------------------------------------------- tools
 
 def tool_dir() -> Path:
@@ -179,7 +205,7 @@ def _empty_row(variant: str, c) -> dict:
             "smem_dynamic_bytes": None, "smem_static_bytes": None, "cubin_shared": None,
             "wgmma": None, "setmaxnreg": None, "setmaxnreg_values": [], "setmaxnreg_inc": [],
             "setmaxnreg_dec": [], "named_barriers": None, "named_barrier_ids": [],
-            "ptxas_barriers": None, "notes": [], "error": None}
+            "ptxas_barriers": None, "ex2_overlap": None, "notes": [], "error": None}
 
 
 def measure(variant: str, c, tools: dict, keep: Path | None = None) -> dict:
@@ -220,6 +246,9 @@ def measure(variant: str, c, tools: dict, keep: Path | None = None) -> dict:
                 text = _run([tools["cuobjdump"], "-res-usage", "triton.cubin"], work)
                 (work / "cuobjdump.txt").write_text(text)
                 cuobj = parse_cuobjdump(text)
+                sass = _run([tools["cuobjdump"], "-sass", "triton.cubin"], work)
+                (work / "kernel.sass").write_text(sass)
+                row["ex2_overlap"] = parse_sass_overlap(sass)
             except RuntimeError as e:
                 notes.append(str(e))
 
@@ -264,7 +293,8 @@ def report(variant_names=None, keep: str | Path | None = None) -> list[dict]:
     cubin_registers, spill_stores, spill_loads, spill_bytes, stack_bytes, smem_bytes
     (= dynamic + static), smem_dynamic_bytes, smem_static_bytes, cubin_shared, wgmma,
     setmaxnreg (bool), setmaxnreg_values/_inc/_dec, named_barriers (bool), named_barrier_ids,
-    ptxas_barriers, notes, error (None when it compiled).
+    ptxas_barriers, ex2_overlap (parse_sass_overlap of the cubin's SASS), notes, error (None
+    when it compiled).
     Unknown names raise ValueError."""
     from simplicial_attn import registry
     tools = find_tools()
@@ -306,13 +336,13 @@ def _ints(xs) -> str:
 
 def format_table(rows: list[dict]) -> str:
     head = ["variant", "config", "warps", "registers", "spill B", "stack B", "smem B", "wgmma",
-            "setmaxnreg", "named barriers"]
-    right = {"warps", "spill B", "stack B", "smem B", "wgmma"}
+            "ex2 under wgmma", "setmaxnreg", "named barriers"]
+    right = {"warps", "spill B", "stack B", "smem B", "wgmma", "ex2 under wgmma"}
     body = []
     for r in rows:
         if r["error"]:
             body.append([r["variant"], r["config"], str(r["warps"] or "-"), "ERROR", "", "", "", "",
-                         "", ""])
+                         "", "", ""])
             continue
         regs = str(r["registers"])
         if r["setmaxnreg_values"]:
@@ -325,7 +355,8 @@ def format_table(rows: list[dict]) -> str:
         if r["total_warps"] != r["warps"]:  # warp-specialized: the launch num_warps + the tasks'
             warps += f" ({r['total_warps']} total)"
         body.append([r["variant"], r["config"], warps, regs, str(r["spill_bytes"]),
-                     str(r["stack_bytes"]), str(r["smem_bytes"]), str(r["wgmma"]), smr,
+                     str(r["stack_bytes"]), str(r["smem_bytes"]), str(r["wgmma"]),
+                     "-" if r["ex2_overlap"] is None else str(r["ex2_overlap"]), smr,
                      _ints(r["named_barrier_ids"]) or "-"])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(x.rjust(w) if h in right else x.ljust(w)

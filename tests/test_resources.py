@@ -17,11 +17,16 @@ if str(ROOT) not in sys.path:  # plain `pytest` from anywhere
     sys.path.insert(0, str(ROOT))
 
 from profiling import resources
-from profiling.resources import HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx, parse_ptxas
+from profiling.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx, parse_ptxas,
+                                 parse_sass_overlap)
 from simplicial_attn import registry
 
 REQUIRED_KEYS = {"variant", "config", "registers", "spill_bytes", "smem_bytes", "wgmma",
-                 "setmaxnreg", "named_barriers"}
+                 "setmaxnreg", "named_barriers", "ex2_overlap"}
+# The variants that issue QK(c) with PV(c - 1) and wait for QK(c) alone (wgmma.wait_group 1). In
+# their compiled code no exp2 runs under the PV: ptxas waits for it before the softmax, and the
+# docs (README, kernels_tlx/pipelined_kv.py, docs/perf-notes.md session 12) say so.
+PIPELINED = {"tlx_pipelined", "tlx_pipelined_kv", "tlx_pipelined_pingpong"}
 
 
 def _cases():
@@ -47,6 +52,12 @@ def test_config_resources(rows, variant, config):
                                                   f"shared memory > {HOPPER_SMEM_LIMIT}")
     if variant.needs_hopper:
         assert r["wgmma"] >= 1, f"{where} is Hopper-only but its PTX has no wgmma.mma_async"
+    if variant.name in PIPELINED:
+        assert r["ex2_overlap"] == 0, (
+            f"{where}: {r['ex2_overlap']} exp2 now run under the PV wgmma; the docs say none do "
+            "(update README, kernels_tlx/pipelined_kv.py and this test)")
+    else:
+        assert r["ex2_overlap"] is None, f"{where} leaves a wgmma in flight: {r['ex2_overlap']}"
 
 
 def test_cli_json(rows):
@@ -130,3 +141,25 @@ def test_parse_cuobjdump():
     assert parse_cuobjdump(CUOBJDUMP)["attn_fwd"]["REG"] == 168
     assert parse_cuobjdump(CUOBJDUMP)["attn_fwd"]["SHARED"] == 5120
     assert "Common" not in parse_cuobjdump(CUOBJDUMP)
+
+
+SASS = """
+        /*5ca0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;        /* 0x00008000000079c5 */
+        /*5cb0*/                   MUFU.EX2 R1, R1 ;                      /* 0x0000000100017308 */
+        /*5cc0*/                   MUFU.EX2 R2, R2 ;                      /* 0x0000000200027308 */
+        /*5cd0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;        /* 0x00008000000079c5 */
+        /*5ce0*/                   MUFU.EX2 R3, R3 ;                      /* 0x0000000300037308 */
+        /*5cf0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;        /* 0x00008000000079c5 */
+        /*5d00*/                   MUFU.EX2 R4, R4 ;                      /* 0x0000000400047308 */
+        /*5d10*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;        /* 0x00008000000079c5 */
+"""
+
+
+def test_parse_sass_overlap():
+    # the larger window counts; the exp2 after a full wait is in none
+    assert parse_sass_overlap(SASS) == 2
+    assert parse_sass_overlap(SASS.replace("0x1 ;", "0x0 ;")) is None  # only full waits
+    no_ex2 = "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;\nWARPGROUP.DEPBAR.LE gsb0, 0x0 ;"
+    assert parse_sass_overlap(no_ex2) == 0
+    unclosed = "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;\nMUFU.EX2 R1, R1 ;"
+    assert parse_sass_overlap(unclosed) is None  # a window never closed by a full wait
