@@ -5,9 +5,8 @@ compiled code each consumer still waits for its PV before its softmax, see pipel
 Here consumer c waits on named barrier TURN_BARRIER + c before issuing its pair and arrives on the
 other consumer's barrier after (kernels_tlx/common.py: take_turn / pass_turn). So the pairs
 alternate between the consumers: one consumer's softmax runs while the other's pair owns the
-tensor cores. Consumer 1 arrives
-once at the start so consumer 0 goes first. Both consumers run the same steps (same j, two 64-row
-halves of the tile), so the turns always match.
+tensor cores. Consumer 1 arrives once at the start so consumer 0 goes first. Both consumers run
+the same steps (same j, two 64-row halves of the tile), so the turns always match.
 
 Everything else (the two producers of B_j = K1[j] * K2 and C_j = V1[j] * V2, tile, rings) is
 `tlx_ws_kv`'s kernel, run with PIPELINE=True and PINGPONG=True. Supports the same shapes:
