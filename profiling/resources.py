@@ -8,11 +8,11 @@ The numbers come from the wheel's own tools in `triton/backends/nvidia/bin/`:
                 shared memory, ptxas warnings. Run with the flags Triton's own ptxas call uses
                 (--regAllocOptLevel=2, --fmad=false when fp fusion is off, the config's ptx_options)
                 so the numbers describe the cubin that runs.
-  cuobjdump     -res-usage on Triton's cubin: REG as a cross-check (`cubin_registers`) and SHARED.
+  cuobjdump     -res-usage on Triton's cubin: REG as a cross-check (`cubin_registers`) and SHARED;
+                -sass (same call): "ex2 under wgmma", the exp2 issued between a wait that leaves
+                one wgmma group in flight and the full wait (parse_sass_overlap): whether a
+                pipelined consumer's softmax really runs under its PV wgmma in the compiled code.
   the PTX text  wgmma.mma_async count, setmaxnreg.{inc,dec} values, bar.sync/bar.arrive ids.
-  cuobjdump     -sass: "ex2 under wgmma", the exp2 issued between a wait that leaves one wgmma
-                group in flight and the full wait (parse_sass_overlap): whether a pipelined
-                consumer's softmax really runs under its PV wgmma in the compiled code.
 
 smem_bytes = dynamic (`k.metadata.shared`, what Triton allocates) + static (ptxas "N bytes smem").
 cuobjdump's SHARED is static + the 1 KiB per block that the driver reserves on sm_80+; that reserve
@@ -243,12 +243,11 @@ def measure(variant: str, c, tools: dict, keep: Path | None = None) -> dict:
             notes.append("cuobjdump not found: no cubin cross-check")
         else:
             try:
-                text = _run([tools["cuobjdump"], "-res-usage", "triton.cubin"], work)
+                # one call: the per-function resource lines, then the SASS
+                text = _run([tools["cuobjdump"], "-res-usage", "-sass", "triton.cubin"], work)
                 (work / "cuobjdump.txt").write_text(text)
                 cuobj = parse_cuobjdump(text)
-                sass = _run([tools["cuobjdump"], "-sass", "triton.cubin"], work)
-                (work / "kernel.sass").write_text(sass)
-                row["ex2_overlap"] = parse_sass_overlap(sass)
+                row["ex2_overlap"] = parse_sass_overlap(text)
             except RuntimeError as e:
                 notes.append(str(e))
 
