@@ -3,6 +3,7 @@
     python bench/fwd.py                                  # every variant, `star` shape
     python bench/fwd.py --variant triton --preset small --peers
     python bench/fwd.py --sweep --csv out/fwd.csv --plot out/fwd.png
+    python bench/fwd.py --variant tlx_pipelined_kv --peers --frontier  # + cuDNN, TLX's dense FA
 
 Each variant is first checked against `simplicial_attn.reference` (fp32, on the GPU) on a reduced
 shape (B=1, N = min(N, 2*max(w1, w2) + 37), other dims kept), then timed with bench.common.median_ms
@@ -12,6 +13,13 @@ Memory and caches: one input set per shape, no rotation. The `star` q alone is 0
 50 MB L2, and do_bench writes a 256 MB buffer before every timed call, so each call starts with a
 cold L2 whether or not inputs rotate; rotating would only cost memory (and with --peers the cuDNN
 inputs for the largest sweep point already take ~10 GB).
+
+--frontier also times the dense FlashAttention tutorials that ship inside fbtriton
+(`triton.language.extra.tlx.tutorials.hopper_fa_ws*`: warp-specialized, + pipelined, + pingpong,
++ persistent) on dense self-attention of length L = w1*w2: the same work as the 2-simplicial
+shape when N = w1*w2 (as at `star`). They are imported and run as they ship, as a measured
+frontier of what TLX reaches on this GPU for the easier operator; each output is compared with
+torch SDPA's before it is timed.
 
 Exit status: 0 done; 1 a correctness check failed, or no variant was timed at all; 2 bad
 arguments or no CUDA GPU.
@@ -49,6 +57,12 @@ OUT_REL_TOL = 2e-2   # ||out - ref||_F / ||ref||_F
 LSE_ABS_TOL = 2e-2   # max |lse - ref_lse|
 
 MATMUL_SIZE = 8192                   # the --peers matmul: M = N = K
+
+# --frontier: TLX's dense FlashAttention tutorials (fbtriton), technique added at each step
+FRONTIER_TUTORIALS = ("hopper_fa_ws", "hopper_fa_ws_pipelined", "hopper_fa_ws_pipelined_pingpong",
+                      "hopper_fa_ws_pipelined_pingpong_persistent")
+FRONTIER_PACKAGE = "triton.language.extra.tlx.tutorials"
+FRONTIER_BLOCK = 128                 # their tiles: L must be a multiple of it (no masking)
 
 TABLE_COLUMNS = [
     ("variant", "variant"),
@@ -90,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", action="store_true",
                    help=f"also time cuDNN SDPA on equal work (Lkv = w1*w2) and a bf16 "
                         f"{MATMUL_SIZE}^3 matmul")
+    p.add_argument("--frontier", action="store_true",
+                   help="also time TLX's dense FlashAttention tutorials (shipped in fbtriton: ws, "
+                        "pipelined, pipelined pingpong, persistent) on dense self-attention of "
+                        "length w1*w2 (equal work when N = w1*w2)")
     p.add_argument("--csv", metavar="PATH", help="write the rows (with run metadata) as CSV")
     p.add_argument("--json", metavar="PATH", help="write the rows (with run metadata) as JSON")
     p.add_argument("--plot", metavar="PATH.png", help="plot TFLOPS vs N per variant (matplotlib)")
@@ -305,6 +323,48 @@ def bench_sdpa(s: Shape, args: argparse.Namespace) -> dict:
     return _timed_row(base, ms)
 
 
+def bench_frontier(s: Shape, args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
+    """One row per FRONTIER_TUTORIALS kernel: dense non-causal self-attention, q/k/v
+    [B, Hq, L, D] with L = w1*w2, timed as the tutorial ships it (its own autotuning). Its output
+    is first compared with torch SDPA's on the same inputs; above OUT_REL_TOL it is not timed."""
+    L = s.w1 * s.w2
+    base = {"kind": "frontier", "shape": f"B{s.B} H{s.Hq} L{L} D{s.D} dense", "B": s.B,
+            "Hq": s.Hq, "D": s.D, "Lkv": L, "flops": 4 * s.B * s.Hq * L * L * s.D}
+    rows = [{**base, "variant": f"tutorial:{name.removeprefix('hopper_')}"}
+            for name in FRONTIER_TUTORIALS]
+    if L % FRONTIER_BLOCK:
+        return [{**r, "note": f"not run: L = w1*w2 = {L} is not a multiple of {FRONTIER_BLOCK}"}
+                for r in rows]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    try:
+        q, k, v = (torch.randn(s.B, s.Hq, L, s.D, generator=gen, device="cuda",
+                               dtype=torch.bfloat16) for _ in range(3))
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v).float()
+    except torch.cuda.OutOfMemoryError as e:
+        return [{**r, "note": f"inputs: out of memory: {str(e).splitlines()[0]}"} for r in rows]
+    scale = s.D ** -0.5
+    out_rows = []
+    for name, row in zip(FRONTIER_TUTORIALS, rows):
+        try:
+            attention = importlib.import_module(f"{FRONTIER_PACKAGE}.{name}").attention
+        except Exception as e:  # noqa: BLE001  (upstream Triton has no tutorials; any import error)
+            out_rows.append({**row, "note": f"not run: cannot import {name}: {e}"})
+            continue
+
+        def fn(attention: Callable = attention) -> torch.Tensor:
+            return attention(q, k, v, scale)
+
+        err = float(torch.linalg.norm(fn().float() - ref) / torch.linalg.norm(ref))
+        if not err <= OUT_REL_TOL:
+            out_rows.append({**row, "note": f"not timed: out rel err {err:.3g} vs SDPA "
+                                            f"(OUT_REL_TOL={OUT_REL_TOL})"})
+            continue
+        log(f"check {row['variant']} {row['shape']}: out rel err vs SDPA {err:.2e} (ok)")
+        out_rows.append({**_timed_row(row, median_ms(fn, args.warmup_ms, args.rep_ms)),
+                         "check_out_rel": err})
+    return out_rows
+
+
 def bench_matmul(args: argparse.Namespace) -> dict:
     """bf16 MATMUL_SIZE^3 matmul (torch / cuBLAS): the measured tensor-core ceiling."""
     n = MATMUL_SIZE
@@ -331,6 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress(len(shapes), enabled=args.sweep)
     rows: list[dict] = []
     checked: dict = {}
+    frontier_done: set[tuple[int, ...]] = set()  # (B, Hq, L, D): a sweep repeats L = w1*w2
     try:
         matmul = None
         if args.peers:
@@ -345,6 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             del inputs
             if args.peers:
                 rows.append(bench_sdpa(s, args))
+                torch.cuda.empty_cache()
+            if args.frontier and (s.B, s.Hq, s.w1 * s.w2, s.D) not in frontier_done:
+                frontier_done.add((s.B, s.Hq, s.w1 * s.w2, s.D))
+                rows.extend(bench_frontier(s, args, progress.write))
                 torch.cuda.empty_cache()
             progress.update()
     except CheckFailed as e:

@@ -50,13 +50,14 @@ def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
 def test_help_exits_0() -> None:
     res = run_cli("--help")
     assert res.returncode == 0
-    for flag in ("--variant", "--preset", "--sweep", "--no-check", "--peers", "--csv", "--json",
-                 "--plot"):
+    for flag in ("--variant", "--preset", "--sweep", "--no-check", "--peers", "--frontier", "--csv",
+                 "--json", "--plot"):
         assert flag in res.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 @pytest.mark.parametrize("args", [[], ["--variant", "all", "--preset", "small", "--peers"],
+                                  ["--frontier"],
                                   ["--sweep", "--preset", "star64", "--hq", "16", "--hk", "2"]])
 def test_no_gpu_exits_2_with_one_line(args: list[str]) -> None:
     res = run_cli(*args)
@@ -65,6 +66,36 @@ def test_no_gpu_exits_2_with_one_line(args: list[str]) -> None:
     assert len(lines) == 1, res.stderr
     assert "no CUDA GPU" in lines[0]
     assert res.stdout == ""
+
+
+def _fwd_module():
+    spec = importlib.util.spec_from_file_location("bench_fwd", os.path.join(REPO_ROOT, "bench",
+                                                                             "fwd.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_frontier_tutorials_ship_with_fbtriton() -> None:
+    """--frontier imports these by name: an fbtriton that renames them must fail here, not on
+    the GPU. (find_spec reads the files; importing them would need a GPU driver.)"""
+    fwd = _fwd_module()
+    if importlib.util.find_spec("triton.language.extra.tlx") is None:
+        pytest.skip("upstream Triton: no TLX tutorials")
+    for name in fwd.FRONTIER_TUTORIALS:
+        assert importlib.util.find_spec(f"{fwd.FRONTIER_PACKAGE}.{name}") is not None, name
+
+
+def test_frontier_rows_without_gpu_when_l_is_not_a_tile_multiple() -> None:
+    fwd = _fwd_module()
+    s = common.Shape(B=2, N=100, Hq=64, Hk=1, D=128, w1=3, w2=50)  # L = 150
+    rows = fwd.bench_frontier(s, fwd.parse_args([])[0], print)
+    assert [r["variant"] for r in rows] == [
+        "tutorial:" + n.removeprefix("hopper_") for n in fwd.FRONTIER_TUTORIALS]
+    for r in rows:
+        assert r["kind"] == "frontier" and "tflops" not in r
+        assert "not a multiple of 128" in r["note"]
+        assert r["flops"] == 4 * 2 * 64 * 150 * 150 * 128
 
 
 def test_sweep_shapes() -> None:
