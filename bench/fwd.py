@@ -354,14 +354,18 @@ def bench_frontier(s: Shape, args: argparse.Namespace, log: Callable[[str], None
         def fn(attention: Callable = attention) -> torch.Tensor:
             return attention(q, k, v, scale)
 
-        err = float(torch.linalg.norm(fn().float() - ref) / torch.linalg.norm(ref))
-        if not err <= OUT_REL_TOL:
-            out_rows.append({**row, "note": f"not timed: out rel err {err:.3g} vs SDPA "
-                                            f"(OUT_REL_TOL={OUT_REL_TOL})"})
+        try:
+            err = float(torch.linalg.norm(fn().float() - ref) / torch.linalg.norm(ref))
+            if not err <= OUT_REL_TOL:
+                out_rows.append({**row, "note": f"not timed: out rel err {err:.3g} vs SDPA "
+                                                f"(OUT_REL_TOL={OUT_REL_TOL})"})
+                continue
+            log(f"check {row['variant']} {row['shape']}: out rel err vs SDPA {err:.2e} (ok)")
+            ms = median_ms(fn, args.warmup_ms, args.rep_ms)
+        except torch.cuda.OutOfMemoryError as e:
+            out_rows.append({**row, "note": f"out of memory: {str(e).splitlines()[0]}"})
             continue
-        log(f"check {row['variant']} {row['shape']}: out rel err vs SDPA {err:.2e} (ok)")
-        out_rows.append({**_timed_row(row, median_ms(fn, args.warmup_ms, args.rep_ms)),
-                         "check_out_rel": err})
+        out_rows.append({**_timed_row(row, ms), "check_out_rel": err})
     return out_rows
 
 
