@@ -66,27 +66,32 @@ def produce_window(K1, V1, k1_rows, v1_rows, k1_flat, v1_flat, win_full, win_emp
     tlx.barrier_wait(win_empty, (ch & 1) ^ 1)
     tlx.barrier_expect_bytes(win_full, 2 * 2 * WINDOW * D)
     L = tl.minimum(i_hi - j0 + 1, WINDOW)
-    # tail: the batch goes on for WINDOW rows, so rows n .. WINDOW - 1 can come in one copy (through
-    # row n's view, on past its end) that starts at row L - 1 of the chunk: what follows that row
-    # in memory lands in rows that are never read, and it stays inside the batch
-    tail = j0 + WINDOW <= N
-    n = tl.where(tail, tl.minimum(L, WINDOW - 1), WINDOW)
-    if HK == 1 and tail:  # rows 0 .. n - 1 are contiguous: one copy
-        off = kv_base + j0.to(tl.int64) * D
-        tlx.async_load(K1 + off, k1_flat, bulk=True, bulk_size=n * (2 * D), barrier=win_full)
-        tlx.async_load(V1 + off, v1_flat, bulk=True, bulk_size=n * (2 * D), barrier=win_full)
-    else:  # a copy per row (past L - 1, of row L - 1)
-        for r in range(0, n):
-            off = kv_base + (j0 + tl.minimum(r, L - 1)).to(tl.int64) * (HK * D)
-            tlx.async_load(K1 + off, tlx.local_view(k1_rows, r), bulk=True, barrier=win_full)
-            tlx.async_load(V1 + off, tlx.local_view(v1_rows, r), bulk=True, barrier=win_full)
-    if tail:
+    if j0 + WINDOW <= N:
+        # rows 0 .. n - 1 as they are (one copy each when the rows are contiguous, Hk = 1) ...
+        n = tl.minimum(L, WINDOW - 1)
+        if HK == 1:
+            off = kv_base + j0.to(tl.int64) * D
+            tlx.async_load(K1 + off, k1_flat, bulk=True, bulk_size=n * (2 * D), barrier=win_full)
+            tlx.async_load(V1 + off, v1_flat, bulk=True, bulk_size=n * (2 * D), barrier=win_full)
+        else:
+            for r in range(0, n):
+                off = kv_base + (j0 + r).to(tl.int64) * (HK * D)
+                tlx.async_load(K1 + off, tlx.local_view(k1_rows, r), bulk=True, barrier=win_full)
+                tlx.async_load(V1 + off, tlx.local_view(v1_rows, r), bulk=True, barrier=win_full)
+        # ... then rows n .. WINDOW - 1 in one copy (through row n's view, on past its end) that
+        # starts at row L - 1 of the chunk: what follows that row in memory lands in rows that are
+        # never read, and it stays inside the batch
         off = kv_base + (j0 + L - 1).to(tl.int64) * (HK * D)
         size = (WINDOW - n) * (2 * D)
         tlx.async_load(K1 + off, tlx.local_view(k1_rows, n), bulk=True, bulk_size=size,
                        barrier=win_full)
         tlx.async_load(V1 + off, tlx.local_view(v1_rows, n), bulk=True, bulk_size=size,
                        barrier=win_full)
+    else:  # the batch ends within WINDOW rows: a copy per row, past L - 1 a copy of row L - 1
+        for r in range(0, WINDOW):
+            off = kv_base + (j0 + tl.minimum(r, L - 1)).to(tl.int64) * (HK * D)
+            tlx.async_load(K1 + off, tlx.local_view(k1_rows, r), bulk=True, barrier=win_full)
+            tlx.async_load(V1 + off, tlx.local_view(v1_rows, r), bulk=True, barrier=win_full)
 
 
 @triton.jit
