@@ -1,4 +1,4 @@
-"""Read bandwidth of the GPU's L2 cache and of HBM, for the traffic model in docs/perf-notes.md.
+"""Read bandwidth of the GPU's L2 cache and of HBM, for the traffic model in docs/perf.md.
 
     python3 bench/l2_bandwidth.py
 

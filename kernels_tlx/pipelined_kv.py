@@ -10,7 +10,7 @@ What the compiled code does: ptxas writes the new P into the registers that PV(c
 reading (the loop-carried P), so it waits for PV(c - 1) before the softmax begins ("ex2 under
 wgmma" = 0 in `python -m profiling.resources`). The step is then QK(c) + PV(c - 1) back to back,
 one wait, softmax: the gain over `tlx_ws_kv` (+4-5% at S*) is the pair issue, not a softmax under
-PV. A version whose softmax does run under PV was slower (docs/perf-notes.md, session 12).
+PV. A version whose softmax does run under PV was slower (docs/history/perf-notes.md, session 12).
 
 Everything else (the two producers of B_j = K1[j] * K2 and C_j = V1[j] * V2, tile, rings) is
 `tlx_ws_kv`'s kernel, run with PIPELINE=True. Supports the same shapes: G = Hq/Hk = 128.

@@ -25,7 +25,7 @@ Warp groups:
   (`v1_layout`), so no step converts a layout through scratch memory.
 Supports G = Hq/Hk = 128 (the paper's ratio at Hq = 128), D in {64, 128}, any B, N, Hk, w1 <= w2.
 Differs from `tlx_ws`: no A = Q * K1[j] per consumer and step (the cost measured in
-docs/perf-notes.md), a 128-row tile on one j instead of a 64-row tile split over j (no merge).
+docs/perf.md), a 128-row tile on one j instead of a 64-row tile split over j (no merge).
 """
 from __future__ import annotations
 

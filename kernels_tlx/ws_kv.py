@@ -12,7 +12,7 @@ Warp groups (4 warps each):
   only this producer reads; then for each j of the window build B_j = K1[j] * K2 (C_j =
   V1[j] * V2) into ring slot c % NUM_B in CH-row chunks (packed bf16x2 multiplies), fence the
   proxy and mark the slot full. Two producers because one building both fell behind the
-  consumers (docs/perf-notes.md, session 5).
+  consumers (docs/history/perf-notes.md, session 5).
 - Two consumers, rows 64c .. 64c + 63 of the tile (one token's 128 heads), both on the same j.
   Each loads its Q rows into registers once (32 per thread) and keeps them there. Per step:
       S = Q @ B_j^T                 RS-wgmma (Q the register operand); B slot released
@@ -214,7 +214,7 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
             tok, head, m_i, l_i, acc = start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ, G, D,
                                                       BLOCK_M)
             # Q into registers once: the register operand of every QK wgmma, so a step reads only
-            # B_j from shared memory (16 KB less per consumer step, docs/perf-notes.md session 10)
+            # B_j from shared memory (16 KB less per step, docs/history/perf-notes.md session 10)
             q = tlx.local_load(q_smem)
             n_steps = n_blocks * n_j
             if PIPELINE:
@@ -240,7 +240,7 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
 
 def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -> dict:
     """Every shape: 128-row tile, 128-key blocks, two B and two C slots (all that fits in shared
-    memory at D = 128 beside Q and the K2/V2 slots), 8-row build chunks (docs/perf-notes.md
+    memory at D = 128 beside Q and the K2/V2 slots), 8-row build chunks (docs/history/perf-notes.md
     session 5); consumers at 224 registers, which Q in registers needs (216 spill), and so the two
     producers at 32 (24 spill; session 10)."""
     return dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=224, PRODUCER_REGS=32,

@@ -111,8 +111,8 @@ def test_auto_picks_a_variant_that_supports(s, hopper):
         "auto did not take the highest-ranked variant"
 
 
-# The fastest variant at shapes timed on the lent H100 and H200 (docs/perf-notes.md, session 11):
-# the registry's ranks must keep "auto" on it.
+# The fastest variant at shapes timed on the lent H100 and H200 (docs/perf.md; measured in
+# docs/history/perf-notes.md, session 11): the registry's ranks must keep "auto" on it.
 MEASURED_FASTEST = {
     "S*": (spec(), "tlx_pipelined_kv"),
     "G64": (spec(Hq=64), "tlx_ws"),                # 588.7 vs triton 536.8 (H100, N = 16384)

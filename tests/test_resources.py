@@ -25,7 +25,7 @@ REQUIRED_KEYS = {"variant", "config", "registers", "spill_bytes", "smem_bytes", 
                  "setmaxnreg", "named_barriers", "ex2_overlap"}
 # The variants that issue QK(c) with PV(c - 1) and wait for QK(c) alone (wgmma.wait_group 1). In
 # their compiled code no exp2 runs under the PV: ptxas waits for it before the softmax, and the
-# docs (README, kernels_tlx/pipelined_kv.py, docs/perf-notes.md session 12) say so.
+# docs (README, kernels_tlx/pipelined_kv.py, docs/perf.md) say so.
 PIPELINED = {"tlx_pipelined", "tlx_pipelined_kv", "tlx_pipelined_pingpong"}
 
 
@@ -55,7 +55,7 @@ def test_config_resources(rows, variant, config):
     if variant.name in PIPELINED:
         assert r["ex2_overlap"] == 0, (
             f"{where}: {r['ex2_overlap']} exp2 now run under the PV wgmma; the docs say none do "
-            "(update README, kernels_tlx/pipelined_kv.py and this test)")
+            "(update README, kernels_tlx/pipelined_kv.py, docs/perf.md and this test)")
     else:
         assert r["ex2_overlap"] is None, f"{where} leaves a wgmma in flight: {r['ex2_overlap']}"
 
