@@ -1,11 +1,15 @@
 """2-simplicial attention forward kernels (Triton and TLX) for NVIDIA Hopper.
 
-Public API: forward, reference, variants, flops. See README.md and docs/DESIGN.md.
+Public API: attention (differentiable), SimplicialAttention (a layer), forward (forward only),
+reference, variants, flops. See README.md and docs/DESIGN.md.
 """
+from .autograd import attention
 from .flops import flops
 from .launcher import forward
-from .reference import reference
+from .layer import SimplicialAttention
+from .reference import brute_force, reference, reference_backward
 from .registry import variants
 from .spec import ProblemSpec
 
-__all__ = ["forward", "reference", "variants", "flops", "ProblemSpec"]
+__all__ = ["attention", "SimplicialAttention", "forward", "reference", "reference_backward", "brute_force", "variants",
+           "flops", "ProblemSpec"]

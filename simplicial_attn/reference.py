@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .spec import validate
+from .spec import REFERENCE_DTYPES, validate
 
 _CHUNK_ELEMENTS = 1 << 25  # elements of the largest per-chunk intermediate
 
@@ -27,15 +27,16 @@ def _window(x: torch.Tensor, i0: int, i1: int, w: int) -> tuple[torch.Tensor, to
 
 def reference(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, dtype=torch.float64):
     """Forward pass in `dtype` (fp64 by default) on the inputs' device. Returns (out [B,N,Hq,D] in
-    `dtype`, lse [B,Hq,N] natural log in `dtype`). Same argument checks as `forward`, any device."""
-    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
+    `dtype`, lse [B,Hq,N] natural log in `dtype`). Same argument checks as `forward`, any device;
+    inputs may be bf16, fp16, fp32 or fp64. Differentiable: with fp64 inputs that require grad,
+    autograd gives the exact gradients of out and lse (the fp64 backward reference)."""
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=REFERENCE_DTYPES)
     B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
     w1, w2 = spec.w1, spec.w2
     if spec.swapped:  # the form is symmetric in (K1, V1, w1) <-> (K2, V2, w2)
         k1, v1, k2, v2 = k2, v2, k1, v1
     q, k1, k2, v1, v2 = (t.to(dtype) for t in (q, k1, k2, v1, v2))
-    out = torch.empty(B, N, Hq, D, dtype=dtype, device=q.device)
-    lse = torch.empty(B, Hq, N, dtype=dtype, device=q.device)
+    outs, lses = [], []
     # per query: scores [Hq, w1, w2], einsum intermediates [Hq, w1 or w2, D], gathered windows
     per_query = B * (Hq * w1 * w2 + Hq * (w1 + w2) * D + 2 * (w1 + w2) * Hk * D)
     chunk = max(1, _CHUNK_ELEMENTS // max(1, per_query))
@@ -55,13 +56,75 @@ def reference(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, dtype=torch.float64):
         lse_c = torch.logsumexp(s, dim=-1)  # every query sees at least (j, k) = (i, i)
         p = torch.exp(s - lse_c[..., None]).reshape(B, C, Hk, G, w1, w2)
         o = torch.einsum("bcghjk,bcjgd,bckgd->bcghd", p, v1w, v2w)
-        out[:, i0:i1] = o.reshape(B, C, Hq, D)
-        lse[:, :, i0:i1] = lse_c.reshape(B, C, Hq).transpose(1, 2)
-    return out, lse
+        outs.append(o.reshape(B, C, Hq, D))
+        lses.append(lse_c.reshape(B, C, Hq).transpose(1, 2))
+    if not outs:  # N = 0
+        return (torch.empty(B, N, Hq, D, dtype=dtype, device=q.device),
+                torch.empty(B, Hq, N, dtype=dtype, device=q.device))
+    return torch.cat(outs, 1), torch.cat(lses, 2)
+
+
+def reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse=None, *, sm_scale=None,
+                       dtype=torch.float64):
+    """Gradients (dq, dk1, dk2, dv1, dv2) in `dtype` of out and lse, given their incoming
+    gradients dout [B,N,Hq,D] and dlse [B,Hq,N] (or None), from the formulas of
+    ../shared/docs/BACKWARD.md §1 (no autograd; the tests check them against autograd of
+    `reference`). With c = sm_scale, row r = (i, h) and pair (j, k) visible from i:
+
+        dP = (dO_r * V1[j]) . V2[k]      Delta_r = dO_r . O_r - dLSE_r      dS = P (dP - Delta)
+        dQ = c sum_jk dS K1[j]*K2[k]     dK1[j] = c sum_rk dS q_r*K2[k]     dK2[k] = c sum_rj dS q_r*K1[j]
+        dV1[j] = sum_rk P dO_r*V2[k]     dV2[k] = sum_rj P dO_r*V1[j]
+    """
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=REFERENCE_DTYPES)
+    B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
+    w1, w2, c = spec.w1, spec.w2, spec.sm_scale
+    if spec.swapped:
+        k1, v1, k2, v2 = k2, v2, k1, v1
+    q, k1, k2, v1, v2, dout = (t.to(dtype) for t in (q, k1, k2, v1, v2, dout))
+    dq = torch.zeros_like(q)
+    dk1, dk2, dv1, dv2 = (torch.zeros_like(k1) for _ in range(4))
+    per_query = B * (3 * Hq * w1 * w2 + Hq * (w1 + w2) * D + 4 * (w1 + w2) * Hk * D)
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, per_query))
+    for i0 in range(0, N, chunk):
+        i1 = min(N, i0 + chunk)
+        C = i1 - i0
+        qc = q[:, i0:i1].reshape(B, C, Hk, G, D)
+        do = dout[:, i0:i1].reshape(B, C, Hk, G, D)
+        k1w, ok1 = _window(k1, i0, i1, w1)  # [B, C, w1, Hk, D]
+        v1w, _ = _window(v1, i0, i1, w1)
+        k2w, ok2 = _window(k2, i0, i1, w2)  # [B, C, w2, Hk, D]
+        v2w, _ = _window(v2, i0, i1, w2)
+        s = torch.einsum("bcghd,bcjgd,bckgd->bcghjk", qc, k1w, k2w) * c
+        valid = ok1[:, :, None] & ok2[:, None, :]  # [C, w1, w2]
+        s = s.masked_fill(~valid[None, :, None, None], float("-inf"))
+        lse = torch.logsumexp(s.flatten(-2), dim=-1)  # [B, C, Hk, G]
+        p = torch.exp(s - lse[..., None, None])
+        o = torch.einsum("bcghjk,bcjgd,bckgd->bcghd", p, v1w, v2w)
+        delta = (do * o).sum(-1)
+        if dlse is not None:
+            delta = delta - dlse.to(dtype)[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
+        dp = torch.einsum("bcghd,bcjgd,bckgd->bcghjk", do, v1w, v2w)
+        ds = p * (dp - delta[..., None, None])
+        dq[:, i0:i1] = (c * torch.einsum("bcghjk,bcjgd,bckgd->bcghd", ds, k1w, k2w)
+                        ).reshape(B, C, Hq, D)
+        pos1 = (torch.arange(i0, i1)[:, None] - w1 + 1 + torch.arange(w1)).clamp(min=0).flatten()
+        pos2 = (torch.arange(i0, i1)[:, None] - w2 + 1 + torch.arange(w2)).clamp(min=0).flatten()
+        pos1, pos2 = pos1.to(q.device), pos2.to(q.device)
+        # invisible pairs have P = dS = 0: their (clamped) positions receive zeros
+        for grad, pos, part in (
+                (dk1, pos1, c * torch.einsum("bcghjk,bcghd,bckgd->bcjgd", ds, qc, k2w)),
+                (dk2, pos2, c * torch.einsum("bcghjk,bcghd,bcjgd->bckgd", ds, qc, k1w)),
+                (dv1, pos1, torch.einsum("bcghjk,bcghd,bckgd->bcjgd", p, do, v2w)),
+                (dv2, pos2, torch.einsum("bcghjk,bcghd,bcjgd->bckgd", p, do, v1w))):
+            grad.index_add_(1, pos, part.flatten(1, 2))
+    if spec.swapped:
+        dk1, dv1, dk2, dv2 = dk2, dv2, dk1, dv1
+    return dq, dk1, dk2, dv1, dv2
 
 
 def brute_force(q, k1, k2, v1, v2, w1, w2, sm_scale=None):
-    """The same function from the full N x N x N score tensor, fp64, for tiny shapes only (tests)."""
+    """The same function from the full N x N x N score tensor, fp64, for tiny shapes only (tests).
+    Differentiable like `reference`."""
     B, N, Hq, D = q.shape
     Hk = k1.shape[2]
     G = Hq // Hk

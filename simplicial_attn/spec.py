@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
+# the plain-PyTorch reference (and the op on CPU tensors, which runs it) also takes these
+REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 SUPPORTED_HEAD_DIMS = (64, 128)
 NAMES = ("q", "k1", "k2", "v1", "v2")
 
@@ -52,10 +54,11 @@ def _check_window(name: str, w) -> int:
     return w
 
 
-def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None) -> ProblemSpec:
+def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None, dtypes=SUPPORTED_DTYPES) -> ProblemSpec:
     """Check arguments, dtypes and shapes (not the device) and return the problem spec.
 
-    q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all bfloat16 on one device.
+    q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all of one dtype in `dtypes` (bfloat16 for
+    the kernels), on one device.
     The returned spec has w1 <= w2; `spec.swapped` says whether the caller's pairs must be exchanged.
     """
     tensors = (q, k1, k2, v1, v2)
@@ -66,8 +69,14 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None) -> ProblemSpec:
         if t.dim() != 4:
             raise ValueError(f"{name} must have rank 4 [B, N, H, D], got shape {tuple(t.shape)}")
     for name, t in zip(NAMES, tensors):
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} must be torch.bfloat16 (the only supported dtype), got {t.dtype}")
+        if t.dtype not in dtypes:
+            if dtypes == SUPPORTED_DTYPES:
+                raise TypeError(f"{name} must be torch.bfloat16 (the only supported dtype), got "
+                                f"{t.dtype}")
+            raise TypeError(f"{name} must have a dtype in {dtypes}, got {t.dtype}")
+    if len({t.dtype for t in tensors}) != 1:
+        raise TypeError("q, k1, k2, v1, v2 must share one dtype, got "
+                        + ", ".join(f"{n}:{t.dtype}" for n, t in zip(NAMES, tensors)))
     B, N, Hq, D = q.shape
     Hk = k1.shape[2]
     for name, t in zip(NAMES[1:], tensors[1:]):

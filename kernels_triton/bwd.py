@@ -1,0 +1,361 @@
+"""`triton` backward: the gradients of 2-simplicial attention in plain Triton, deterministic.
+
+The math (docs/DESIGN.md, ../shared/docs/BACKWARD.md §1): for row r = (token i, head h) and a valid
+pair (j, k), with A_j = Q*K1[j] and dO_j = dO*V1[j] (a D-vector broadcast over the rows),
+    P  = exp(s - LSE)                    s = c * A_j . K2[k]      (recomputed, never stored)
+    dP = dO_j . V2[k]                    dS = P * (dP - Delta),   Delta = rowsum(dO * O) - dLSE
+    dQ = c sum_jk dS K1[j]*K2[k]         dK1[j] = c sum_rk dS q*K2[k]    dK2[k] = c sum_rj dS q*K1[j]
+    dV1[j] = sum_rk P dO*V2[k]           dV2[k] = sum_rj P dO*V1[j]
+Three reduction index sets (rows, k, j) need three owners. Four kernels, no atomics:
+  1. `_delta_kernel`: Delta [B, Hq, N] fp32 from the bf16 O the forward returned.
+  2. `_dkv2_kernel` (k-owner): one program per (batch, KV head, block of BLOCK_N keys) holds K2/V2
+     of its block and fp32 dK2/dV2 accumulators; for every row tile whose window covers the block
+     and every j of that tile: S^T = K2 A_j^T, P^T, dP^T = V2 dO_j^T, dS^T, dV2 += P^T dO_j,
+     dK2 += dS^T A_j (4 GEMMs). The G heads of a KV head sit in the rows, so the sum over heads
+     falls inside the GEMMs: dK2/dV2 are complete when the program ends.
+  3. `_dq_kernel` (row-owner): one program per (batch, KV head, head split, chunk of tokens), row
+     tiles as in the forward (kernels_triton/fwd.py). Per tile, j outer, key blocks inner:
+     S = A_j K2^T, P, dP = dO_j V2^T, dS, X_j += dS K2, Z_j += P V2 (4 GEMMs); after the key loop
+     dQ += K1[j]*X_j, and row j of the program's dK1/dV1 partials gets c sum_r q*X_j and
+     sum_r dO*Z_j. dQ is written once. The partials live in a program-private slice (plain
+     read-add-write, in program order), one slice per (head split, chunk of L tokens).
+  4. `_dkv1_kernel`: dK1/dV1 = the sum, in a fixed order, of the <= 2 partial slices (per head
+     split) that cover each j.
+Executed tensor-core work: 8 GEMMs for the 5 useful ones (4 F against the useful 2.5 F).
+Rounding (what the GPU tests' emulation mirrors): A_j, dO_j, P and dS are rounded to bf16 as GEMM
+operands; everything else is fp32 until the bf16 gradients are stored.
+
+Scratch at S* (B4 N16384 Hq128 Hk1 D128, w 32x512): Delta 33.5 MB; the dK1/dV1 partials
+2 x B*Hk*SPLIT*n_chunks*(L + w1 - 1)*D*4 B = 2 x 4*2*512*63*128*4 B = 264 MB (L = 32 tokens per
+chunk; `scratch_bytes` gives it for any shape).
+Supports every shape the forward's tiling takes: G a power of two up to 128, D in {64, 128}, any B,
+N, Hk, w1 <= w2 (the launcher swaps the pairs and their gradients).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords,
+                                   tile_coords)
+from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+# Tile shapes, each the largest whose registers fit 8 warps with no spill (profiling.resources).
+# Both kernels run two warp groups; Triton gives a dot whose result feeds another dot all warps
+# along M, so the first GEMM's M (keys in _dkv2, rows in _dq) is 128 = 8 warps x 16 rows.
+DKV2 = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1)  # 32 rows x 128 keys
+DQ = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)    # 128 rows x 64 keys
+DELTA_ROWS = 64  # rows of O per program of the Delta kernel
+DKV1_ROWS = 32   # rows of dK1/dV1 per program of the reduce kernel
+
+
+def tiling(spec: ProblemSpec) -> tuple[int, int, int]:
+    """(HPT heads per tile, T tokens per tile, SPLIT programs per token) of `_dq_kernel`'s tile."""
+    hpt = min(spec.G, DQ["BLOCK_M"])
+    return hpt, DQ["BLOCK_M"] // hpt, spec.G // hpt
+
+
+def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
+    """L, tokens per `_dq_kernel` program: a multiple of T that covers the w1 window (so each j's
+    dK1/dV1 sum has <= 2 partials per head split), smaller when that would leave fewer than four
+    programs per SM."""
+    _, T, split = tiling(spec)
+    tiles = triton.cdiv(spec.N, T)
+    per_window = triton.cdiv(spec.w1, T)
+    for_parallelism = max(1, spec.B * spec.Hk * split * tiles // (4 * n_sm))
+    return T * max(1, min(per_window, for_parallelism))
+
+
+def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
+    """Bytes of scratch the backward allocates beyond the gradients: Delta and dK1/dV1 partials."""
+    _, _, split = tiling(spec)
+    L = chunk_tokens(spec, n_sm)
+    partial = spec.B * spec.Hk * split * triton.cdiv(spec.N, L) * (L + spec.w1 - 1) * spec.D
+    return 4 * spec.B * spec.Hq * spec.N + 2 * 4 * partial
+
+
+@triton.jit
+def _delta_kernel(Out, DOut, DLse, Delta, N, rows, HQ: tl.constexpr, D: tl.constexpr,
+                  ROWS: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """Delta[b, h, i] = sum_d dO[b,i,h,d] O[b,i,h,d] - dLSE[b,h,i] for `ROWS` of the B*N*HQ rows."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    ok = r < rows
+    b = r // (N * HQ)
+    i = (r // HQ) % N
+    h = r % HQ
+    offs_d = tl.arange(0, D)
+    o = tl.load(Out + r[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
+    do = tl.load(DOut + r[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    lse_off = (b * HQ + h) * N + i
+    if HAS_DLSE:
+        delta -= tl.load(DLse + lse_off, mask=ok, other=0.0)
+    tl.store(Delta + lse_off, delta, mask=ok)
+
+
+@triton.jit
+def _row_tile(Lse, Delta, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
+              BLOCK_M: tl.constexpr):
+    """One row tile's tokens and heads, LSE in log2 units and Delta (0 past N)."""
+    tok, head = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)
+    row_off = (b.to(tl.int64) * HQ + g * G + head) * N + tok
+    lse2 = tl.load(Lse + row_off, mask=tok < N, other=0.0) * 1.4426950408889634
+    delta = tl.load(Delta + row_off, mask=tok < N, other=0.0)
+    return tok, head, lse2, delta
+
+
+@triton.jit
+def _visible(tok, j, kpos, N, w1, w2):
+    """[len(tok), len(kpos)]: row tok < N sees the pair (j, kpos)."""
+    row = (tok < N) & (j <= tok) & (j > tok - w1)
+    return row[:, None] & (kpos[None, :] <= tok[:, None]) & (kpos[None, :] > tok[:, None] - w2)
+
+
+@triton.jit
+def _visible_t(tok, j, kpos, N, w1, w2):
+    """_visible transposed: [len(kpos), len(tok)]."""
+    row = (tok < N) & (j <= tok) & (j > tok - w1)
+    return row[None, :] & (kpos[:, None] <= tok[None, :]) & (kpos[:, None] > tok[None, :] - w2)
+
+
+@triton.jit
+def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scale, sm_scale,
+                 HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PROFILE: tl.constexpr = False):
+    """k-owner: dK2, dV2 of one block of BLOCK_N keys of one (batch, KV head)."""
+    HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
+    T: tl.constexpr = BLOCK_M // HPT
+    SPLIT: tl.constexpr = G // HPT
+    n_kb = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    bg = pid // n_kb
+    kb = (pid % n_kb) * BLOCK_N
+    b = bg // HK
+    g = bg % HK
+    offs_d = tl.arange(0, D)
+    kpos = kb + tl.arange(0, BLOCK_N)
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)
+    blk = kv_base + kpos.to(tl.int64)[:, None] * (HK * D) + offs_d[None, :]
+    enter("load_kv", PROFILE)
+    k2 = tl.load(K2 + blk, mask=(kpos < N)[:, None], other=0.0)
+    v2 = tl.load(V2 + blk, mask=(kpos < N)[:, None], other=0.0)
+    leave("load_kv", PROFILE)
+    dk2 = tl.zeros([BLOCK_N, D], tl.float32)
+    dv2 = tl.zeros([BLOCK_N, D], tl.float32)
+    t_hi = tl.minimum(N - 1, kb + BLOCK_N + w2 - 2) // T  # last token tile that sees the block
+    for t in range(kb // T, t_hi + 1):
+        i0 = t * T
+        for s in range(SPLIT):
+            tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
+            q = load_q(Q, b, g, tok, head, N, HQ, G, D)
+            do = load_q(DO, b, g, tok, head, N, HQ, G, D)
+            for j in range(tl.maximum(i0 - w1 + 1, 0), tl.minimum(i0 + T, N)):
+                enter("qk_gemm", PROFILE)
+                k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+                v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+                a = q * k1j[None, :]
+                doj = do * v1j[None, :]
+                st = tl.dot(k2, tl.trans(a))
+                dpt = tl.dot(v2, tl.trans(doj))
+                leave("qk_gemm", PROFILE)
+                enter("softmax", PROFILE)
+                ok = _visible_t(tok, j, kpos, N, w1, w2)
+                pt = tl.where(ok, tl.math.exp2(st * qk_scale - lse2[None, :]), 0.0)
+                dst = pt * (dpt - delta[None, :])
+                leave("softmax", PROFILE)
+                enter("pv_gemm", PROFILE)
+                dv2 += tl.dot(pt.to(tl.bfloat16), doj)
+                dk2 += tl.dot(dst.to(tl.bfloat16), a)
+                leave("pv_gemm", PROFILE)
+    enter("epilogue", PROFILE)
+    tl.store(DK2 + blk, (dk2 * sm_scale).to(tl.bfloat16), mask=(kpos < N)[:, None])
+    tl.store(DV2 + blk, dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
+    leave("epilogue", PROFILE)
+
+
+@triton.jit
+def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2, qk_scale,
+               sm_scale, L, n_chunks, HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
+               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               PROFILE: tl.constexpr = False):
+    """Row-owner: dQ of the row tiles of L tokens (one head split), and their dK1/dV1 partials."""
+    HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
+    T: tl.constexpr = BLOCK_M // HPT
+    SPLIT: tl.constexpr = G // HPT
+    pid = tl.program_id(0)
+    s = pid % SPLIT
+    chunk = (pid // SPLIT) % n_chunks
+    bg = pid // (SPLIT * n_chunks)
+    b = bg // HK
+    g = bg % HK
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+    # this program's partial slice: rows j in [j_base, j_base + L + w1 - 1)
+    j_base = chunk * L - w1 + 1
+    part = ((bg * SPLIT + s).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D
+    # this program's fp32 dQ tile, accumulated in memory (registers hold X_j and Z_j)
+    acc = DQacc + pid.to(tl.int64) * (BLOCK_M * D) + offs_m[:, None] * D + offs_d[None, :]
+    t_end = tl.cdiv(tl.minimum(N, chunk * L + L), T)
+    for t in range(chunk * L // T, t_end):
+        i0 = t * T
+        i_hi = tl.minimum(i0 + T, N) - 1
+        tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
+        k_lo = tl.maximum(i0 - w2 + 1, 0)
+        j_lo = tl.maximum(i0 - w1 + 1, 0)
+        tl.store(acc, tl.zeros([BLOCK_M, D], tl.float32))
+        for j in range(j_lo, i_hi + 1):
+            k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+            v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+            # Q and dO are re-read (L1) where needed rather than held: registers go to X_j / Z_j
+            a = load_q(Q, b, g, tok, head, N, HQ, G, D) * k1j[None, :]
+            doj = load_q(DO, b, g, tok, head, N, HQ, G, D) * v1j[None, :]
+            # pass 1 over the keys: X_j = dS_j K2
+            x = tl.zeros([BLOCK_M, D], tl.float32)
+            for kb in range(k_lo, i_hi + 1, BLOCK_N):
+                enter("load_kv", PROFILE)
+                k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros
+                v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
+                leave("load_kv", PROFILE)
+                enter("qk_gemm", PROFILE)
+                sc = tl.dot(a, tl.trans(k2))
+                dp = tl.dot(doj, tl.trans(v2))
+                leave("qk_gemm", PROFILE)
+                enter("softmax", PROFILE)
+                ok = _visible(tok, j, kb + offs_n, N, w1, w2)
+                p = tl.where(ok, tl.math.exp2(sc * qk_scale - lse2[:, None]), 0.0)
+                ds = p * (dp - delta[:, None])
+                leave("softmax", PROFILE)
+                enter("pv_gemm", PROFILE)
+                x += tl.dot(ds.to(tl.bfloat16), k2)
+                leave("pv_gemm", PROFILE)
+            enter("epilogue", PROFILE)
+            tl.store(acc, tl.load(acc) + x * k1j[None, :].to(tl.float32))
+            slot = part + (j - j_base) * D + offs_d
+            pk1 = tl.sum(load_q(Q, b, g, tok, head, N, HQ, G, D).to(tl.float32) * x, 0)
+            tl.store(PK1 + slot, tl.load(PK1 + slot) + pk1)
+            leave("epilogue", PROFILE)
+            # pass 2 over the keys: Z_j = P_j V2
+            z = tl.zeros([BLOCK_M, D], tl.float32)
+            for kb in range(k_lo, i_hi + 1, BLOCK_N):
+                enter("load_kv", PROFILE)
+                k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)
+                v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
+                leave("load_kv", PROFILE)
+                enter("qk_gemm", PROFILE)
+                sc = tl.dot(a, tl.trans(k2))
+                leave("qk_gemm", PROFILE)
+                enter("softmax", PROFILE)
+                ok = _visible(tok, j, kb + offs_n, N, w1, w2)
+                p = tl.where(ok, tl.math.exp2(sc * qk_scale - lse2[:, None]), 0.0)
+                leave("softmax", PROFILE)
+                enter("pv_gemm", PROFILE)
+                z += tl.dot(p.to(tl.bfloat16), v2)
+                leave("pv_gemm", PROFILE)
+            enter("epilogue", PROFILE)
+            pv1 = tl.sum(load_q(DO, b, g, tok, head, N, HQ, G, D).to(tl.float32) * z, 0)
+            tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
+            tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
+            leave("epilogue", PROFILE)
+        q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + s * HPT + offs_m % HPT) * D
+        tl.store(DQ + q_off[:, None] + offs_d[None, :], (tl.load(acc) * sm_scale).to(tl.bfloat16),
+                 mask=(tok < N)[:, None])
+        tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
+
+
+@triton.jit
+def _dkv1_kernel(PK1, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.constexpr,
+                 D: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr):
+    """dK1, dV1 rows of one (batch, KV head): the partials that cover each row j, summed in a
+    fixed order (head split, then chunk)."""
+    bg = tl.program_id(1)
+    b = bg // HK
+    g = bg % HK
+    j = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, D)
+    R = L + w1 - 1
+    c_first = j // L
+    c_last = tl.minimum((j + w1 - 1) // L, n_chunks - 1)
+    acc_k = tl.zeros([ROWS, D], tl.float32)
+    acc_v = tl.zeros([ROWS, D], tl.float32)
+    for s in range(SPLIT):
+        for dc in range(0, (w1 - 1) // L + 2):
+            c = c_first + dc
+            ok = (c <= c_last) & (j < N)
+            row = ((bg * SPLIT + s).to(tl.int64) * n_chunks + c) * R + (j - (c * L - w1 + 1))
+            off = row[:, None] * D + offs_d[None, :]
+            acc_k += tl.load(PK1 + off, mask=ok[:, None], other=0.0)
+            acc_v += tl.load(PV1 + off, mask=ok[:, None], other=0.0)
+    out = (b.to(tl.int64) * N + j)[:, None] * (HK * D) + g * D + offs_d[None, :]
+    tl.store(DK1 + out, (acc_k * sm_scale).to(tl.bfloat16), mask=(j < N)[:, None])
+    tl.store(DV1 + out, acc_v.to(tl.bfloat16), mask=(j < N)[:, None])
+
+
+def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, N, Hk, D] tensor as [B, N, Hk*D]; a block is one head's
+    [1, block_n, D] token run; rows past N read as zeros."""
+    hd = spec.Hk * spec.D
+    return TensorDescriptor(t, shape=[spec.B, spec.N, hd], strides=[spec.N * hd, hd, 1],
+                            block_shape=[1, block_n, spec.D])
+
+
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
+           profile: bool = False) -> None:
+    """Fill dq [B,N,Hq,D] and dk1, dk2, dv1, dv2 [B,N,Hk,D] (bf16) from the forward's inputs, its
+    out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32, and the incoming dout (bf16, like out) and dlse
+    (fp32 like lse, or None). Every tensor contiguous, pairs already ordered so that w1 <= w2."""
+    _, _, split = tiling(spec)
+    n_sm = torch.cuda.get_device_properties(q.device).multi_processor_count
+    L = chunk_tokens(spec, n_sm)
+    n_chunks = triton.cdiv(spec.N, L)
+    dev = q.device
+    rows = spec.B * spec.N * spec.Hq
+    delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=dev)
+    _delta_kernel[(triton.cdiv(rows, DELTA_ROWS),)](
+        out, dout, dlse if dlse is not None else delta, delta, spec.N, rows, HQ=spec.Hq, D=spec.D,
+        ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
+    shape = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile)
+    qk_scale = spec.sm_scale * LOG2E
+    _dkv2_kernel[(triton.cdiv(spec.N, DKV2["BLOCK_N"]) * spec.B * spec.Hk,)](
+        q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2, qk_scale,
+        spec.sm_scale, **shape, **DKV2)
+    part = spec.B * spec.Hk * split * n_chunks * (L + spec.w1 - 1) * spec.D
+    pk1 = torch.zeros(part, dtype=torch.float32, device=dev)
+    pv1 = torch.zeros(part, dtype=torch.float32, device=dev)
+    k2d, v2d = (kv_descriptor(t, spec, DQ["BLOCK_N"]) for t in (k2, v2))
+    n_prog = spec.B * spec.Hk * n_chunks * split
+    dq_acc = torch.empty(n_prog * DQ["BLOCK_M"] * spec.D, dtype=torch.float32, device=dev)
+    _dq_kernel[(n_prog,)](
+        q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, pk1, pv1, spec.N, spec.w1, spec.w2,
+        qk_scale, spec.sm_scale, L, n_chunks, **shape, **DQ)
+    _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS), spec.B * spec.Hk)](
+        pk1, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk, D=spec.D,
+        SPLIT=split, ROWS=DKV1_ROWS, num_warps=4)
+
+
+def compile_configs() -> list[CompileConfig]:
+    """The two GEMM kernels at every compile shape (the Delta and reduce kernels are small)."""
+    out = []
+    ptrs = dict(Q="*bf16", K1="*bf16", K2="*bf16", V1="*bf16", V2="*bf16", DO="*bf16",
+                Lse="*fp32", Delta="*fp32")
+    scal = dict(N="i32", w1="i32", w2="i32", qk_scale="fp32", sm_scale="fp32")
+    for hq, hk, d in COMPILE_SHAPES:
+        name = f"G{hq // hk}_Hk{hk}_D{d}"
+        for kern, cfg, sig in (
+                ("dkv2", DKV2, {**ptrs, "DK2": "*bf16", "DV2": "*bf16", **scal}),
+                ("dq", DQ, {**ptrs, "K2": f"tensordesc<bf16[1,{DQ['BLOCK_N']},{d}]>",
+                            "V2": f"tensordesc<bf16[1,{DQ['BLOCK_N']},{d}]>", "DQ": "*bf16",
+                            "DQacc": "*fp32", "PK1": "*fp32", "PV1": "*fp32", **scal, "L": "i32",
+                            "n_chunks": "i32"})):
+            consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d, BLOCK_M=cfg["BLOCK_M"],
+                          BLOCK_N=cfg["BLOCK_N"])
+            sig.update({k: "constexpr" for k in consts})
+            fn = _dkv2_kernel if kern == "dkv2" else _dq_kernel
+            out.append(CompileConfig(f"{kern}_{name}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}", fn, sig,
+                                     consts, cfg["num_warps"], cfg["num_stages"]))
+    return out

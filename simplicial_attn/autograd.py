@@ -1,0 +1,113 @@
+"""The differentiable op: `attention(q, k1, k2, v1, v2, w1, w2) -> (out, lse)` with gradients.
+
+Two `torch.library.custom_op`s, `simplicial_attn::fwd` and `simplicial_attn::bwd`, each with a fake
+(meta) implementation, joined by `register_autograd`, so `torch.compile(fullgraph=True)` traces a
+training step through them with no graph break and `torch.library.opcheck` passes.
+
+On CUDA tensors (bf16) they run the kernels: the forward variant `variant`, the backward variant
+`bwd_variant` ("auto": the fastest registered backward that takes the shape). On CPU tensors
+(bf16, fp16, fp32 or fp64) they run the plain-PyTorch reference in fp64 and its autograd
+backward: slow, exact, so CI can check gradients, opcheck and compile without a GPU.
+
+Saved for backward: q, k1, k2, v1, v2, out and lse (as FlashAttention saves q, k, v, out, lse).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import backward as _bwd
+from .launcher import forward as _kernel_forward
+from .reference import reference, reference_backward
+from .spec import REFERENCE_DTYPES, SUPPORTED_DTYPES, validate
+
+Tensor = torch.Tensor
+
+
+def _dtypes_for(q: Tensor) -> tuple:
+    """The dtypes a call may use: bf16 for the kernels (CUDA); the reference's set on the CPU."""
+    return REFERENCE_DTYPES if q.device.type == "cpu" else SUPPORTED_DTYPES
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    """fp32, or fp64 for fp64 inputs (the reference path: gradcheck needs it)."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+@torch.library.custom_op("simplicial_attn::fwd", mutates_args=())
+def _fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, w1: int, w2: int,
+         sm_scale: float, variant: str, bwd_variant: str) -> tuple[Tensor, Tensor]:
+    """The forward; `bwd_variant` is only kept for the backward (see `_setup_context`)."""
+    if q.device.type == "cpu":
+        out, lse = reference(q, k1, k2, v1, v2, w1, w2, sm_scale=sm_scale)
+        return out.to(q.dtype), lse.to(_lse_dtype(q))
+    with torch.no_grad():
+        return _kernel_forward(q, k1, k2, v1, v2, w1, w2, variant=variant, sm_scale=sm_scale)
+
+
+@_fwd.register_fake
+def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant):
+    B, N, Hq, D = q.shape
+    return q.new_empty(B, N, Hq, D), q.new_empty(B, Hq, N, dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("simplicial_attn::bwd", mutates_args=())
+def _bwd_op(dout: Tensor, dlse: Tensor | None, q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor,
+            v2: Tensor, out: Tensor, lse: Tensor, w1: int, w2: int, sm_scale: float,
+            variant: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    if q.device.type == "cpu":
+        return _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale)
+    return _bwd.backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale=sm_scale,
+                         variant=variant)
+
+
+@_bwd_op.register_fake
+def _(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale, variant):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                 for t in (q, k1, k2, v1, v2))
+
+
+def _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale):
+    """Gradients of the fp64 reference, cast to the inputs' dtype."""
+    grads = reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse, sm_scale=sm_scale)
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k1, k2, v1, v2)))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k1, k2, v1, v2, w1, w2, sm_scale, _variant, bwd_variant = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k1, k2, v1, v2, out, lse)
+    ctx.args = (w1, w2, sm_scale, bwd_variant)
+
+
+def _backward(ctx, dout, dlse):
+    q, k1, k2, v1, v2, out, lse = ctx.saved_tensors
+    w1, w2, sm_scale, bwd_variant = ctx.args
+    grads = torch.ops.simplicial_attn.bwd(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2,
+                                          sm_scale, bwd_variant)
+    return (*grads, None, None, None, None, None)
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",
+              bwd_variant: str = "auto"):
+    """Differentiable 2-simplicial attention.
+
+    q: [B, N, Hq, D], k1, k2, v1, v2: [B, N, Hk, D] on one device; CUDA tensors must be bf16 (the
+    kernels), CPU tensors may be bf16, fp16, fp32 or fp64 (the fp64 reference runs). w1, w2 >= 1
+    (either may be the larger); sm_scale defaults to 1/sqrt(D). Returns out [B, N, Hq, D] (the
+    inputs' dtype) and lse [B, Hq, N] (natural log; fp32, fp64 for fp64 inputs), both
+    differentiable: gradients flow to every input that
+    requires grad. `variant` / `bwd_variant` name the forward / backward kernels ("auto": the
+    fastest that takes the shape). Bad input raises TypeError / ValueError naming the argument
+    before anything is launched.
+    """
+    for name, v in (("variant", variant), ("bwd_variant", bwd_variant)):
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must be a str, got {type(v).__name__}")
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=_dtypes_for(q))
+    if q.device.type == "cuda":
+        _bwd.check_variant(bwd_variant, spec)
+    return torch.ops.simplicial_attn.fwd(q, k1, k2, v1, v2, int(w1), int(w2), spec.sm_scale,
+                                         variant, bwd_variant)

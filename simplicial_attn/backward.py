@@ -1,0 +1,68 @@
+"""The backward entry point: validate -> problem spec -> pick the backward variant -> launch ->
+(dq, dk1, dk2, dv1, dv2). `simplicial_attn.attention`'s autograd calls it; so does bench/bwd.py."""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from .launcher import _dense_aligned
+from .spec import ProblemSpec, check_device, validate
+
+# name -> kernel module; "auto" takes the first that supports the shape
+BACKWARD_VARIANTS = {"triton": "kernels_triton.bwd"}
+
+
+def check_variant(variant: str, spec: ProblemSpec) -> str:
+    """The backward variant that `variant` ("auto" or a name) resolves to for `spec`, or raise."""
+    names = list(BACKWARD_VARIANTS) if variant == "auto" else [variant]
+    if variant != "auto" and variant not in BACKWARD_VARIANTS:
+        raise ValueError(f"unknown backward variant {variant!r}; known: "
+                         f"{', '.join(BACKWARD_VARIANTS)} (or 'auto')")
+    reasons = []
+    for name in names:
+        why = importlib.import_module(BACKWARD_VARIANTS[name]).supports(spec)
+        if why is None:
+            return name
+        reasons.append(f"{name}: {why}")
+    raise ValueError(f"no backward variant can take {spec.short()}: " + "; ".join(reasons))
+
+
+def _grad_input(name: str, g: torch.Tensor, like: torch.Tensor, dtype) -> torch.Tensor:
+    if not isinstance(g, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(g).__name__}")
+    if g.shape != like.shape:
+        raise ValueError(f"{name} must have shape {tuple(like.shape)}, got {tuple(g.shape)}")
+    if g.device != like.device:
+        raise ValueError(f"{name} is on {g.device} but the inputs are on {like.device}")
+    return _dense_aligned(g.to(dtype))
+
+
+def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
+             variant: str = "auto"):
+    """Gradients of 2-simplicial attention with respect to q, k1, k2, v1, v2 (bf16, their shapes).
+
+    dout [B, N, Hq, D] (any layout, cast to bf16) and dlse [B, Hq, N] (or None) are the incoming
+    gradients of out and lse; out, lse are what the forward returned for these inputs. Bitwise
+    deterministic (no atomics)."""
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
+    name = check_variant(variant, spec)
+    check_device(q, needs_hopper=True, variant=name)
+    dout = _grad_input("dout", dout, out, torch.bfloat16)
+    if dlse is not None:
+        dlse = _grad_input("dlse", dlse, lse, torch.float32)
+    grads = [torch.empty(t.shape, dtype=torch.bfloat16, device=q.device)
+             for t in (q, k1, k2, v1, v2)]
+    if grads[0].numel() == 0 or grads[1].numel() == 0:
+        return tuple(g.zero_() for g in grads)
+    if spec.swapped:  # the kernel sees w1 <= w2: exchange the pairs, and their gradients
+        k1, v1, k2, v2 = k2, v2, k1, v1
+    dq, dk1, dk2, dv1, dv2 = grads
+    if spec.swapped:
+        dk1, dv1, dk2, dv2 = dk2, dv2, dk1, dv1
+    q, k1, k2, v1, v2, out = (_dense_aligned(t) for t in (q, k1, k2, v1, v2, out))
+    lse = _dense_aligned(lse.float())
+    with torch.cuda.device(q.device):
+        importlib.import_module(BACKWARD_VARIANTS[name]).launch(
+            spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2)
+    return tuple(grads)

@@ -1,0 +1,51 @@
+"""`SimplicialAttention`: a 2-simplicial attention layer a model can drop in (GQA, projections)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .autograd import attention
+
+
+class SimplicialAttention(nn.Module):
+    """x [B, N, dim] -> [B, N, dim]: q, k1, k2, v1, v2 projections, 2-simplicial attention over
+    windows w1 and w2 (causal: token i sees j in (i-w1, i], k in (i-w2, i]), output projection.
+
+    n_heads query heads share n_kv_heads key/value heads (n_heads % n_kv_heads == 0, the ratio a
+    power of two up to 128 for the kernels), each of size head_dim (64 or 128 for the kernels).
+    On CUDA the attention runs in bf16 (the kernels' dtype): projections are cast to bf16 and the
+    result back to x's dtype; on the CPU it runs the fp64 reference (slow; tests and small runs).
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, w1: int, w2: int,
+                 *, bias: bool = False, variant: str = "auto", bwd_variant: str = "auto"):
+        super().__init__()
+        for name, v in (("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads),
+                        ("head_dim", head_dim), ("w1", w1), ("w2", w2)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.w1, self.w2 = w1, w2
+        self.variant, self.bwd_variant = variant, bwd_variant
+        self.q = nn.Linear(dim, n_heads * head_dim, bias=bias)
+        self.k1, self.k2, self.v1, self.v2 = (nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+                                              for _ in range(4))
+        self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3:
+            raise ValueError(f"x must be [B, N, dim], got shape {tuple(x.shape)}")
+        B, N, _ = x.shape
+        dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
+        q = self.q(x).view(B, N, self.n_heads, self.head_dim).to(dtype)
+        k1, k2, v1, v2 = (p(x).view(B, N, self.n_kv_heads, self.head_dim).to(dtype)
+                          for p in (self.k1, self.k2, self.v1, self.v2))
+        o, _ = attention(q, k1, k2, v1, v2, self.w1, self.w2, variant=self.variant,
+                         bwd_variant=self.bwd_variant)
+        return self.out(o.reshape(B, N, self.n_heads * self.head_dim).to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return (f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"head_dim={self.head_dim}, w1={self.w1}, w2={self.w2}")
