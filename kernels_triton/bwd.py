@@ -21,7 +21,8 @@ Three reduction index sets (rows, k, j) need three owners. Four kernels, no atom
      read-add-write, in program order), one slice per (head split, chunk of L tokens).
   4. `_dkv1_kernel`: dK1/dV1 = the sum, in a fixed order, of the <= 2 partial slices (per head
      split) that cover each j.
-Executed tensor-core work: 8 GEMMs for the 5 useful ones (4 F against the useful 2.5 F).
+Executed tensor-core work: 9 GEMMs (4 in `_dkv2_kernel`, 5 in `_dq_kernel`: S is recomputed for
+the Z pass) for the 5 useful ones: 4.5 F against the useful 2.5 F (EXECUTED_FLOPS_PER_F).
 Rounding (what the GPU tests' emulation mirrors): A_j, dO_j, P and dS are rounded to bf16 as GEMM
 operands; everything else is fp32 until the bf16 gradients are stored.
 
@@ -50,6 +51,7 @@ from simplicial_attn.spec import ProblemSpec
 DKV2 = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1)  # 32 rows x 128 keys
 DQ = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)    # 128 rows x 64 keys
 DELTA_ROWS = 64  # rows of O per program of the Delta kernel
+EXECUTED_FLOPS_PER_F = 4.5  # tensor-core FLOPs executed per forward FLOP (9 GEMMs of F / 2 each)
 DKV1_ROWS = 32   # rows of dK1/dV1 per program of the reduce kernel
 
 

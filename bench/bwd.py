@@ -1,0 +1,173 @@
+"""Backward benchmark: time the backward variants alone and forward + backward, on one shape.
+
+    python bench/bwd.py                          # `star` shape, every backward variant
+    python bench/bwd.py --preset star64 --peers  # + cuDNN SDPA backward on dense equal work
+    python bench/bwd.py --d 64 --json out/bwd.json
+
+Useful TFLOPS (the "TFLOPS" column): 2.5 x the forward FLOPs of `simplicial_attn.flops` for the
+backward, 3.5 x for forward + backward (FlashAttention's convention, ../shared/docs/BACKWARD.md
+§2), over the median time (bench.common.median_ms: do_bench, L2 flushed before every call).
+"tensor TFLOPS" counts what the variant executes on the tensor cores (its EXECUTED_FLOPS_PER_F
+x F). Each variant's gradients are first checked against an fp32 autograd-free reference on a
+reduced shape (B=1, N = min(N, 2*max(w1, w2) + 37)). --peers times cuDNN SDPA's backward (and
+fwd+bwd) on q [B, Hq, N, D], k/v [B, Hq, w1*w2, D] (the same work, non-causal) and a bf16 matmul.
+
+Exit status: 0 done; 1 a correctness check failed; 2 bad arguments or no CUDA GPU.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+import torch  # noqa: E402
+
+import simplicial_attn as sa  # noqa: E402
+from bench.common import (Shape, add_shape_args, make_inputs, median_ms,  # noqa: E402
+                          metadata_line, print_table, run_metadata, shape_from_args, tflops,
+                          write_rows)
+from simplicial_attn import backward as bwd_launcher  # noqa: E402
+from simplicial_attn.spec import validate_shape  # noqa: E402
+
+PROG = "bench/bwd.py"
+GRAD_REL_TOL = 3e-2   # ||grad - ref||_F / ||ref||_F for each gradient, pre-timing check
+MATMUL_SIZE = 8192
+COLUMNS = [("variant", "variant"), ("pass", "pass"), ("shape", "shape"), ("ms", "ms"),
+           ("tflops", "TFLOPS"), ("tensor_tflops", "tensor TFLOPS"), ("note", "note")]
+
+
+def check(variant: str, s: Shape) -> str | None:
+    """None when the variant's gradients match the fp32 reference on a reduced shape."""
+    n = min(s.N, 2 * max(s.w1, s.w2) + 37)
+    x = make_inputs(1, n, s.Hq, s.Hk, s.D, seed=1)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    dout = torch.randn(1, n, s.Hq, s.D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    out, lse = sa.forward(*x, s.w1, s.w2)
+    got = bwd_launcher.backward(dout, None, *x, out, lse, s.w1, s.w2, variant=variant)
+    ref = sa.reference_backward(*x, s.w1, s.w2, dout, dtype=torch.float32)
+    for name, g, r in zip(("dq", "dk1", "dk2", "dv1", "dv2"), got, ref):
+        rel = ((g.float() - r).norm() / r.norm().clamp(min=1e-30)).item()
+        if not rel <= GRAD_REL_TOL:
+            return f"{name}: relative error {rel:.2e} > {GRAD_REL_TOL}"
+    return None
+
+
+def bench_variant(variant: str, s: Shape, args) -> list[dict]:
+    f = sa.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)
+    base = {"kind": "variant", "variant": variant, "shape": s.short(), **s.fields()}
+    why = check(variant, s)
+    if why is not None:
+        raise SystemExit(f"{PROG}: {variant} failed its correctness check: {why}")
+    x = [t.requires_grad_() for t in make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, seed=args.seed)]
+    out, lse = sa.attention(*x, s.w1, s.w2, bwd_variant=variant)
+    dout = torch.randn_like(out)
+    saved = [t.detach() for t in x] + [out.detach(), lse.detach()]
+    per_f = importlib.import_module(bwd_launcher.BACKWARD_VARIANTS[variant]).EXECUTED_FLOPS_PER_F
+
+    def bwd():
+        return bwd_launcher.backward(dout, None, *saved[:5], *saved[5:], s.w1, s.w2,
+                                     variant=variant)
+
+    def fwd_bwd():
+        o, _ = sa.attention(*x, s.w1, s.w2, bwd_variant=variant)
+        o.backward(dout)
+
+    rows = []
+    ms = median_ms(bwd, args.warmup_ms, args.rep_ms)
+    rows.append({**base, "pass": "bwd", "ms": ms, "flops": 2.5 * f, "tflops": tflops(2.5 * f, ms),
+                 "tensor_tflops": tflops(per_f * f, ms)})
+    ms = median_ms(fwd_bwd, args.warmup_ms, args.rep_ms)
+    rows.append({**base, "pass": "fwd+bwd", "ms": ms, "flops": 3.5 * f,
+                 "tflops": tflops(3.5 * f, ms), "tensor_tflops": tflops((2 + per_f) * f, ms)})
+    return rows
+
+
+def bench_peers(s: Shape, args) -> list[dict]:
+    """cuDNN SDPA backward and fwd+bwd on dense equal work; the bf16 matmul."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    lkv = s.w1 * s.w2
+    f = 4 * s.B * s.Hq * s.N * lkv * s.D
+    base = {"kind": "peer", "variant": "cudnn_sdpa", "shape": f"B{s.B} H{s.Hq} N{s.N} "
+            f"Lkv{lkv} D{s.D}", **s.fields()}
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    q = torch.randn(s.B, s.Hq, s.N, s.D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(s.B, s.Hq, lkv, s.D, generator=gen, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    rows = []
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        do = torch.randn_like(o)
+        ms = median_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
+                       args.warmup_ms, args.rep_ms)
+        rows.append({**base, "pass": "bwd", "ms": ms, "flops": 2.5 * f,
+                     "tflops": tflops(2.5 * f, ms)})
+
+        def fwd_bwd():
+            torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v),
+                                (q, k, v), do)
+        ms = median_ms(fwd_bwd, args.warmup_ms, args.rep_ms)
+        rows.append({**base, "pass": "fwd+bwd", "ms": ms, "flops": 3.5 * f,
+                     "tflops": tflops(3.5 * f, ms)})
+    a, b = (torch.randn(MATMUL_SIZE, MATMUL_SIZE, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    ms = median_ms(lambda: a @ b, args.warmup_ms, args.rep_ms)
+    rows.append({"kind": "peer", "variant": "matmul", "pass": "-", "shape": f"{MATMUL_SIZE}^3",
+                 "ms": ms, "tflops": tflops(2 * MATMUL_SIZE ** 3, ms)})
+    return rows
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shape_args(p, "star")
+    p.add_argument("--variant", action="append",
+                   help=f"backward variant (repeatable; default: all of "
+                        f"{', '.join(bwd_launcher.BACKWARD_VARIANTS)})")
+    p.add_argument("--peers", action="store_true", help="also time cuDNN SDPA and a matmul")
+    p.add_argument("--csv", help="write the rows as CSV")
+    p.add_argument("--json", help="write the rows and run metadata as JSON")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-ms", type=float, default=100.0)
+    p.add_argument("--rep-ms", type=float, default=1000.0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    s = shape_from_args(args)
+    variants = args.variant or list(bwd_launcher.BACKWARD_VARIANTS)
+    try:  # shape and variant errors first, on any machine
+        spec = validate_shape(s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2)
+        for v in variants:
+            bwd_launcher.check_variant(v, spec)
+    except (TypeError, ValueError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(f"{PROG}: no CUDA GPU: the backward kernels need an H100/H200", file=sys.stderr)
+        return 2
+    meta = run_metadata()
+    print(metadata_line(meta), flush=True)
+    rows = []
+    steps = len(variants) + int(args.peers)
+    for i, v in enumerate(variants, 1):
+        print(f"[{i}/{steps}] {v} on {s.short()} ...", flush=True)
+        rows += bench_variant(v, s, args)
+    if args.peers:
+        print(f"[{steps}/{steps}] peers ...", flush=True)
+        rows += bench_peers(s, args)
+    write_rows([{**meta, **r} for r in rows], args.csv, args.json)
+    print_table(rows, COLUMNS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The backward on the CPU: the fp64 reference's gradients, the differentiable op (gradcheck,
+opcheck, torch.compile) and the layer, all through the reference path (no GPU needed)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import simplicial_attn as sa
+
+# (B, N, Hq, Hk, D, w1, w2): N < w1, w1 <= N < w2, w1 > w2 (swapped), GQA, N = 1
+TINY = [(1, 3, 2, 1, 64, 5, 7), (2, 6, 4, 2, 64, 2, 9), (1, 7, 2, 2, 64, 4, 2), (1, 1, 2, 1, 64, 3, 3)]
+
+
+def fp64_inputs(gen, B, N, Hq, Hk, D, requires_grad=True):
+    return [torch.randn(B, N, h, D, generator=gen, dtype=torch.float64).requires_grad_(requires_grad)
+            for h in (Hq, Hk, Hk, Hk, Hk)]
+
+
+@pytest.mark.parametrize("shape", TINY, ids=[str(s) for s in TINY])
+def test_reference_backward_matches_autograd(shape, gen):
+    """The closed-form gradients equal autograd through `reference` and through `brute_force`."""
+    B, N, Hq, Hk, D, w1, w2 = shape
+    x = fp64_inputs(gen, B, N, Hq, Hk, D)
+    out, lse = sa.reference(*x, w1, w2)
+    dout, dlse = torch.randn(out.shape, generator=gen, dtype=torch.float64), \
+        torch.randn(lse.shape, generator=gen, dtype=torch.float64)
+    closed = sa.reference_backward(*[t.detach() for t in x], w1, w2, dout, dlse)
+    for fn in (sa.reference, sa.brute_force):
+        y = [t.detach().clone().requires_grad_() for t in x]
+        o, lse_ = fn(*y, w1, w2)
+        torch.autograd.backward((o, lse_), (dout, dlse))
+        for name, c, t in zip(("dq", "dk1", "dk2", "dv1", "dv2"), closed, y):
+            torch.testing.assert_close(c, t.grad, rtol=1e-10, atol=1e-12, msg=f"{fn.__name__} {name}")
+
+
+@pytest.mark.parametrize("fn", [sa.reference, sa.brute_force], ids=["reference", "brute_force"])
+def test_gradcheck_reference(fn, gen):
+    """Central differences agree with autograd for out and lse (GQA, windows smaller than N)."""
+    x = fp64_inputs(gen, 1, 4, 2, 1, 64)
+    assert torch.autograd.gradcheck(lambda *a: fn(*a, 2, 3), x, fast_mode=True)
+
+
+def test_gradcheck_op(gen):
+    """The op's backward (reference_backward on the CPU) against central differences."""
+    x = fp64_inputs(gen, 1, 5, 4, 2, 64)
+    assert torch.autograd.gradcheck(lambda *a: sa.attention(*a, 3, 2), x, fast_mode=True)
+
+
+def test_opcheck(gen):
+    x = fp64_inputs(gen, 1, 5, 2, 1, 64)
+    torch.library.opcheck(torch.ops.simplicial_attn.fwd.default,
+                          (*x, 2, 3, 0.125, "auto", "auto"))
+    out, lse = sa.attention(*[t.detach() for t in x], 2, 3)
+    torch.library.opcheck(torch.ops.simplicial_attn.bwd.default,
+                          (torch.randn_like(out), torch.randn_like(lse), *[t.detach() for t in x],
+                           out, lse, 2, 3, 0.125, "auto"))
+
+
+def test_requires_grad_on_some_inputs(gen):
+    x = fp64_inputs(gen, 1, 5, 2, 1, 64, requires_grad=False)
+    x[2].requires_grad_()
+    out, _ = sa.attention(*x, 2, 3)
+    out.sum().backward()
+    assert x[2].grad is not None and x[2].grad.abs().sum() > 0
+    assert all(t.grad is None for i, t in enumerate(x) if i != 2)
+
+
+def test_compiled_training_step_matches_eager_bitwise(gen):
+    torch.manual_seed(0)
+    model = sa.SimplicialAttention(32, 4, 2, 64, 3, 5).double()
+    x = torch.randn(2, 9, 32, generator=gen, dtype=torch.float64)
+    grads = []
+    for m in (model, torch.compile(model, fullgraph=True)):
+        model.zero_grad()
+        m(x).square().sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for (name, _), a, b in zip(model.named_parameters(), *grads):
+        assert torch.equal(a, b), f"eager and compiled gradients of {name} differ"
+
+
+def test_layer_trains_on_cpu(gen):
+    torch.manual_seed(0)
+    model = sa.SimplicialAttention(32, 4, 1, 64, 2, 4)
+    x = torch.randn(2, 12, 32, generator=gen)
+    target = x.roll(1, dims=1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+@pytest.mark.parametrize("bad, exc, match", [
+    (dict(dtype=torch.int32), TypeError, "q must have a dtype"),
+    (dict(q_shape=(1, 5, 3, 64), k_shape=(1, 5, 2, 64)), ValueError, "multiple of Hk"),
+    (dict(k_shape=(1, 4, 1, 64)), ValueError, "N \\(dim 1\\)"),
+    (dict(w1=0), ValueError, "w1 must be a positive int"),
+    (dict(w2=-3), ValueError, "w2 must be a positive int"),
+    (dict(w1=2.5), TypeError, "w1 must be a positive int"),
+    (dict(bwd_variant="nope"), ValueError, "unknown backward variant"),
+    (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
+    (dict(mixed_dtype=True), TypeError, "share one dtype"),
+])
+def test_attention_rejects_bad_input(bad, exc, match):
+    q = torch.randn(*bad.get("q_shape", (1, 5, 2, 64))).to(bad.get("dtype", torch.float32))
+    k = [torch.randn(*bad.get("k_shape", (1, 5, 1, 64))).to(bad.get("dtype", torch.float32))
+         for _ in range(4)]
+    if bad.get("mixed_dtype"):
+        k[0] = k[0].double()
+    with pytest.raises(exc, match=match):
+        sa.attention(q, *k, bad.get("w1", 2), bad.get("w2", 3),
+                     bwd_variant=bad.get("bwd_variant", "auto"))
+
+
+@pytest.mark.parametrize("B, N", [(0, 5), (2, 0)])
+def test_empty_batch_or_sequence(B, N):
+    x = [torch.randn(B, N, h, 64, dtype=torch.float64, requires_grad=True) for h in (2, 1, 1, 1, 1)]
+    out, lse = sa.attention(*x, 2, 3)
+    assert out.shape == (B, N, 2, 64) and lse.shape == (B, 2, N)
+    out.sum().backward()
+    assert all(t.grad.shape == t.shape for t in x)
+
+
+def test_layer_rejects_bad_config():
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        sa.SimplicialAttention(32, 3, 2, 64, 2, 4)
+    with pytest.raises(ValueError, match="w1 must be a positive int"):
+        sa.SimplicialAttention(32, 4, 2, 64, 0, 4)

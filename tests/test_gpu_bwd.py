@@ -1,0 +1,257 @@
+"""The backward variants on a CUDA GPU against the fp64 reference (skipped without a GPU).
+
+Yardstick, as for the forward (tests/test_gpu.py): `emulate_bwd_bf16` evaluates the gradients
+exactly except for the roundings the `triton` backward makes on purpose (A_j = Q*K1[j] and
+dO_j = dO*V1[j] to bf16, P and dS to bf16 as GEMM operands, each gradient to bf16 at the store),
+from the kernel forward's own bf16 O and fp32 LSE. For each gradient
+
+    err(kernel) <= BUDGET * err(emulation) + FLOOR_MAX or FLOOR_MEAN * max|reference|
+
+for the max and the mean absolute error, against `reference_backward` in fp64.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import pytest
+import torch
+
+import simplicial_attn as sa
+from simplicial_attn import backward as bwd_launcher
+from simplicial_attn.reference import _window
+from simplicial_attn.spec import validate
+
+pytestmark = pytest.mark.gpu
+
+BUDGET = 2.0          # as in tests/test_gpu.py
+# Floors relative to max|ref|. Mean: fp32 accumulation noise over up to G*w1*(w2+BLOCK) terms.
+# Max: the kernel rounds its fp32 sum, the emulation its fp64 one, to bf16: where the exact value
+# sits near a rounding midpoint they round to neighbours, so the kernel's largest error may exceed
+# the emulation's by half a bf16 step at the largest magnitude (seen: dv2 at G = 128, N = 1100,
+# 0.304 against an emulation max of 0.133).
+FLOOR_MEAN = 2.0 ** -16
+FLOOR_MAX = 2.0 ** -9
+GRAD_NAMES = ("dq", "dk1", "dk2", "dv1", "dv2")
+
+
+class Shape(NamedTuple):
+    B: int
+    N: int
+    Hq: int
+    Hk: int
+    D: int
+    w1: int
+    w2: int
+
+    def __str__(self):
+        return (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} (G={self.Hq // self.Hk}) "
+                f"D={self.D} w1={self.w1} w2={self.w2}")
+
+
+SHAPES = {
+    "N1_G16": Shape(1, 1, 16, 1, 64, 32, 512),
+    "N5_lt_w1_G128": Shape(1, 5, 128, 1, 128, 16, 64),
+    "N7_Hq32Hk2": Shape(2, 7, 32, 2, 64, 16, 64),
+    "w1_le_N_lt_w2_G64": Shape(2, 100, 64, 1, 128, 32, 512),
+    "w1_le_N_lt_w2_Hk4": Shape(1, 129, 32, 4, 64, 32, 512),
+    "ragged_N333_G128": Shape(2, 333, 128, 1, 128, 32, 96),
+    "ragged_N300_G128_Hk2": Shape(1, 300, 256, 2, 64, 7, 129),
+    "swap_N300_G16": Shape(2, 300, 16, 1, 64, 256, 16),
+    "swap_N257_G128": Shape(1, 257, 128, 1, 64, 300, 5),
+    "G1_N300": Shape(1, 300, 4, 4, 64, 8, 70),
+    "G1_N129_D128": Shape(2, 129, 2, 2, 128, 3, 7),
+    "G2_N260": Shape(1, 260, 4, 2, 64, 130, 130),
+    "G8_N500": Shape(1, 500, 8, 1, 128, 32, 256),
+    "G64_N700_D64": Shape(1, 700, 64, 1, 64, 32, 256),
+    "G128_N1100": Shape(1, 1100, 128, 1, 128, 32, 512),
+    "w1eq1_G64": Shape(1, 150, 64, 1, 128, 1, 2),
+    "B3_Hq16Hk2": Shape(3, 96, 16, 2, 64, 8, 33),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def exact_fp32_matmul():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale):
+    """The triton backward's arithmetic in fp64 with its bf16 roundings (module docstring)."""
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
+    B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
+    w1, w2, c = spec.w1, spec.w2, spec.sm_scale
+    if spec.swapped:
+        k1, v1, k2, v2 = k2, v2, k1, v1
+
+    def bf16(t):
+        return t.to(torch.bfloat16).double()
+
+    q, k1, k2, v1, v2, dout = (t.double() for t in (q, k1, k2, v1, v2, dout))
+    dq = torch.zeros_like(q)
+    dk1, dk2, dv1, dv2 = (torch.zeros_like(k1) for _ in range(4))
+    delta = (dout * out.double()).sum(-1).transpose(1, 2)  # [B, Hq, N]
+    if dlse is not None:
+        delta = delta - dlse.double()
+    chunk = max(1, (1 << 24) // (B * Hq * w1 * max(w2, D)))
+    for i0 in range(0, N, chunk):
+        i1 = min(N, i0 + chunk)
+        C = i1 - i0
+        qc = q[:, i0:i1].reshape(B, C, Hk, G, D)
+        do = dout[:, i0:i1].reshape(B, C, Hk, G, D)
+        k1w, ok1 = _window(k1, i0, i1, w1)
+        v1w, _ = _window(v1, i0, i1, w1)
+        k2w, ok2 = _window(k2, i0, i1, w2)
+        v2w, _ = _window(v2, i0, i1, w2)
+        A = bf16(qc[:, :, :, :, None] * k1w.permute(0, 1, 3, 2, 4)[:, :, :, None])  # bcghjd
+        dOj = bf16(do[:, :, :, :, None] * v1w.permute(0, 1, 3, 2, 4)[:, :, :, None])
+        s = c * torch.einsum("bcghjd,bckgd->bcghjk", A, k2w)
+        l2 = lse.double()[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
+        dl = delta[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
+        valid = (ok1[:, :, None] & ok2[:, None, :])[None, :, None, None]
+        p = torch.where(valid, torch.exp(s - l2[..., None, None]), 0.0)
+        dp = torch.einsum("bcghjd,bckgd->bcghjk", dOj, v2w)
+        ds = p * (dp - dl[..., None, None])
+        X = torch.einsum("bcghjk,bckgd->bcghjd", bf16(ds), k2w)
+        Z = torch.einsum("bcghjk,bckgd->bcghjd", bf16(p), v2w)
+        dq[:, i0:i1] = (c * torch.einsum("bcghjd,bcjgd->bcghd", X, k1w)).reshape(B, C, Hq, D)
+        pos1 = (torch.arange(i0, i1)[:, None] - w1 + 1 + torch.arange(w1)).clamp(min=0)
+        pos2 = (torch.arange(i0, i1)[:, None] - w2 + 1 + torch.arange(w2)).clamp(min=0)
+        pos1, pos2 = pos1.flatten().to(q.device), pos2.flatten().to(q.device)
+        for grad, pos, part in (
+                (dk1, pos1, c * torch.einsum("bcghjd,bcghd->bcjgd", X, qc)),
+                (dv1, pos1, torch.einsum("bcghjd,bcghd->bcjgd", Z, do)),
+                (dk2, pos2, c * torch.einsum("bcghjk,bcghjd->bckgd", bf16(ds), A)),
+                (dv2, pos2, torch.einsum("bcghjk,bcghjd->bckgd", bf16(p), dOj))):
+            grad.index_add_(1, pos, part.flatten(1, 2))
+    if spec.swapped:
+        dk1, dv1, dk2, dv2 = dk2, dv2, dk1, dv1
+    return tuple(bf16(g) for g in (dq, dk1, dk2, dv1, dv2))
+
+
+def draw(shape: Shape, gen, device="cuda"):
+    def rnd(*size, dtype=torch.bfloat16):
+        return torch.randn(*size, generator=gen, dtype=torch.float32).to(dtype).to(device)
+    x = [rnd(shape.B, shape.N, h, shape.D) for h in (shape.Hq,) + (shape.Hk,) * 4]
+    dout = rnd(shape.B, shape.N, shape.Hq, shape.D)
+    dlse = rnd(shape.B, shape.Hq, shape.N, dtype=torch.float32)
+    return x, dout, dlse
+
+
+def check_grads(grads, x, out, lse, dout, dlse, shape: Shape, label: str):
+    ref = sa.reference_backward(*x, shape.w1, shape.w2, dout, dlse)
+    emu = emulate_bwd_bf16(*x, shape.w1, shape.w2, out, lse, dout, dlse, None)
+    lines, ok = [label], True
+    for name, g, r, e in zip(GRAD_NAMES, grads, ref, emu):
+        assert g.shape == r.shape and g.dtype == torch.bfloat16, f"{label}: {name} shape/dtype"
+        kern, emu_err = (g.double() - r).abs(), (e - r).abs()
+        top = r.abs().max().item()
+        km, em = kern.max().item(), emu_err.max().item()
+        ka, ea = kern.mean().item(), emu_err.mean().item()
+        allow_max, allow_mean = BUDGET * em + FLOOR_MAX * top, BUDGET * ea + FLOOR_MEAN * top
+        good = km <= allow_max and ka <= allow_mean
+        ok &= good
+        lines.append(f"  {name}: max {km:.3e} (allowed {allow_max:.3e}), mean {ka:.3e} "
+                     f"(allowed {allow_mean:.3e}), max|ref| {top:.3e}{'' if good else '  <-- FAIL'}")
+    report = "\n".join(lines)
+    print(report)
+    assert ok, report
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_gradients_match_reference(shape, gen, seed):
+    x, dout, dlse = draw(shape, gen)
+    xs = [t.clone().requires_grad_() for t in x]
+    out, lse = sa.attention(*xs, shape.w1, shape.w2)
+    torch.autograd.backward((out, lse), (dout, dlse))
+    grads = [t.grad for t in xs]
+    for name, g in zip(GRAD_NAMES, grads):
+        assert torch.isfinite(g).all(), f"{shape} seed={seed}: non-finite {name}"
+    check_grads(grads, x, out.detach(), lse.detach(), dout, dlse, shape,
+                f"triton backward {shape} seed={seed}")
+
+
+DET_SHAPES = {k: SHAPES[k] for k in ("ragged_N333_G128", "swap_N300_G16", "G1_N300")}
+
+
+@pytest.mark.parametrize("shape", DET_SHAPES.values(), ids=DET_SHAPES.keys())
+def test_bitwise_reproducible_and_every_element_written(shape, gen, seed):
+    """Three runs agree bit for bit; gradients launched into NaN-filled buffers have no NaN."""
+    x, dout, dlse = draw(shape, gen)
+    out, lse = sa.forward(*x, shape.w1, shape.w2)
+    runs = [bwd_launcher.backward(dout, dlse, *x, out, lse, shape.w1, shape.w2)
+            for _ in range(3)]
+    for i, r in enumerate(runs[1:], 1):
+        for name, a, b in zip(GRAD_NAMES, runs[0], r):
+            assert torch.equal(a, b), f"{shape} seed={seed}: run {i} {name} differs from run 0"
+    spec = validate(*x, shape.w1, shape.w2)
+    q, k1, k2, v1, v2 = x
+    if spec.swapped:
+        k1, v1, k2, v2 = k2, v2, k1, v1
+    grads = [torch.full_like(t, math.nan) for t in (q, k1, k2, v1, v2)]
+    from kernels_triton import bwd
+    bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, *grads)
+    torch.cuda.synchronize()
+    for name, g in zip(GRAD_NAMES, grads):
+        assert not torch.isnan(g).any(), f"{shape}: {name} has {int(torch.isnan(g).sum())} NaN"
+
+
+def test_non_contiguous_and_stride0_dout(gen):
+    """`.sum().backward()` gives a stride-0 dout; a transposed view a non-contiguous one."""
+    shape = SHAPES["B3_Hq16Hk2"]
+    x, _, _ = draw(shape, gen)
+    xs = [t.clone().requires_grad_() for t in x]
+    out, _ = sa.attention(*xs, shape.w1, shape.w2)
+    out.float().sum().backward()
+    ones = torch.ones_like(out)
+    check_grads([t.grad for t in xs], x, out.detach(), sa.forward(*x, shape.w1, shape.w2)[1],
+                ones, None, shape, "stride-0 dout")
+    xs = [t.clone().requires_grad_() for t in x]
+    out, _ = sa.attention(*xs, shape.w1, shape.w2)
+    dT = torch.randn(shape.B, shape.N, shape.D, shape.Hq, generator=gen).to("cuda", torch.bfloat16)
+    out.backward(dT.transpose(2, 3))
+    check_grads([t.grad for t in xs], x, out.detach(), sa.forward(*x, shape.w1, shape.w2)[1],
+                dT.transpose(2, 3).contiguous(), None, shape, "non-contiguous dout")
+
+
+def small_model(dim=256):
+    return torch.nn.Sequential(torch.nn.Linear(dim, dim),
+                               sa.SimplicialAttention(dim, 16, 1, 64, 8, 32),
+                               torch.nn.Linear(dim, dim))
+
+
+def test_layer_trains(gen):
+    """A few Adam steps on "output the previous token's features" reduce the loss."""
+    torch.manual_seed(seed_from(gen))
+    model = small_model().cuda()
+    x = torch.randn(2, 200, 256, generator=gen).cuda()
+    target = x.roll(1, dims=1)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0], f"loss did not fall: {losses[0]:.4f} -> {losses[-1]:.4f}"
+
+
+def test_compiled_step_matches_eager_bitwise(gen):
+    torch.manual_seed(seed_from(gen))
+    model = small_model().cuda()
+    x = torch.randn(2, 200, 256, generator=gen).cuda()
+    w = torch.randn(2, 200, 256, generator=gen).cuda()
+    grads = []
+    for m in (model, torch.compile(model, fullgraph=True)):
+        model.zero_grad()
+        (m(x) * w).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for (name, _), a, b in zip(model.named_parameters(), *grads):
+        assert torch.equal(a, b), f"eager and compiled gradients of {name} differ"
+
+
+def seed_from(gen) -> int:
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
