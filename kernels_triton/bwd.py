@@ -17,18 +17,21 @@ Three reduction index sets (rows, k, j) need three owners. Four kernels, no atom
      tiles as in the forward (kernels_triton/fwd.py). Per tile, j outer, key blocks inner:
      S = A_j K2^T, P, dP = dO_j V2^T, dS, X_j += dS K2, Z_j += P V2 (4 GEMMs); after the key loop
      dQ += K1[j]*X_j, and row j of the program's dK1/dV1 partials gets c sum_r q*X_j and
-     sum_r dO*Z_j. dQ is written once. The partials live in a program-private slice (plain
-     read-add-write, in program order), one slice per (head split, chunk of L tokens).
+     sum_r dO*Z_j. X_j and Z_j fill the registers, so the tile's fp32 dQ is accumulated in a
+     program-private buffer in memory (L1/L2-resident) and written to dq once, in bf16. The
+     partials live in a program-private slice (plain read-add-write, in program order, a barrier
+     after each write), one slice per (head split, chunk of L tokens).
   4. `_dkv1_kernel`: dK1/dV1 = the sum, in a fixed order, of the <= 2 partial slices (per head
      split) that cover each j.
-Executed tensor-core work: 9 GEMMs (4 in `_dkv2_kernel`, 5 in `_dq_kernel`: S is recomputed for
-the Z pass) for the 5 useful ones: 4.5 F against the useful 2.5 F (EXECUTED_FLOPS_PER_F).
+Executed tensor-core work: 8 GEMMs (4 in each of `_dkv2_kernel` and `_dq_kernel`) for the 5
+useful ones: 4 F against the useful 2.5 F (EXECUTED_FLOPS_PER_F).
 Rounding (what the GPU tests' emulation mirrors): A_j, dO_j, P and dS are rounded to bf16 as GEMM
 operands; everything else is fp32 until the bf16 gradients are stored.
 
-Scratch at S* (B4 N16384 Hq128 Hk1 D128, w 32x512): Delta 33.5 MB; the dK1/dV1 partials
-2 x B*Hk*SPLIT*n_chunks*(L + w1 - 1)*D*4 B = 2 x 4*2*512*63*128*4 B = 264 MB (L = 32 tokens per
-chunk; `scratch_bytes` gives it for any shape).
+Scratch (`scratch_bytes`), at S* (B4 N16384 Hq128 Hk1 D128, w 32x512, 132 SMs): Delta
+B*Hq*N*4 B = 33.6 MB; dK1/dV1 partials 2 x B*Hk*SPLIT*n_chunks*(L + w1 - 1)*D*4 B = 132 MB
+(L = 32 tokens per chunk, 512 chunks); the dQ tiles n_programs*BLOCK_M*D*4 B = 134 MB; 300 MB in
+all, against 2.7 GB of inputs and gradients.
 Supports every shape the forward's tiling takes: G a power of two up to 128, D in {64, 128}, any B,
 N, Hk, w1 <= w2 (the launcher swaps the pairs and their gradients).
 """
@@ -49,9 +52,9 @@ from simplicial_attn.spec import ProblemSpec
 # Both kernels run two warp groups; Triton gives a dot whose result feeds another dot all warps
 # along M, so the first GEMM's M (keys in _dkv2, rows in _dq) is 128 = 8 warps x 16 rows.
 DKV2 = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1)  # 32 rows x 128 keys
-DQ = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)    # 128 rows x 64 keys
+DQ = dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2)    # 128 rows x 32 keys
 DELTA_ROWS = 64  # rows of O per program of the Delta kernel
-EXECUTED_FLOPS_PER_F = 4.5  # tensor-core FLOPs executed per forward FLOP (9 GEMMs of F / 2 each)
+EXECUTED_FLOPS_PER_F = 4.0  # tensor-core FLOPs executed per forward FLOP (8 GEMMs of F / 2 each)
 DKV1_ROWS = 32   # rows of dK1/dV1 per program of the reduce kernel
 
 
@@ -73,11 +76,14 @@ def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
 
 
 def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
-    """Bytes of scratch the backward allocates beyond the gradients: Delta and dK1/dV1 partials."""
+    """Bytes of scratch the backward allocates beyond the gradients: Delta, the dK1/dV1 partials
+    and the dQ tiles."""
     _, _, split = tiling(spec)
     L = chunk_tokens(spec, n_sm)
-    partial = spec.B * spec.Hk * split * triton.cdiv(spec.N, L) * (L + spec.w1 - 1) * spec.D
-    return 4 * spec.B * spec.Hq * spec.N + 2 * 4 * partial
+    n_chunks = triton.cdiv(spec.N, L)
+    partial = spec.B * spec.Hk * split * n_chunks * (L + spec.w1 - 1) * spec.D
+    dq_tiles = spec.B * spec.Hk * split * n_chunks * DQ["BLOCK_M"] * spec.D
+    return 4 * (spec.B * spec.Hq * spec.N + 2 * partial + dq_tiles)
 
 
 @triton.jit
@@ -111,6 +117,19 @@ def _row_tile(Lse, Delta, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
 
 
 @triton.jit
+def _tile(base, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Pointers to a dense row-major [ROWS, COLS] block at `base` (made where used, not held)."""
+    return base + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+
+
+@triton.jit
+def _kv_rows(kv_base, pos, HK: tl.constexpr, D: tl.constexpr):
+    """Offsets of the [len(pos), D] rows at tokens `pos` of one (batch, KV head) of a
+    [B, N, HK, D] tensor whose token 0 is at kv_base."""
+    return kv_base + pos.to(tl.int64)[:, None] * (HK * D) + tl.arange(0, D)[None, :]
+
+
+@triton.jit
 def _visible(tok, j, kpos, N, w1, w2):
     """[len(tok), len(kpos)]: row tok < N sees the pair (j, kpos)."""
     row = (tok < N) & (j <= tok) & (j > tok - w1)
@@ -141,10 +160,9 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
     offs_d = tl.arange(0, D)
     kpos = kb + tl.arange(0, BLOCK_N)
     kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)
-    blk = kv_base + kpos.to(tl.int64)[:, None] * (HK * D) + offs_d[None, :]
     enter("load_kv", PROFILE)
-    k2 = tl.load(K2 + blk, mask=(kpos < N)[:, None], other=0.0)
-    v2 = tl.load(V2 + blk, mask=(kpos < N)[:, None], other=0.0)
+    k2 = tl.load(K2 + _kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
+    v2 = tl.load(V2 + _kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
     leave("load_kv", PROFILE)
     dk2 = tl.zeros([BLOCK_N, D], tl.float32)
     dv2 = tl.zeros([BLOCK_N, D], tl.float32)
@@ -174,8 +192,9 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
                 dk2 += tl.dot(dst.to(tl.bfloat16), a)
                 leave("pv_gemm", PROFILE)
     enter("epilogue", PROFILE)
-    tl.store(DK2 + blk, (dk2 * sm_scale).to(tl.bfloat16), mask=(kpos < N)[:, None])
-    tl.store(DV2 + blk, dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
+    tl.store(DK2 + _kv_rows(kv_base, kpos, HK, D), (dk2 * sm_scale).to(tl.bfloat16),
+             mask=(kpos < N)[:, None])
+    tl.store(DV2 + _kv_rows(kv_base, kpos, HK, D), dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
     leave("epilogue", PROFILE)
 
 
@@ -202,7 +221,7 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
     j_base = chunk * L - w1 + 1
     part = ((bg * SPLIT + s).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D
     # this program's fp32 dQ tile, accumulated in memory (registers hold X_j and Z_j)
-    acc = DQacc + pid.to(tl.int64) * (BLOCK_M * D) + offs_m[:, None] * D + offs_d[None, :]
+    acc = DQacc + pid.to(tl.int64) * (BLOCK_M * D)
     t_end = tl.cdiv(tl.minimum(N, chunk * L + L), T)
     for t in range(chunk * L // T, t_end):
         i0 = t * T
@@ -210,47 +229,21 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
         tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
         k_lo = tl.maximum(i0 - w2 + 1, 0)
         j_lo = tl.maximum(i0 - w1 + 1, 0)
-        tl.store(acc, tl.zeros([BLOCK_M, D], tl.float32))
+        tl.store(_tile(acc, BLOCK_M, D), tl.zeros([BLOCK_M, D], tl.float32))
         for j in range(j_lo, i_hi + 1):
             k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
             v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
-            # Q and dO are re-read (L1) where needed rather than held: registers go to X_j / Z_j
-            a = load_q(Q, b, g, tok, head, N, HQ, G, D) * k1j[None, :]
-            doj = load_q(DO, b, g, tok, head, N, HQ, G, D) * v1j[None, :]
-            # pass 1 over the keys: X_j = dS_j K2
+            # X_j = dS_j K2 and Z_j = P_j V2 in registers; Q and dO are re-read (L1) at every key
+            # block to form A_j and dO_j rather than held across the loop
             x = tl.zeros([BLOCK_M, D], tl.float32)
+            z = tl.zeros([BLOCK_M, D], tl.float32)
             for kb in range(k_lo, i_hi + 1, BLOCK_N):
                 enter("load_kv", PROFILE)
                 k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros
                 v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
                 leave("load_kv", PROFILE)
                 enter("qk_gemm", PROFILE)
-                sc = tl.dot(a, tl.trans(k2))
-                dp = tl.dot(doj, tl.trans(v2))
-                leave("qk_gemm", PROFILE)
-                enter("softmax", PROFILE)
-                ok = _visible(tok, j, kb + offs_n, N, w1, w2)
-                p = tl.where(ok, tl.math.exp2(sc * qk_scale - lse2[:, None]), 0.0)
-                ds = p * (dp - delta[:, None])
-                leave("softmax", PROFILE)
-                enter("pv_gemm", PROFILE)
-                x += tl.dot(ds.to(tl.bfloat16), k2)
-                leave("pv_gemm", PROFILE)
-            enter("epilogue", PROFILE)
-            tl.store(acc, tl.load(acc) + x * k1j[None, :].to(tl.float32))
-            slot = part + (j - j_base) * D + offs_d
-            pk1 = tl.sum(load_q(Q, b, g, tok, head, N, HQ, G, D).to(tl.float32) * x, 0)
-            tl.store(PK1 + slot, tl.load(PK1 + slot) + pk1)
-            leave("epilogue", PROFILE)
-            # pass 2 over the keys: Z_j = P_j V2
-            z = tl.zeros([BLOCK_M, D], tl.float32)
-            for kb in range(k_lo, i_hi + 1, BLOCK_N):
-                enter("load_kv", PROFILE)
-                k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)
-                v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
-                leave("load_kv", PROFILE)
-                enter("qk_gemm", PROFILE)
-                sc = tl.dot(a, tl.trans(k2))
+                sc = tl.dot(load_q(Q, b, g, tok, head, N, HQ, G, D) * k1j[None, :], tl.trans(k2))
                 leave("qk_gemm", PROFILE)
                 enter("softmax", PROFILE)
                 ok = _visible(tok, j, kb + offs_n, N, w1, w2)
@@ -259,13 +252,27 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                 enter("pv_gemm", PROFILE)
                 z += tl.dot(p.to(tl.bfloat16), v2)
                 leave("pv_gemm", PROFILE)
+                enter("qk_gemm", PROFILE)
+                dp = tl.dot(load_q(DO, b, g, tok, head, N, HQ, G, D) * v1j[None, :], tl.trans(v2))
+                leave("qk_gemm", PROFILE)
+                enter("softmax", PROFILE)
+                ds = p * (dp - delta[:, None])
+                leave("softmax", PROFILE)
+                enter("pv_gemm", PROFILE)
+                x += tl.dot(ds.to(tl.bfloat16), k2)
+                leave("pv_gemm", PROFILE)
             enter("epilogue", PROFILE)
+            tl.store(_tile(acc, BLOCK_M, D),
+                     tl.load(_tile(acc, BLOCK_M, D)) + x * k1j[None, :].to(tl.float32))
+            slot = part + (j - j_base) * D + offs_d
+            pk1 = tl.sum(load_q(Q, b, g, tok, head, N, HQ, G, D).to(tl.float32) * x, 0)
+            tl.store(PK1 + slot, tl.load(PK1 + slot) + pk1)
             pv1 = tl.sum(load_q(DO, b, g, tok, head, N, HQ, G, D).to(tl.float32) * z, 0)
             tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
             tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
             leave("epilogue", PROFILE)
         q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + s * HPT + offs_m % HPT) * D
-        tl.store(DQ + q_off[:, None] + offs_d[None, :], (tl.load(acc) * sm_scale).to(tl.bfloat16),
+        tl.store(DQ + q_off[:, None] + offs_d[None, :], (tl.load(_tile(acc, BLOCK_M, D)) * sm_scale).to(tl.bfloat16),
                  mask=(tok < N)[:, None])
         tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
 
