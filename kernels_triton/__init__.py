@@ -1,1 +1,2 @@
-"""Plain Triton kernels (no TLX): run on any GPU Triton supports, sm_80 and newer."""
+"""Plain Triton kernels (no TLX) for Hopper (sm_90): they read K2/V2 through TMA tensor descriptors,
+which older GPUs lack, so the `triton` variant is registered with needs_hopper=True."""
