@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, no_gpu_env
 from simplicial_attn import triton_env
 
 FIX_PARTS = ("pip uninstall -y triton", "pip install --force-reinstall --no-deps fbtriton==",
@@ -73,10 +73,8 @@ def pypi_like_triton(tmp_path_factory) -> str:
 
 
 def child(code: str, *args: str, path_first: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (path_first, str(ROOT),
-                                                    env.get("PYTHONPATH")) if p)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the same on a GPU machine: nothing may reach a GPU here
+    path = os.pathsep.join(p for p in (path_first, str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = no_gpu_env(PYTHONPATH=path)  # the same on a GPU machine
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
