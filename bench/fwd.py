@@ -22,7 +22,8 @@ frontier of what TLX reaches on this GPU for the easier operator; each output is
 torch SDPA's before it is timed.
 
 Exit status: 0 done; 1 a correctness check failed, or no variant was timed at all; 2 bad
-arguments or no CUDA GPU.
+arguments, a `triton` without TLX (simplicial_attn.triton_env: one line naming the fix) or no
+CUDA GPU.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from bench.common import (H100_SXM_BF16_DENSE_TFLOPS, PRESETS, SWEEP_N,  # noqa:
                           SWEEP_W2, Shape, add_shape_args, make_inputs, median_ms,
                           metadata_line, plot_tflops_vs_n, positive_float, print_table,
                           run_metadata, shape_from_args, sweep_shapes, tflops, write_rows)
-from simplicial_attn import launcher, registry  # noqa: E402
+from simplicial_attn import launcher, registry, triton_env  # noqa: E402
 from simplicial_attn.spec import (SUPPORTED_HEAD_DIMS, check_device, validate,  # noqa: E402
                                   validate_shape)
 
@@ -386,6 +387,11 @@ def bench_matmul(args: argparse.Namespace) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, shapes, names = parse_args(argv)
+    try:
+        triton_env.require_tlx()
+    except triton_env.TritonWithoutTLX as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print(f"{PROG}: no CUDA GPU found; this benchmark needs one (H100/H200)", file=sys.stderr)
         return 2

@@ -35,6 +35,15 @@ def pick(spec: ProblemSpec, variant: str, hopper: bool = True) -> registry.Varia
     raise ValueError(f"no variant can take {spec.short()}: " + "; ".join(reasons))
 
 
+def _shape_error(spec: ProblemSpec) -> ValueError | None:
+    """What "auto" says about `spec` on an sm_90 GPU: None when some variant takes it there."""
+    try:
+        pick(spec, "auto", True)
+    except ValueError as e:
+        return e
+    return None
+
+
 def _dense_aligned(t: torch.Tensor) -> torch.Tensor:
     """t itself when contiguous with a 16-byte aligned start (TMA needs both), else a copy."""
     if t.is_contiguous() and t.data_ptr() % 16 == 0:
@@ -58,8 +67,17 @@ def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None):
         raise ValueError("simplicial_attn.forward is forward-only (no backward yet) and the inputs "
                          "require grad: call it under torch.no_grad() or pass detached tensors")
     on_gpu = q.device.type == "cuda"
-    hopper = on_gpu and torch.cuda.get_device_capability(q.device)[0] == 9
-    v = pick(spec, variant, hopper or not on_gpu)  # shape errors first, on any device
+    cap = torch.cuda.get_device_capability(q.device) if on_gpu else None
+    hopper = cap is not None and cap[0] == 9
+    try:
+        v = pick(spec, variant, hopper or not on_gpu)  # shape errors first, on any device
+    except ValueError:
+        if variant != "auto" or hopper or not on_gpu:
+            raise
+        err = _shape_error(spec)  # on a GPU other than Hopper: is the shape or the GPU the problem?
+        raise err or RuntimeError(f"no variant runs on this GPU (sm_{cap[0]}{cap[1]}): the "
+                                  f"variants that take {spec.short()} need a Hopper GPU "
+                                  "(sm_90: TMA, wgmma)") from None
     check_device(q, needs_hopper=v.needs_hopper, variant=v.name)
     out = torch.empty(spec.B, spec.N, spec.Hq, spec.D, dtype=q.dtype, device=q.device)
     lse = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=q.device)

@@ -29,6 +29,13 @@ HAS_CUDA = torch.cuda.is_available()
 requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none found)")
 
 
+def no_gpu_env(**extra: str) -> dict:
+    """Environment for a child process that must find no GPU, on any machine: with
+    CUDA_VISIBLE_DEVICES empty, torch.cuda.is_available() is False there. CPU tests of "no GPU"
+    paths use it, so the CPU suite is the same on a GPU machine (never skipped there)."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped when none is present")
     config.addinivalue_line("markers", "slow: takes more than ~20 s on the 2-core CI machine")

@@ -16,13 +16,14 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 from bench import common  # noqa: E402
+from conftest import no_gpu_env  # noqa: E402
 
 META_KEYS = ("gpu", "torch", "triton", "commit", "time_utc")
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, os.path.join("bench", "fwd.py"), *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -55,12 +56,11 @@ def test_help_exits_0() -> None:
         assert flag in res.stdout
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 @pytest.mark.parametrize("args", [[], ["--variant", "all", "--preset", "small", "--peers"],
                                   ["--frontier"],
                                   ["--sweep", "--preset", "star64", "--hq", "16", "--hk", "2"]])
 def test_no_gpu_exits_2_with_one_line(args: list[str]) -> None:
-    res = run_cli(*args)
+    res = run_cli(*args, env=no_gpu_env())  # no GPU visible, also on a GPU machine
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
@@ -157,10 +157,14 @@ def test_write_rows_round_trip(tmp_path) -> None:
     assert all(k in loaded[0] for k in META_KEYS)
 
 
-def test_run_metadata_and_table() -> None:
+@pytest.mark.parametrize("gpu", [None, "NVIDIA H100 80GB HBM3"], ids=["no_gpu", "gpu"])
+def test_run_metadata_and_table(gpu, monkeypatch) -> None:
+    """Both branches on any machine: the GPU (or its absence) is simulated."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu is not None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: gpu)
     meta = common.run_metadata()
     assert set(META_KEYS) <= set(meta)
-    assert meta["gpu"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "none")
+    assert meta["gpu"] == (gpu or "none")
     assert meta["commit"]  # a hash, or 'unknown' outside a checkout
     text = common.format_table([{"a": "x", "b": 1.5}, {"a": "longer", "b": None}],
                                [("a", "name"), ("b", "ms")])

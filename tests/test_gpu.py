@@ -9,6 +9,7 @@ below evaluates the function exactly except for the roundings the kernels make o
 for both the max and the mean absolute error of `out`. Every element is checked to be written
 (direct launch into NaN-filled buffers with NaN guard zones around them), repeated runs must be
 bitwise equal, and failure messages carry the shape, variant, seed and measured vs allowed error.
+The variants that "auto" takes run the whole shape matrix, the ablations a reduced one (Tiers).
 """
 from __future__ import annotations
 
@@ -127,6 +128,58 @@ SHAPES = {
     "G128_w1eq2_N300_w300": Shape(1, 300, 128, 1, 64, 2, 300),
     "G128_w1w2eq1_N50": Shape(2, 50, 128, 1, 128, 1, 1),
 }
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiers. The rule, stated once: a variant that "auto" takes (launcher.pick on a Hopper GPU) at one
+# or more shapes of SHAPES is what users run, and gets the whole matrix; every other registered
+# variant is an ablation, reached only by name, and gets REDUCED_SHAPES (each shape, or its
+# G = 128 twin where the variant takes only G = 128). Derived from the registry's ranks, so a
+# variant added or re-ranked lands in its tier without an edit here. Today: tlx_pipelined_kv
+# (G = 128, D = 128), tlx_ws (G >= 16 otherwise), triton (G < 16) get the matrix.
+REDUCED_SHAPES = (
+    "B3_N96_Hq16Hk2",          # batches, Hk > 1, G = 8
+    "swap_N300_G16",           # w1 > w2: the pairs swapped; D = 64
+    "N63_G128",                # N < w1 <= w2
+    "G1_N129_w3_7",            # the odd one: G = 1 (64 tokens per tile), N = 129, windows 3 and 7
+    "G128_Hk2_N300_w7_129",    # G = 128 at Hk = 2, windows just past a block
+    "w1eq1_w2eq2_N150_G64",    # tiny windows
+)
+# Cases over this many useful FLOPs (reference and bf16 emulation on the GPU, the largest
+# compiles) carry the `slow` marker: `pytest -m "gpu and not slow"` is the quick GPU pass.
+SLOW_FLOPS = 5e11
+
+
+def takes_on_hopper(shape: Shape) -> str | None:
+    try:
+        return pick(validate_shape(*shape), "auto", True).name
+    except ValueError:
+        return None
+
+
+AUTO_VARIANTS = {takes_on_hopper(s) for s in SHAPES.values()} - {None}
+
+
+def is_slow(shape: Shape) -> bool:
+    return flops(shape.B, shape.N, shape.Hq, shape.D, shape.w1, shape.w2) > SLOW_FLOPS
+
+
+def matrix_cases() -> list:
+    """(variant, shape) for test_matches_reference: the whole matrix for AUTO_VARIANTS, the
+    reduced one (G = 128 twins where needed) for the ablations."""
+    cases = []
+    for v in VARIANTS:
+        if v.name in AUTO_VARIANTS:
+            shapes = list(SHAPES.items())
+        else:
+            shapes = []
+            for name in REDUCED_SHAPES:
+                twin = taken_by(v, SHAPES[name])
+                shapes.append((name if twin == SHAPES[name] else f"{name}-as-Hq{twin.Hq}", twin))
+        for name, shape in shapes:
+            marks = [pytest.mark.slow] if is_slow(shape) else []
+            cases.append(pytest.param(v, shape, id=f"{v.name}-{name}", marks=marks))
+    return cases
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -295,8 +348,7 @@ def check_accuracy(out, lse, x, shape: Shape, label: str, rounding: dict | None 
 # ------------------------------------------------------------------------------------------------
 # Tests
 
-@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-@pytest.mark.parametrize("v", VARIANTS, ids=VIDS)
+@pytest.mark.parametrize("v, shape", matrix_cases())
 def test_matches_reference(v, shape, rand, seed):
     x = inputs(rand, shape)
     spec = validate(*x, shape.w1, shape.w2, shape.sm_scale)
@@ -477,6 +529,7 @@ sys.exit(0 if bad == 0 and worst < 1e-3 else 1)
 """
 
 
+@pytest.mark.slow  # several GiB per case
 @pytest.mark.parametrize("v", VARIANTS, ids=VIDS)
 def test_offsets_past_2_31(v, seed):
     N, HQ, HK, D = 65536 + 200, 256, 256, 128
@@ -499,6 +552,7 @@ def test_offsets_past_2_31(v, seed):
                                f"seed={seed}: {p.stdout[-2000:]} {p.stderr[-3000:]}")
 
 
+@pytest.mark.slow  # several GiB per case
 @pytest.mark.parametrize("v", VARIANTS, ids=VIDS)
 def test_batch_times_kv_heads_past_65535(v, rand, seed):
     """B * Hk = 65536: more programs than a CUDA grid's y axis holds (the grid is one flat axis)."""

@@ -192,3 +192,49 @@ def test_reference_non_contiguous_inputs(rand, gen):
 
 def test_public_api():
     assert set(simplicial_attn.__all__) >= {"forward", "reference", "variants", "flops"}
+
+
+# ------------------------------------------------------------------------------------------------
+# A GPU that is not Hopper, simulated on the CPU: FakeTensorMode makes tensors that report a CUDA
+# device without any memory or driver, and the capability query answers sm_80.
+
+def _fake_cuda_inputs(Hq, Hk, D=128, B=1, N=8):
+    fake_tensor = pytest.importorskip("torch._subclasses.fake_tensor")
+    with fake_tensor.FakeTensorMode():
+        return [torch.empty(B, N, h, D, dtype=torch.bfloat16, device="cuda")
+                for h in (Hq, Hk, Hk, Hk, Hk)]
+
+
+@pytest.fixture
+def sm80(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (8, 0))
+
+
+@pytest.mark.parametrize("hq", [128, 64, 8], ids=["G128", "G64", "G8"])
+def test_auto_on_sm80_names_the_gpu(sm80, hq):
+    """On an sm_80 GPU "auto" says the GPU is the problem, not that no variant takes the shape."""
+    x = _fake_cuda_inputs(hq, 1)
+    assert x[0].device.type == "cuda"
+    with pytest.raises(RuntimeError) as info:
+        forward(*x, 2, 4)
+    msg = str(info.value)
+    assert "sm_80" in msg and "Hopper" in msg and "sm_90" in msg, msg
+    assert "no variant can take" not in msg, msg
+
+
+def test_auto_on_sm80_shape_error_stays_a_shape_error(sm80):
+    """A shape no variant takes on any GPU (G = 12) is still reported as the shape's problem."""
+    x = _fake_cuda_inputs(12, 1)
+    with pytest.raises(ValueError, match="no variant can take .*G = Hq/Hk = 12"):
+        forward(*x, 2, 4)
+
+
+@pytest.mark.parametrize("name", list(variants()))
+def test_named_variant_on_sm80_names_the_gpu(sm80, name):
+    from simplicial_attn import registry
+    if not registry.get(name).needs_hopper:
+        pytest.skip(f"{name} runs on sm_80")
+    hq = hq_taken_by(name, 1, 8, 64, 1, 128, 2, 4)
+    x = _fake_cuda_inputs(hq, 1)
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU .*this GPU is sm_80"):
+        forward(*x, 2, 4, variant=name)
