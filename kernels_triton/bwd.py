@@ -48,11 +48,30 @@ from kernels_triton.tiling import supports  # noqa: F401  (this variant's regist
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
-# Tile shapes, each the largest whose registers fit 8 warps with no spill (profiling.resources).
-# Both kernels run two warp groups; Triton gives a dot whose result feeds another dot all warps
-# along M, so the first GEMM's M (keys in _dkv2, rows in _dq) is 128 = 8 warps x 16 rows.
-DKV2 = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=1)  # 32 rows x 128 keys
-DQ = dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2)    # 128 rows x 32 keys
+
+
+# Tile configs. Both GEMM kernels run 8 warps; Triton puts all of them along M of a dot whose
+# result feeds another dot, so the first GEMM's M (keys in _dkv2, rows in _dq) is 128 = 8 x 16.
+# The other sizes are the fastest measured at S* whose registers fit with no spill
+# (python -m profiling.resources); where that one spills, the next smaller (docs/perf.md).
+def dkv2_config(spec: ProblemSpec) -> dict:
+    """`_dkv2_kernel`: 128 keys x 32 rows; 16 rows (1.5x slower at S*) where 32 spill: G = 1
+    (16 bytes) and G = 32 at Hk = 1 (40 bytes)."""
+    block_m = 16 if spec.G == 1 or (spec.G, spec.Hk) == (32, 1) else 32
+    return dict(BLOCK_M=block_m, BLOCK_N=128, num_warps=8, num_stages=1)
+
+
+def dq_config(spec: ProblemSpec) -> dict:
+    """`_dq_kernel`: 128 rows x 32 keys at Hk = 1, G >= 16 (S*'s family); elsewhere 16 keys with
+    the row addresses rebuilt at each j (FRESH_ROWS; 32 keys spill 4-136 bytes there) and, at
+    G <= 2, Z_j in a second pass over the keys (TWO_PASS). 16 keys are 1.4x slower at S*."""
+    if spec.Hk == 1 and spec.G >= 16:
+        return dict(BLOCK_M=128, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=False, num_warps=8,
+                    num_stages=2)
+    return dict(BLOCK_M=128, BLOCK_N=16, TWO_PASS=spec.G <= 2, FRESH_ROWS=True, num_warps=8,
+                num_stages=2)
+
+
 DELTA_ROWS = 64  # rows of O per program of the Delta kernel
 EXECUTED_FLOPS_PER_F = 4.0  # tensor-core FLOPs executed per forward FLOP (8 GEMMs of F / 2 each)
 DKV1_ROWS = 32   # rows of dK1/dV1 per program of the reduce kernel
@@ -60,8 +79,9 @@ DKV1_ROWS = 32   # rows of dK1/dV1 per program of the reduce kernel
 
 def tiling(spec: ProblemSpec) -> tuple[int, int, int]:
     """(HPT heads per tile, T tokens per tile, SPLIT programs per token) of `_dq_kernel`'s tile."""
-    hpt = min(spec.G, DQ["BLOCK_M"])
-    return hpt, DQ["BLOCK_M"] // hpt, spec.G // hpt
+    block_m = dq_config(spec)["BLOCK_M"]
+    hpt = min(spec.G, block_m)
+    return hpt, block_m // hpt, spec.G // hpt
 
 
 def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
@@ -82,7 +102,7 @@ def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
     L = chunk_tokens(spec, n_sm)
     n_chunks = triton.cdiv(spec.N, L)
     partial = spec.B * spec.Hk * split * n_chunks * (L + spec.w1 - 1) * spec.D
-    dq_tiles = spec.B * spec.Hk * split * n_chunks * DQ["BLOCK_M"] * spec.D
+    dq_tiles = spec.B * spec.Hk * split * n_chunks * dq_config(spec)["BLOCK_M"] * spec.D
     return 4 * (spec.B * spec.Hq * spec.N + 2 * partial + dq_tiles)
 
 
@@ -117,9 +137,21 @@ def _row_tile(Lse, Delta, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
 
 
 @triton.jit
-def _tile(base, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Pointers to a dense row-major [ROWS, COLS] block at `base` (made where used, not held)."""
-    return base + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+def _fresh_rows(j, ROWS: tl.constexpr, FRESH: tl.constexpr = True):
+    """tl.arange(0, ROWS) recomputed at each j: an opaque copy of arange + j, minus j, keeps LLVM
+    from hoisting the [ROWS, D] address tensors built from it out of the j loop (held across the
+    loop, they spill)."""
+    if not FRESH:
+        return tl.arange(0, ROWS)
+    r = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tl.arange(0, ROWS) + j],
+                                  dtype=tl.int32, is_pure=True, pack=1)
+    return r - j
+
+
+@triton.jit
+def _tile(base, rows, COLS: tl.constexpr):
+    """Pointers to rows `rows` of a dense row-major [*, COLS] block at `base`."""
+    return base + rows[:, None] * COLS + tl.arange(0, COLS)[None, :]
 
 
 @triton.jit
@@ -199,9 +231,43 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
 
 
 @triton.jit
+def _dq_step(x, z, a, doj, K2, V2, b, g, kb, tok, j, lse2, delta, N, w1, w2, qk_scale,
+             D: tl.constexpr, BLOCK_N: tl.constexpr, DO_Z: tl.constexpr, DO_X: tl.constexpr,
+             PROFILE: tl.constexpr):
+    """One key block of `_dq_kernel`: Z_j += P V2 (DO_Z) and X_j += dS K2 (DO_X)."""
+    enter("load_kv", PROFILE)
+    k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros
+    v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
+    leave("load_kv", PROFILE)
+    enter("qk_gemm", PROFILE)
+    sc = tl.dot(a, tl.trans(k2))
+    leave("qk_gemm", PROFILE)
+    enter("softmax", PROFILE)
+    ok = _visible(tok, j, kb + tl.arange(0, BLOCK_N), N, w1, w2)
+    p = tl.where(ok, tl.math.exp2(sc * qk_scale - lse2[:, None]), 0.0)
+    leave("softmax", PROFILE)
+    if DO_Z:
+        enter("pv_gemm", PROFILE)
+        z += tl.dot(p.to(tl.bfloat16), v2)
+        leave("pv_gemm", PROFILE)
+    if DO_X:
+        enter("qk_gemm", PROFILE)
+        dp = tl.dot(doj, tl.trans(v2))
+        leave("qk_gemm", PROFILE)
+        enter("softmax", PROFILE)
+        ds = p * (dp - delta[:, None])
+        leave("softmax", PROFILE)
+        enter("pv_gemm", PROFILE)
+        x += tl.dot(ds.to(tl.bfloat16), k2)
+        leave("pv_gemm", PROFILE)
+    return x, z
+
+
+@triton.jit
 def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2, qk_scale,
                sm_scale, L, n_chunks, HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               TWO_PASS: tl.constexpr = False, FRESH_ROWS: tl.constexpr = True,
                PROFILE: tl.constexpr = False):
     """Row-owner: dQ of the row tiles of L tokens (one head split), and their dK1/dV1 partials."""
     HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
@@ -214,7 +280,6 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
     b = bg // HK
     g = bg % HK
     offs_d = tl.arange(0, D)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     kv_base = b.to(tl.int64) * N * (HK * D) + g * D
     # this program's partial slice: rows j in [j_base, j_base + L + w1 - 1)
@@ -229,50 +294,38 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
         tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
         k_lo = tl.maximum(i0 - w2 + 1, 0)
         j_lo = tl.maximum(i0 - w1 + 1, 0)
-        tl.store(_tile(acc, BLOCK_M, D), tl.zeros([BLOCK_M, D], tl.float32))
+        tl.store(_tile(acc, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
         for j in range(j_lo, i_hi + 1):
             k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
             v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
-            # X_j = dS_j K2 and Z_j = P_j V2 in registers; Q and dO are re-read (L1) at every key
-            # block to form A_j and dO_j rather than held across the loop
+            rows = _fresh_rows(j, BLOCK_M, FRESH_ROWS)
+            tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
+            # A_j and dO_j, invariant over the keys, are wgmma operands from shared memory;
+            # X_j = dS_j K2 and Z_j = P_j V2 fill the registers
+            a = load_q(Q, b, g, tok_j, head_j, N, HQ, G, D) * k1j[None, :]
+            doj = load_q(DO, b, g, tok_j, head_j, N, HQ, G, D) * v1j[None, :]
             x = tl.zeros([BLOCK_M, D], tl.float32)
             z = tl.zeros([BLOCK_M, D], tl.float32)
             for kb in range(k_lo, i_hi + 1, BLOCK_N):
-                enter("load_kv", PROFILE)
-                k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros
-                v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
-                leave("load_kv", PROFILE)
-                enter("qk_gemm", PROFILE)
-                sc = tl.dot(load_q(Q, b, g, tok, head, N, HQ, G, D) * k1j[None, :], tl.trans(k2))
-                leave("qk_gemm", PROFILE)
-                enter("softmax", PROFILE)
-                ok = _visible(tok, j, kb + offs_n, N, w1, w2)
-                p = tl.where(ok, tl.math.exp2(sc * qk_scale - lse2[:, None]), 0.0)
-                leave("softmax", PROFILE)
-                enter("pv_gemm", PROFILE)
-                z += tl.dot(p.to(tl.bfloat16), v2)
-                leave("pv_gemm", PROFILE)
-                enter("qk_gemm", PROFILE)
-                dp = tl.dot(load_q(DO, b, g, tok, head, N, HQ, G, D) * v1j[None, :], tl.trans(v2))
-                leave("qk_gemm", PROFILE)
-                enter("softmax", PROFILE)
-                ds = p * (dp - delta[:, None])
-                leave("softmax", PROFILE)
-                enter("pv_gemm", PROFILE)
-                x += tl.dot(ds.to(tl.bfloat16), k2)
-                leave("pv_gemm", PROFILE)
+                x, z = _dq_step(x, z, a, doj, K2, V2, b, g, kb, tok, j, lse2, delta, N, w1, w2,
+                                qk_scale, D, BLOCK_N, not TWO_PASS, True, PROFILE)
+            if TWO_PASS:  # Z_j in a second pass over the keys (S recomputed): fewer registers
+                for kb in range(k_lo, i_hi + 1, BLOCK_N):
+                    x, z = _dq_step(x, z, a, doj, K2, V2, b, g, kb, tok, j, lse2, delta, N, w1,
+                                    w2, qk_scale, D, BLOCK_N, True, False, PROFILE)
             enter("epilogue", PROFILE)
-            tl.store(_tile(acc, BLOCK_M, D),
-                     tl.load(_tile(acc, BLOCK_M, D)) + x * k1j[None, :].to(tl.float32))
+            rows = _fresh_rows(j + 1, BLOCK_M, FRESH_ROWS)  # a second opaque copy: no address is held over the keys
+            tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
+            tl.store(_tile(acc, rows, D), tl.load(_tile(acc, rows, D)) + x * k1j[None, :].to(tl.float32))
             slot = part + (j - j_base) * D + offs_d
-            pk1 = tl.sum(load_q(Q, b, g, tok, head, N, HQ, G, D).to(tl.float32) * x, 0)
+            pk1 = tl.sum(load_q(Q, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * x, 0)
             tl.store(PK1 + slot, tl.load(PK1 + slot) + pk1)
-            pv1 = tl.sum(load_q(DO, b, g, tok, head, N, HQ, G, D).to(tl.float32) * z, 0)
+            pv1 = tl.sum(load_q(DO, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * z, 0)
             tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
             tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
             leave("epilogue", PROFILE)
         q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + s * HPT + offs_m % HPT) * D
-        tl.store(DQ + q_off[:, None] + offs_d[None, :], (tl.load(_tile(acc, BLOCK_M, D)) * sm_scale).to(tl.bfloat16),
+        tl.store(DQ + q_off[:, None] + offs_d[None, :], (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16),
                  mask=(tok < N)[:, None])
         tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
 
@@ -330,21 +383,28 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
         ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
     shape = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile)
     qk_scale = spec.sm_scale * LOG2E
-    _dkv2_kernel[(triton.cdiv(spec.N, DKV2["BLOCK_N"]) * spec.B * spec.Hk,)](
+    dkv2, dqc = dkv2_config(spec), dq_config(spec)
+    _dkv2_kernel[(triton.cdiv(spec.N, dkv2["BLOCK_N"]) * spec.B * spec.Hk,)](
         q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2, qk_scale,
-        spec.sm_scale, **shape, **DKV2)
+        spec.sm_scale, **shape, **dkv2)
     part = spec.B * spec.Hk * split * n_chunks * (L + spec.w1 - 1) * spec.D
     pk1 = torch.zeros(part, dtype=torch.float32, device=dev)
     pv1 = torch.zeros(part, dtype=torch.float32, device=dev)
-    k2d, v2d = (kv_descriptor(t, spec, DQ["BLOCK_N"]) for t in (k2, v2))
+    k2d, v2d = (kv_descriptor(t, spec, dqc["BLOCK_N"]) for t in (k2, v2))
     n_prog = spec.B * spec.Hk * n_chunks * split
-    dq_acc = torch.empty(n_prog * DQ["BLOCK_M"] * spec.D, dtype=torch.float32, device=dev)
+    dq_acc = torch.empty(n_prog * dqc["BLOCK_M"] * spec.D, dtype=torch.float32, device=dev)
     _dq_kernel[(n_prog,)](
         q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, pk1, pv1, spec.N, spec.w1, spec.w2,
-        qk_scale, spec.sm_scale, L, n_chunks, **shape, **DQ)
+        qk_scale, spec.sm_scale, L, n_chunks, **shape, **dqc)
     _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS), spec.B * spec.Hk)](
         pk1, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk, D=spec.D,
         SPLIT=split, ROWS=DKV1_ROWS, num_warps=4)
+
+
+# The forward's compile shapes, with G = 1 taken at Hk = 2: at Hq = Hk = 1 `_dq_kernel` spills
+# 64 bytes in every config tried (it runs correctly, slower); G = 1 at Hk = 2 does not.
+COMPILE_SHAPES_BWD = tuple((2, 2, d) if (hq, hk) == (1, 1) else (hq, hk, d)
+                           for hq, hk, d in COMPILE_SHAPES)
 
 
 def compile_configs() -> list[CompileConfig]:
@@ -353,18 +413,20 @@ def compile_configs() -> list[CompileConfig]:
     ptrs = dict(Q="*bf16", K1="*bf16", K2="*bf16", V1="*bf16", V2="*bf16", DO="*bf16",
                 Lse="*fp32", Delta="*fp32")
     scal = dict(N="i32", w1="i32", w2="i32", qk_scale="fp32", sm_scale="fp32")
-    for hq, hk, d in COMPILE_SHAPES:
-        name = f"G{hq // hk}_Hk{hk}_D{d}"
-        for kern, cfg, sig in (
-                ("dkv2", DKV2, {**ptrs, "DK2": "*bf16", "DV2": "*bf16", **scal}),
-                ("dq", DQ, {**ptrs, "K2": f"tensordesc<bf16[1,{DQ['BLOCK_N']},{d}]>",
-                            "V2": f"tensordesc<bf16[1,{DQ['BLOCK_N']},{d}]>", "DQ": "*bf16",
-                            "DQacc": "*fp32", "PK1": "*fp32", "PV1": "*fp32", **scal, "L": "i32",
-                            "n_chunks": "i32"})):
-            consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d, BLOCK_M=cfg["BLOCK_M"],
-                          BLOCK_N=cfg["BLOCK_N"])
+    for hq, hk, d in COMPILE_SHAPES_BWD:
+        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+        for kern, fn, cfg in (("dkv2", _dkv2_kernel, dkv2_config(spec)),
+                              ("dq", _dq_kernel, dq_config(spec))):
+            if kern == "dkv2":
+                sig = {**ptrs, "DK2": "*bf16", "DV2": "*bf16", **scal}
+            else:
+                kv = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{d}]>"
+                sig = {**ptrs, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32",
+                       "PK1": "*fp32", "PV1": "*fp32", **scal, "L": "i32", "n_chunks": "i32"}
+            consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d,
+                          **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
             sig.update({k: "constexpr" for k in consts})
-            fn = _dkv2_kernel if kern == "dkv2" else _dq_kernel
-            out.append(CompileConfig(f"{kern}_{name}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}", fn, sig,
-                                     consts, cfg["num_warps"], cfg["num_stages"]))
+            out.append(CompileConfig(f"{kern}_G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}"
+                                     f"_N{cfg['BLOCK_N']}", fn, sig, consts, cfg["num_warps"],
+                                     cfg["num_stages"]))
     return out

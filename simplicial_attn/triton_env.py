@@ -44,10 +44,23 @@ def tlx_problem() -> str | None:
     if not hasattr(tlx, "async_tasks"):
         return "triton.language.extra.tlx has no async_tasks: not the TLX these kernels use"
     pypi, fb = _dist_version("triton"), _dist_version("fbtriton")
-    if pypi is not None and fb is not None:  # both wrote into one `triton` folder: mixed files
+    if pypi is not None and fb is not None and _owns("triton") and _owns("fbtriton"):
+        # both wrote into the one `triton` folder that is imported: mixed files (a PyPI triton
+        # elsewhere on the path, shadowed by fbtriton's, as on the device machines, is fine)
         return (f"both PyPI triton {pypi} and fbtriton {fb} are installed, into the one module "
                 "`triton`")
     return None
+
+
+def _owns(dist: str) -> bool:
+    """Whether distribution `dist` installed the `triton` folder that is imported."""
+    from pathlib import Path
+    triton = importlib.import_module("triton")
+    try:
+        where = Path(importlib.metadata.distribution(dist).locate_file("triton")).resolve()
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return where == Path(triton.__file__).parent.resolve()
 
 
 def require_tlx() -> None:

@@ -134,12 +134,17 @@ def test_both_distributions_installed(monkeypatch):
     """PyPI triton installed over fbtriton: TLX may still import, from mixed files."""
     versions = {"triton": "3.5.0", "fbtriton": "3.7.4"}
     monkeypatch.setattr(triton_env, "_dist_version", versions.get)
+    monkeypatch.setattr(triton_env, "_owns", lambda dist: True)  # both in the imported folder
     problem = triton_env.tlx_problem()
     assert problem is not None and "3.5.0" in problem and "fbtriton 3.7.4" in problem, problem
     with pytest.raises(triton_env.TritonWithoutTLX) as info:
         triton_env.require_tlx()
     assert_names_fix(str(info.value))
     monkeypatch.setattr(triton_env, "_dist_version", {"fbtriton": "3.7.4"}.get)
+    assert triton_env.tlx_problem() is None
+    # a PyPI triton elsewhere on the path, shadowed by fbtriton's folder (the device machines)
+    monkeypatch.setattr(triton_env, "_dist_version", versions.get)
+    monkeypatch.setattr(triton_env, "_owns", lambda dist: dist == "fbtriton")
     assert triton_env.tlx_problem() is None
 
 
