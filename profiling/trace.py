@@ -76,7 +76,7 @@ DEFAULT_FREQUENCY_MHZ = 1000.0
 # (warp-specialized kernels launch more warps than their num_warps: tlx_ws = 4 producer + 2 x 4
 # consumer warps).
 # Variants not listed use their compile config's num_warps. The one place that names these numbers.
-TOTAL_WARPS_FALLBACK = {"tlx_ws": 12, "tlx_pingpong": 12, "tlx_pipelined": 12, "tlx_ws_keys": 12,
+TOTAL_WARPS_FALLBACK = {"tlx_ws": 12, "tlx_pingpong": 12, "tlx_ws_keys": 12,
                         "tlx_ws_kv": 16, "tlx_pipelined_kv": 16, "tlx_pipelined_pingpong": 16}
 
 # Fixed colours per scope (tab10), so every picture reads the same.

@@ -47,8 +47,8 @@ def register(v: Variant) -> None:
 # (docs/perf-notes.md, session 11). tlx_ws is ahead of triton at 7 of 8 shapes timed with G from
 # 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of tlx_pipelined_kv (450 vs 417 at
 # G = 128).
-# tlx_pipelined_pingpong is on par with tlx_pipelined_kv and tlx_pipelined far behind: both stay
-# below the rest, so "auto" never takes them.
+# tlx_pipelined_pingpong is on par with tlx_pipelined_kv: it stays below the rest, so "auto" never
+# takes it.
 register(Variant("tlx_pipelined_kv", "kernels_tlx.pipelined_kv", needs_hopper=True,
                  rank=lambda spec: 8 if spec.D == 128 else 6,
                  supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
@@ -64,9 +64,6 @@ register(Variant("triton", "kernels_triton.fwd", needs_hopper=True, rank=2,
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
 register(Variant("tlx_pipelined_pingpong", "kernels_tlx.pipelined_pingpong", needs_hopper=True,
                  rank=-3, supports="G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"))
-register(Variant("tlx_pipelined", "kernels_tlx.pipelined", needs_hopper=True, rank=-2,
-                 supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}; "
-                          "G >= 64 when D = 128"))
 
 
 def get(name: str) -> Variant:

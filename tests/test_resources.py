@@ -26,7 +26,7 @@ REQUIRED_KEYS = {"variant", "config", "registers", "spill_bytes", "smem_bytes", 
 # The variants that issue QK(c) with PV(c - 1) and wait for QK(c) alone (wgmma.wait_group 1). In
 # their compiled code no exp2 runs under the PV: ptxas waits for it before the softmax, and the
 # docs (README, kernels_tlx/pipelined_kv.py, docs/perf-notes.md session 12) say so.
-PIPELINED = {"tlx_pipelined", "tlx_pipelined_kv", "tlx_pipelined_pingpong"}
+PIPELINED = {"tlx_pipelined_kv", "tlx_pipelined_pingpong"}
 
 
 def _cases():
