@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from kernels_tlx import ws_kv
 from kernels_tlx.common import tlx_entry_points
-from kernels_tlx.ws_kv import (ABSENT_SCOPES, EXTRA_SCOPES,  # noqa: F401  (read by tests, trace)
-                               ROUNDS_KEYS_SIDE, ROUNDS_VALUES_SIDE, supports)
+from kernels_tlx.ws_kv import supports
 from simplicial_attn.spec import ProblemSpec
 
 

@@ -39,9 +39,6 @@ from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores,
 from kernels_triton.tiling import supports as tiling_supports
 from simplicial_attn.spec import ProblemSpec
 
-ROUNDS_KEYS_SIDE = True  # rounds K1[j] * K2 to bf16, not Q * K1[j] (tests/test_gpu.py emulates it)
-EXTRA_SCOPES = ("build_b",)  # Proton scope of the producer's build (profiling/trace.py expects it)
-
 
 def supports(spec: ProblemSpec) -> str | None:
     why = tiling_supports(spec)

@@ -36,11 +36,6 @@ from kernels_triton.tiling import (enter, key_block, leave, mask_scores, normali
                                    softmax_step, write_rows)
 from simplicial_attn.spec import ProblemSpec
 
-ROUNDS_KEYS_SIDE = True    # rounds K1[j] * K2 to bf16, not Q * K1[j]
-ROUNDS_VALUES_SIDE = True  # rounds V1[j] * V2 to bf16 (the GEMM output is not multiplied)
-EXTRA_SCOPES = ("build_b", "build_c")  # Proton scopes of the producers' builds
-ABSENT_SCOPES = ("wait_kv", "v1_mul")  # consumers read no K2/V2 slot and multiply by no V1 row
-
 
 @triton.jit
 def produce_step(row, src_tile, dst_tiles, fulls, empties, c, D: tl.constexpr,

@@ -46,6 +46,34 @@ def test_names_unique_and_get():
     assert len(set(IDS)) == len(IDS)
     for v in ALL:
         assert registry.get(v.name) is v
+        assert registry.get(v.name, v.pass_) is v
+
+
+@pytest.mark.parametrize("v", registry.all_variants(None), ids=lambda v: f"{v.pass_}-{v.name}")
+def test_record_fields(v):
+    """What the code reads from a record is there and well-formed (the warp count is checked
+    against the compiled kernels in test_resources.py)."""
+    assert v.pass_ in registry.PASSES
+    assert v in registry.all_variants(v.pass_) and v in registry.all_variants(None)
+    assert v.warps >= 4 and v.warps % 4 == 0, f"{v.name}: {v.warps} warps is not whole warp groups"
+    assert v.scopes and set(v.scopes) <= set(registry.SCOPES), (v.name, v.scopes)
+    assert len(set(v.scopes)) == len(v.scopes), (v.name, v.scopes)
+    assert {"qk_gemm", "softmax", "pv_gemm", "epilogue"} <= set(v.scopes), v.name
+    for flag in (v.rounds_keys_side, v.rounds_values_side, v.pipelined, v.needs_hopper):
+        assert isinstance(flag, bool), v
+
+
+def test_passes():
+    assert registry.all_variants() == registry.all_variants("fwd")
+    assert set(registry.all_variants(None)) == {v for p in registry.PASSES
+                                               for v in registry.all_variants(p)}
+    with pytest.raises(ValueError, match="unknown pass 'sideways'"):
+        registry.all_variants("sideways")
+    if not registry.all_variants("bwd"):  # (until a backward variant is registered)
+        with pytest.raises(ValueError, match="unknown variant 'triton' of pass 'bwd'; known: none"):
+            registry.get("triton", "bwd")
+    pairs = registry.compile_configs(None)
+    assert {v for v, _ in pairs} == set(registry.all_variants(None))
 
 
 def test_register_twice_rejected():
@@ -162,13 +190,14 @@ def fake_variants(monkeypatch):
         return name
 
     top = max(v.rank_for(spec(D=d)) for v in ALL for d in (64, 128))
-    narrow = Variant("narrow", module("_fake_narrow", lambda s: None if s.G == 1 else
-                                      f"G = {s.G}: narrow takes G = 1 only"),
-                     needs_hopper=False, rank=top + 2, supports="G = 1 only")
-    hop = Variant("hopper-only", module("_fake_hopper", lambda s: None),
-                  needs_hopper=True, rank=top + 1, supports="any shape")
+    fields = {"pass_": "fwd", "warps": 4, "scopes": registry.TRITON_SCOPES}
+    narrow = Variant(name="narrow", module=module("_fake_narrow", lambda s: None if s.G == 1 else
+                                                  f"G = {s.G}: narrow takes G = 1 only"),
+                     needs_hopper=False, rank=top + 2, supports="G = 1 only", **fields)
+    hop = Variant(name="hopper-only", module=module("_fake_hopper", lambda s: None),
+                  needs_hopper=True, rank=top + 1, supports="any shape", **fields)
     table = dict(registry._REGISTRY)
-    table.update({narrow.name: narrow, hop.name: hop})
+    table.update({("fwd", narrow.name): narrow, ("fwd", hop.name): hop})
     monkeypatch.setattr(registry, "_REGISTRY", table)
     return narrow, hop
 
