@@ -2,23 +2,29 @@
 epilogue, launch and the compile configs. A variant file holds only its technique."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, grid, key_block, leave,
-                                   store_rows)
+from kernels_triton.tiling import (BF16_BYTES, COMPILE_SHAPES, LOG2E, enter, grid, key_block,
+                                   leave, store_rows)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
+# Every TLX variant runs NUM_CONSUMERS consumer warp groups (4 warps each) beside its producer(s);
+# CONSUMER_THREADS is their thread count, the count of every named barrier between them.
+NUM_CONSUMERS = tl.constexpr(2)
+CONSUMER_THREADS = tl.constexpr(NUM_CONSUMERS * 4 * 32)
 # Named barriers (this build's compiler emits ids 0-3 for its own partition syncs; fbtriton's
 # tutorials reserve 0-6; profiling.resources lists the ids each kernel uses):
 MERGE_BARRIER = tl.constexpr(8)    # 8 and 9: the split-j hand-over of (acc, m, l)
 I_READY_BARRIER = tl.constexpr(10)  # tlx_ws: consumer 0 has stored the identity tile (Q @ I)
 TURN_BARRIER = tl.constexpr(11)     # 11 + c: consumer c's turn on the tensor cores (pingpong)
+
+
 # The register layout of a 64-row wgmma accumulator of 4 warps (one warp group), as
 # (thread, value) modes over a [64, D] row-major tile: lanes 4 x 2 columns, 8 rows; warps 16 rows;
 # per thread 2 adjacent columns, rows r and r + 8, every 8th column group.
@@ -58,7 +64,7 @@ def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, first, n_loads, n_blo
         enter("load_kv", PROFILE)
         tlx.barrier_wait(tlx.local_view(empties, buf), ((c // NUM_BUFFERS) & 1) ^ 1)
         full = tlx.local_view(fulls, buf)
-        tlx.barrier_expect_bytes(full, 2 * 2 * BLOCK_N * D)
+        tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)  # a K2 and a V2 block
         row = b * N + kb
         tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, buf), [row, g * D], full)
         tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, buf), [row, g * D], full)
@@ -68,16 +74,17 @@ def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, first, n_loads, n_blo
 @triton.jit
 def take_turn(cid, PINGPONG: tl.constexpr):
     """Pingpong: wait until it is consumer `cid`'s turn to issue a wgmma, i.e. the other consumer
-    has issued its own (named barrier TURN_BARRIER + cid, 256 threads). No-op otherwise."""
+    has issued its own (named barrier TURN_BARRIER + cid, both consumers' threads). No-op
+    otherwise."""
     if PINGPONG:
-        tlx.named_barrier_wait(TURN_BARRIER + cid, 256)
+        tlx.named_barrier_wait(TURN_BARRIER + cid, CONSUMER_THREADS)
 
 
 @triton.jit
 def pass_turn(cid, PINGPONG: tl.constexpr):
     """Pingpong: hand the tensor cores to the other consumer (arrive on its turn barrier)."""
     if PINGPONG:
-        tlx.named_barrier_arrive(TURN_BARRIER + 1 - cid, 256)
+        tlx.named_barrier_arrive(TURN_BARRIER + 1 - cid, CONSUMER_THREADS)
 
 
 @triton.jit
@@ -90,9 +97,9 @@ def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok,
         tlx.local_store(merge_acc, acc)
         tlx.local_store(tlx.local_view(merge_m, 0), m_i)
         tlx.local_store(tlx.local_view(merge_m, 1), l_i)
-        tlx.named_barrier_arrive(MERGE_BARRIER + 1, 256)
+        tlx.named_barrier_arrive(MERGE_BARRIER + 1, CONSUMER_THREADS)
     else:
-        tlx.named_barrier_wait(MERGE_BARRIER + 1, 256)
+        tlx.named_barrier_wait(MERGE_BARRIER + 1, CONSUMER_THREADS)
         m_o = tlx.local_load(tlx.local_view(merge_m, 0))
         l_o = tlx.local_load(tlx.local_view(merge_m, 1))
         m_new = tl.maximum(m_i, m_o)
@@ -104,6 +111,15 @@ def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok,
         acc = acc * a_self[:, None] + other * a_other[:, None]
         store_rows(Out, Lse, acc, m_new, l_i * a_self + l_o * a_other, b, g, tok, head, N, HQ, G,
                    D)
+
+
+@triton.jit
+def opaque(x):
+    """An int32 tensor equal to x that the compiler cannot see through (an inline-asm move): what
+    is computed from it is computed where it is used. Against LLVM hoisting index arithmetic out
+    of a warp-specialized region or keeping it alive across a loop (ptxas then spills it)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True,
+                                     pack=1)
 
 
 @tl.core.builtin

@@ -23,8 +23,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, grid, key_block, leave, load_q, mask_scores,
-                                   row_coords, softmax_step, store_rows, tile_setup)
+from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, M_START, enter, grid, key_block, leave,
+                                   load_q, mask_scores, row_coords, softmax_step, store_rows,
+                                   tile_setup)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -72,7 +73,7 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     k1_base = K1 + kv_base
     v1_base = V1 + kv_base
     j_lo = tl.maximum(i0 - w1 + 1, 0)
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    m_i = tl.full([BLOCK_M], M_START, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     n_int = n_hi - n_lo
