@@ -38,7 +38,8 @@ import triton.language.extra.tlx as tlx
 
 from kernels_tlx.common import (CONSUMER_THREADS, I_READY_BARRIER, MERGE_BARRIER, NUM_CONSUMERS,
                                 merge_and_store, opaque, pass_turn, produce_kv, release_layout,
-                                take_turn, tlx_entry_points, v1_layout)
+                                take_turn, v1_layout)
+from kernels_triton.host import entry_points
 from kernels_triton.tiling import (BF16_BYTES, M_START, enter, key_block, leave, mask_scores,
                                    row_coords, softmax_step, tile_setup)
 from kernels_triton.tiling import supports as tiling_supports
@@ -275,4 +276,4 @@ def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
                 PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
-launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_kernel, config, supports, q_tma=True)
+launch, compile_configs = entry_points(simplicial_fwd_ws_kernel, config, supports, q_tma=True)

@@ -33,8 +33,9 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import NUM_CONSUMERS, release_layout, tlx_entry_points, v1_layout
+from kernels_tlx.common import NUM_CONSUMERS, release_layout, v1_layout
 from kernels_tlx.hadamard import build, row_tile, start_consumer, supports, token_tile
+from kernels_triton.host import entry_points
 from kernels_triton.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores,
                                    softmax_step, store_rows)
 from simplicial_attn.spec import ProblemSpec
@@ -104,11 +105,11 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
                 tlx.barrier_wait(tlx.local_view(kv_empties, slot), ((t // 2) & 1) ^ 1)
                 full = tlx.local_view(kv_fulls, slot)
                 tlx.barrier_expect_bytes(full, BLOCK_N * D * BF16_BYTES)
-                tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, slot), [b * N + kb, g * D],
+                tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, slot), [b, kb, g * D],
                                           full)
                 # the single K2 slot is free: this warp group's last build read it before
                 tlx.barrier_expect_bytes(kf, BLOCK_N * D * BF16_BYTES)
-                tlx.async_descriptor_load(K2, k2_tile, [b * N + kb, g * D], kf)
+                tlx.async_descriptor_load(K2, k2_tile, [b, kb, g * D], kf)
                 tlx.barrier_wait(kf, t & 1)
                 leave("load_kv", PROFILE)
                 for jj in range(0, n_j):
@@ -162,4 +163,4 @@ def config(spec: ProblemSpec) -> dict:
                 num_stages=1)
 
 
-launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_keys_kernel, config, supports)
+launch, compile_configs = entry_points(simplicial_fwd_ws_keys_kernel, config, supports)

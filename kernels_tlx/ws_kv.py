@@ -30,8 +30,9 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import NUM_CONSUMERS, pass_turn, take_turn, tlx_entry_points
+from kernels_tlx.common import NUM_CONSUMERS, pass_turn, take_turn
 from kernels_tlx.hadamard import build, row_tile, start_consumer, supports, token_tile
+from kernels_triton.host import entry_points
 from kernels_triton.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores, normalized,
                                    softmax_step, write_rows)
 from simplicial_attn.spec import ProblemSpec
@@ -160,7 +161,7 @@ def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, 
         kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
         enter("load_kv", PROFILE)
         tlx.barrier_expect_bytes(full, BLOCK_N * D * BF16_BYTES)
-        tlx.async_descriptor_load(X2, x2_tile, [b * N + kb, g * D], full)
+        tlx.async_descriptor_load(X2, x2_tile, [b, kb, g * D], full)
         tlx.barrier_wait(full, t & 1)
         leave("load_kv", PROFILE)
         for jj in range(0, n_j):
@@ -242,4 +243,4 @@ def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -
                 PIPELINE=pipelined, PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
-launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_kv_kernel, config, supports)
+launch, compile_configs = entry_points(simplicial_fwd_ws_kv_kernel, config, supports)
