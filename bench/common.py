@@ -16,7 +16,8 @@ SWEEP_W2 = (256, 512, 1024)
 
 def sweep_shapes(base: Shape, ns: Sequence[int] = SWEEP_N,
                  w2s: Sequence[int] = SWEEP_W2) -> list[Shape]:
-    """`base` with N and w2 replaced by every pair of `ns` x `w2s`; w2 outer, N inner (ascending)."""
+    """`base` with N and w2 replaced by every pair of `ns` x `w2s`; w2 outer, N inner
+    (ascending)."""
     return [replace(base, N=n, w2=w2) for w2 in w2s for n in ns]
 
 

@@ -77,8 +77,8 @@ def pass_turn(cid, PINGPONG: tl.constexpr):
 def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok, head, N,
                     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
     """Split-j epilogue: consumer 1 hands (acc, m, l) to consumer 0 through shared memory
-    (`merge_acc` [rows, D] fp32, `merge_m` 2 x [rows] fp32); consumer 0 merges the two softmax states
-    and writes O and LSE."""
+    (`merge_acc` [rows, D] fp32, `merge_m` 2 x [rows] fp32); consumer 0 merges the two softmax
+    states and writes O and LSE."""
     if cid == 1:
         tlx.local_store(merge_acc, acc)
         tlx.local_store(tlx.local_view(merge_m, 0), m_i)

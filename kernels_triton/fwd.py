@@ -96,7 +96,8 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
 
 
 def _config(spec: ProblemSpec) -> dict:
-    """Tile shape: 64 rows (one warp group) x 128 keys; measured best at G = 64 (docs/perf-notes.md)."""
+    """Tile shape: 64 rows (one warp group) x 128 keys; measured best at G = 64
+    (docs/perf-notes.md)."""
     return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1)
 
 

@@ -37,8 +37,8 @@ def supports(spec: ProblemSpec) -> str | None:
 
 
 def grid(spec: ProblemSpec, block_m: int) -> tuple[int]:
-    """One flat axis: (token tiles x head splits) fastest, then B * Hk. Neighbouring programs share a
-    K2/V2 window while it is hot in L2; a flat axis has no 65535 limit (grid y/z have)."""
+    """One flat axis: (token tiles x head splits) fastest, then B * Hk. Neighbouring programs share
+    a K2/V2 window while it is hot in L2; a flat axis has no 65535 limit (grid y/z have)."""
     hpt = min(spec.G, block_m)
     return (triton.cdiv(spec.N, block_m // hpt) * (spec.G // hpt) * spec.B * spec.Hk,)
 

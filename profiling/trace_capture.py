@@ -149,5 +149,5 @@ def kernel_level(names: Sequence[str], s: Shape, out_dir: str, reps: int = 5,
     with open(path) as f:
         rows = kernel_table(json.load(f))
     for r in rows:
-        r["shape"] = s.short()
+        r.update({"pass": pass_, "shape": s.short()})
     return rows

@@ -46,11 +46,13 @@ class Variant:
     supports: str        # one line: which shapes it takes (the module's `supports` decides)
     warps: int           # warps per CTA, every warp group counted (threads per CTA = 32 * warps)
     scopes: tuple[str, ...]  # Proton scopes of its profile=True kernel
-    rounds_keys_side: bool = False    # rounds K1[j] * K2 to bf16 instead of Q * K1[j]
-    rounds_values_side: bool = False  # rounds V1[j] * V2 to bf16 instead of multiplying P @ V2
-    #                                   by V1[j] (both emulated by tests/test_gpu.py's yardstick)
-    pipelined: bool = False  # issues QK(c) with PV(c - 1) and waits for QK(c) alone, leaving a
-    #                          wgmma in flight (profiling.resources: "ex2 under wgmma" is a number)
+    # rounds K1[j] * K2 to bf16 (instead of Q * K1[j]) / V1[j] * V2 (instead of multiplying P @ V2
+    # by V1[j]); tests/test_gpu.py's bf16 yardstick emulates the same roundings
+    rounds_keys_side: bool = False
+    rounds_values_side: bool = False
+    # issues QK(c) with PV(c - 1) and waits for QK(c) alone, leaving a wgmma in flight
+    # (profiling.resources: its "ex2 under wgmma" is a number, 0 today)
+    pipelined: bool = False
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -142,11 +144,12 @@ def compile_configs(pass_: str | None = "fwd") -> list[tuple[Variant, CompileCon
 
 @dataclass(frozen=True)
 class CompileConfig:
-    """One default config of a variant, compilable for sm_90a without a GPU (profiling.resources)."""
+    """One default config of a variant, compilable for sm_90a without a GPU
+    (profiling.resources)."""
 
     name: str
     fn: object            # the @triton.jit kernel
-    signature: dict       # argument name -> Triton type string ("*bf16", "i32", "fp32", "constexpr")
+    signature: dict       # argument name -> Triton type ("*bf16", "i32", "fp32", "constexpr")
     constexprs: dict      # argument name -> value
     num_warps: int
     num_stages: int

@@ -32,5 +32,6 @@ def test_compiles_for_hopper_with_wgmma(variant, c):
     ptx = k.asm["ptx"]
     assert re.search(r"^\s*\.target\s+sm_90a\b", ptx, re.M), f"{where}: PTX not for sm_90a"
     code = "\n".join(line.split("//")[0] for line in ptx.splitlines())  # drop comments
-    assert "wgmma.mma_async" in code, f"{where}: no wgmma.mma_async in its PTX (not the Hopper path)"
+    assert "wgmma.mma_async" in code, (f"{where}: no wgmma.mma_async in its PTX (not the Hopper "
+                                       "path)")
     assert k.asm.get("cubin"), f"{where}: no cubin (ptxas did not run)"

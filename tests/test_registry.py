@@ -124,7 +124,7 @@ def test_supports_returns_none_or_reason(v):
 @pytest.mark.parametrize("s", SPECS.values(), ids=SPECS.keys())
 @pytest.mark.parametrize("hopper", [True, False], ids=["sm90", "sm80"])
 def test_auto_picks_a_variant_that_supports(s, hopper):
-    able = [o for o in ALL if o.load().supports(s) is None and (hopper or not o.needs_hopper)]
+    able = [o for o in ALL if o.cannot_take(s) is None and (hopper or not o.needs_hopper)]
     if not able:  # e.g. every variant is Hopper-only: "auto" on sm_80 must say so
         with pytest.raises(ValueError, match="no variant can take") as info:
             launcher.pick(s, "auto", hopper)
@@ -132,7 +132,7 @@ def test_auto_picks_a_variant_that_supports(s, hopper):
             assert "needs sm_90" in str(info.value)
         return
     v = launcher.pick(s, "auto", hopper)
-    assert v.load().supports(s) is None
+    assert v.cannot_take(s) is None
     if not hopper:
         assert not v.needs_hopper
     assert v.rank_for(s) == max(o.rank_for(s) for o in able), \
@@ -158,7 +158,7 @@ def test_auto_takes_the_measured_fastest(s, name):
 def test_auto_takes_every_headline_shape_on_hopper():
     """At least one registered variant runs each of SPECS on an sm_90 GPU."""
     for name, s in SPECS.items():
-        assert launcher.pick(s, "auto", True).load().supports(s) is None, name
+        assert launcher.pick(s, "auto", True).cannot_take(s) is None, name
 
 
 def test_auto_with_no_taker_explains_each_variant():
@@ -173,7 +173,7 @@ def test_auto_with_no_taker_explains_each_variant():
 @pytest.mark.parametrize("v", ALL, ids=IDS)
 def test_named_variant_that_supports(v):
     for s in SPECS.values():
-        if v.load().supports(s) is None:
+        if v.cannot_take(s) is None:
             assert launcher.pick(s, v.name) is v
 
 
@@ -211,7 +211,7 @@ def test_unsupported_named_variant_names_one_that_can(fake_variants):
     assert "variant 'narrow' cannot take" in msg and "narrow takes G = 1 only" in msg, msg
     assert "variants that can:" in msg and "hopper-only" in msg, msg
     for v in ALL:  # the real variants that take it are offered too
-        if v.load().supports(s) is None:
+        if v.cannot_take(s) is None:
             assert v.name in msg, msg
 
 
@@ -219,7 +219,7 @@ def test_real_variant_refusal_names_fake_taker(fake_variants):
     """A real variant that refuses G = 12 points at the (fake) variant that takes anything."""
     s = spec(Hq=12)
     for v in ALL:
-        if v.load().supports(s) is not None:
+        if v.cannot_take(s) is not None:
             with pytest.raises(ValueError, match="variants that can: .*hopper-only"):
                 launcher.pick(s, v.name)
 
@@ -228,7 +228,7 @@ def test_auto_rank_order_and_hopper_filter(fake_variants):
     narrow, hop = fake_variants
     assert launcher.pick(spec(Hq=1), "auto") is narrow          # highest rank that takes G = 1
     assert launcher.pick(spec(Hq=16), "auto") is hop            # narrow refuses; hop next
-    real_sm80 = [v for v in ALL if not v.needs_hopper and v.load().supports(spec(Hq=16)) is None]
+    real_sm80 = [v for v in ALL if not v.needs_hopper and v.cannot_take(spec(Hq=16)) is None]
     if real_sm80:  # sm_80: hop skipped, a real non-Hopper variant taken
         not_hop = launcher.pick(spec(Hq=16), "auto", hopper=False)
         assert not not_hop.needs_hopper and not_hop.name not in ("narrow", "hopper-only")

@@ -122,7 +122,7 @@ def test_named_variant_cannot_take_g12(name, rand):
     q, k1, k2, v1, v2 = rand(1, 4, 12, 1, 64)
     from simplicial_attn import registry
     from simplicial_attn.spec import validate
-    why = registry.get(name).load().supports(validate(q, k1, k2, v1, v2, 2, 2))
+    why = registry.get(name).cannot_take(validate(q, k1, k2, v1, v2, 2, 2))
     if why is None:
         pytest.skip(f"{name} takes G=12")
     with pytest.raises(ValueError) as info:
