@@ -56,26 +56,24 @@ PRESETS: dict[str, Shape] = {
 # Arguments
 
 
+def _positive(text: str, convert, what: str):
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a {what}, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a {what}, got {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+    return _positive(text, int, "positive integer")
 
 
 def positive_float(text: str) -> float:
     """argparse type: a float > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+    return _positive(text, float, "positive number")
 
 
 def add_shape_args(p: argparse.ArgumentParser, default_preset: str) -> None:
