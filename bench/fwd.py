@@ -6,8 +6,10 @@
     python bench/fwd.py --variant tlx_pipelined_kv --peers --frontier  # + cuDNN, TLX's dense FA
 
 Each variant is first checked against `simplicial_attn.reference` (fp32, on the GPU) on a reduced
-shape (B=1, N = min(N, 2*max(w1, w2) + 37), other dims kept), then timed with bench.common.median_ms
-(triton's do_bench, median, L2 flushed before every timed call). TFLOPS use `simplicial_attn.flops`.
+shape (B=1, N = min(N, 2*max(w1, w2) + 37), other dims kept), then timed with
+profiling.timing.median_ms (triton's do_bench, median, L2 flushed before every timed call), each
+call through `simplicial_attn.launcher.run`. TFLOPS use `simplicial_attn.flops`. A variant or shape
+that cannot run is refused before anything touches the GPU (the launcher's message, exit 2).
 
 Memory and caches: one input set per shape, no rotation. The `star` q alone is 0.5 GB, far above the
 50 MB L2, and do_bench writes a 256 MB buffer before every timed call, so each call starts with a
@@ -37,21 +39,23 @@ if REPO_ROOT not in sys.path:
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import warnings  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import replace  # noqa: E402
-from typing import Callable, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 
 import simplicial_attn  # noqa: E402
-from bench.common import (H100_SXM_BF16_DENSE_TFLOPS, PRESETS, SWEEP_N,  # noqa: E402
-                          SWEEP_W2, Shape, add_shape_args, make_inputs, median_ms,
-                          metadata_line, plot_tflops_vs_n, positive_float, print_table,
-                          run_metadata, shape_from_args, sweep_shapes, tflops, write_rows)
+from bench.common import SWEEP_N, SWEEP_W2, plot_tflops_vs_n, sweep_shapes, write_rows  # noqa: E402
+from profiling.common import (PRESETS, Shape, add_pass_arg, add_shape_args,  # noqa: E402
+                              check_variants, make_inputs, metadata_line, positive_float,
+                              print_table, run_metadata, shape_from_args, variant_names)
+from profiling.timing import (H100_SXM_BF16_DENSE_TFLOPS, median_ms, pct_of_peak,  # noqa: E402
+                              tflops)
 from simplicial_attn import launcher, registry, triton_env  # noqa: E402
-from simplicial_attn.spec import (SUPPORTED_HEAD_DIMS, check_device, validate,  # noqa: E402
-                                  validate_shape)
+from simplicial_attn.spec import SUPPORTED_HEAD_DIMS  # noqa: E402
 
 PROG = "bench/fwd.py"
+PASSES = ("fwd",)  # the passes this benchmark times (launcher.run: the forward)
 
 # Correctness thresholds of the pre-timing check (bf16 kernel vs fp32 reference).
 OUT_REL_TOL = 2e-2   # ||out - ref||_F / ||ref||_F
@@ -85,7 +89,7 @@ class CheckFailed(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    names = [v.name for v in registry.all_variants()]
+    names = variant_names()
     presets = ", ".join(f"{k}: {v.short()}" for k, v in PRESETS.items())
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -96,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                f"nothing timed, 2 bad arguments or no GPU.")
     p.add_argument("--variant", action="append", choices=names + ["all"], metavar="NAME",
                    help=f"variant to time, repeatable; one of {', '.join(names)}, or 'all' "
-                        f"(default: all)")
+                        f"(default: all of the pass)")
+    add_pass_arg(p, PASSES)
     add_shape_args(p, default_preset="star")
     p.add_argument("--sweep", action="store_true",
                    help="time every N x w2 of the sweep (other dims from preset/overrides)")
@@ -130,7 +135,8 @@ def _check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None
 
 def parse_args(argv: Sequence[str] | None = None
                ) -> tuple[argparse.Namespace, list[Shape], list[str]]:
-    """Parse and validate everything that needs no GPU; argument errors exit 2 via parser.error."""
+    """Parse and validate everything that needs no GPU, the variants' shape limits included;
+    argument errors exit 2 via parser.error."""
     parser = build_parser()
     args = parser.parse_args(argv)
 
@@ -143,11 +149,9 @@ def parse_args(argv: Sequence[str] | None = None
         parser.error(f"--d {shape.D}: head dim not supported; supported: "
                      f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
     shapes = sweep_shapes(shape) if args.sweep else [shape]
-    for s in shapes:  # the library's own checks, on meta tensors (no memory, no device)
-        try:
-            validate_shape(s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2)
-        except (ValueError, TypeError) as e:
-            parser.error(f"shape {s.short()}: {e}")
+    chosen = args.variant or ["all"]
+    # the library's shape checks, then each named variant's limits ("all": some variant takes it)
+    check_variants(parser, args.pass_, [n for n in chosen if n != "all"] or ["auto"], shapes)
 
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot {args.plot}: the plot is written as PNG; give a path ending in .png")
@@ -156,10 +160,9 @@ def parse_args(argv: Sequence[str] | None = None
     for flag in ("csv", "json", "plot"):
         _check_out_path(parser, f"--{flag}", getattr(args, flag))
 
-    chosen = args.variant or ["all"]
     names: list[str] = []
     for n in chosen:
-        for m in ([v.name for v in registry.all_variants()] if n == "all" else [n]):
+        for m in ([v.name for v in registry.all_variants(args.pass_)] if n == "all" else [n]):
             if m not in names:
                 names.append(m)
     return args, shapes, names
@@ -234,7 +237,7 @@ def check_variant(name: str, s: Shape, seed: int) -> tuple[float, float]:
     thresholds (NaN fails). Returns (out relative Frobenius error, lse max abs error)."""
     c = check_shape(s)
     inputs = make_inputs(c.B, c.N, c.Hq, c.Hk, c.D, device="cuda", seed=seed + 1)
-    out, lse = simplicial_attn.forward(*inputs, c.w1, c.w2, variant=name)
+    out, lse = launcher.run(*inputs, c.w1, c.w2, variant=name)
     ref_out, ref_lse = simplicial_attn.reference(*inputs, c.w1, c.w2, dtype=torch.float32)
     out_err = float(torch.linalg.norm(out.float() - ref_out) / torch.linalg.norm(ref_out))
     lse_err = float((lse - ref_lse).abs().max())
@@ -248,29 +251,27 @@ def check_variant(name: str, s: Shape, seed: int) -> tuple[float, float]:
 
 def _timed_row(base: dict, ms: float) -> dict:
     tf = tflops(base["flops"], ms)
-    return {**base, "ms": ms, "tflops": tf, "pct_peak": 100.0 * tf / H100_SXM_BF16_DENSE_TFLOPS}
+    return {**base, "ms": ms, "tflops": tf, "pct_peak": pct_of_peak(tf)}
 
 
 def bench_variant(name: str, s: Shape, inputs: tuple[torch.Tensor, ...], args: argparse.Namespace,
                   checked: dict, log: Callable[[str], None]) -> dict:
     """One row: the variant's time on `s`, or a note saying why it was not timed."""
-    base = {"kind": "variant", "variant": name, "shape": s.short(), **s.fields(),
-            "flops": simplicial_attn.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)}
-    q = inputs[0]
-    spec = validate(*inputs, s.w1, s.w2)
-    hopper = torch.cuda.get_device_capability(q.device)[0] == 9
+    base = {"kind": "variant", "pass": args.pass_, "variant": name, "shape": s.short(),
+            **s.fields(), "flops": simplicial_attn.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)}
+    spec = s.spec()
+    v = registry.get(name, args.pass_)
     try:  # e.g. a TLX variant under upstream Triton (no triton.language.extra.tlx)
-        module = registry.get(name).load()
+        v.load()
     except ImportError as e:
-        return {**base, "note": f"not run: cannot import {registry.get(name).module}: {e}"}
+        return {**base, "note": f"not run: cannot import {v.module}: {e}"}
     try:
-        v = launcher.pick(spec, name, hopper)
-        check_device(q, needs_hopper=v.needs_hopper, variant=name)
+        launcher.select(spec, name, inputs[0].device, args.pass_)
     except (ValueError, RuntimeError) as e:
         return {**base, "note": f"not run: {e}"}
     except ImportError:  # pick loads the other variants only to list those that can take the shape
         return {**base, "note": f"not run: variant {name!r} cannot take {spec.short()}: "
-                                f"{module.supports(spec)}"}
+                                f"{v.cannot_take(spec)}"}
     if args.check:
         key = (name, check_shape(s))
         if key not in checked:
@@ -281,7 +282,7 @@ def bench_variant(name: str, s: Shape, inputs: tuple[torch.Tensor, ...], args: a
         base["check_out_rel"], base["check_lse_abs"] = checked[key]
 
     def fn() -> object:
-        return simplicial_attn.forward(*inputs, s.w1, s.w2, variant=name)
+        return launcher.run(*inputs, s.w1, s.w2, variant=name)
 
     try:
         ms = median_ms(fn, args.warmup_ms, args.rep_ms)

@@ -5,11 +5,13 @@
 A Triton kernel streams a buffer REPS times with L2-only loads (cache modifier .cg: L1 bypassed),
 every program reading a disjoint strided subset. A buffer well inside L2 measures L2 -> SM
 bandwidth; a 2 GiB buffer measures HBM. Bytes counted: buffer size x REPS (reads only). Timed with
-CUDA events after a warm-up launch and WITHOUT an L2 flush (do_bench's flush would make the first
-pass come from HBM): median of 9 launches.
+profiling.timing.median_ms WITHOUT an L2 flush (a flush would make the first pass come from HBM).
+
+Exit status: 0 done; 2 bad arguments or no CUDA GPU.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -19,7 +21,10 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bench.common import print_table  # noqa: E402
+from profiling.common import print_table  # noqa: E402
+from profiling.timing import median_ms  # noqa: E402
+
+BUFFERS = ((4, 256), (8, 128), (16, 64), (32, 32), (2048, 2))  # (MiB, reads of the whole buffer)
 
 
 @triton.jit
@@ -45,20 +50,17 @@ def read_bandwidth(nbytes: int, reps: int) -> tuple[float, float]:
     def run():
         _read_kernel[(programs,)](x, out, n_vec, REPS=reps, BLOCK=block, num_warps=8)
 
-    run()  # compile, and bring the buffer into L2 when it fits
-    times = []
-    for _ in range(9):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    ms = sorted(times)[len(times) // 2]
+    ms = median_ms(run, flush_l2=False)  # the warm-up brings the buffer into L2 when it fits
     return ms, nbytes * reps / ms / 1e9
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="bench/l2_bandwidth.py",
+        description="Read bandwidth of the GPU's L2 cache and of HBM (needs a CUDA GPU): "
+                    "buffers of " + ", ".join(f"{mib} MiB" for mib, _ in BUFFERS)
+                    + ", each read several times.",
+        epilog="Exit status: 0 ok, 2 bad arguments or no GPU.").parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/l2_bandwidth.py: no CUDA GPU found; this benchmark needs one", file=sys.stderr)
         return 2
@@ -66,10 +68,10 @@ def main() -> int:
     l2 = getattr(props, "L2_cache_size", 0)
     print(f"{props.name}: {props.multi_processor_count} SMs, L2 {l2 / 2**20:.0f} MiB")
     rows = []
-    for mib, reps in ((4, 256), (8, 128), (16, 64), (32, 32), (2048, 2)):
+    for mib, reps in BUFFERS:
         ms, tbs = read_bandwidth(mib << 20, reps)
-        rows.append(dict(buffer=f"{mib} MiB", reps=reps, ms=round(ms, 3), tbs=round(tbs, 2),
-                         level="HBM" if (mib << 20) > l2 else "L2"))
+        rows.append({"buffer": f"{mib} MiB", "reps": reps, "ms": round(ms, 3),
+                     "tbs": round(tbs, 2), "level": "HBM" if (mib << 20) > l2 else "L2"})
     print_table(rows, [("buffer", "buffer"), ("reps", "reads"), ("ms", "ms"), ("tbs", "TB/s"),
                        ("level", "served by")])
     return 0

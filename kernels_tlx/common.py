@@ -1,24 +1,26 @@
-"""Pieces every TLX variant shares: K2/V2 descriptors, the TMA producer loop, the split-j merge
-epilogue, launch and the compile configs. A variant file holds only its technique."""
+"""Device pieces every TLX variant shares: the consumer count, named barriers, accumulator layouts,
+the TMA producer loop, the pingpong turns, the split-j merge epilogue, `opaque`. The host side
+(descriptors, launch, compile configs) is kernels_triton/host.py, shared with the Triton kernel;
+the G = 128 build pieces are in hadamard.py. A variant file holds only its technique."""
 from __future__ import annotations
-
-from typing import Callable
 
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, grid, key_block, leave,
-                                   store_rows)
-from simplicial_attn.registry import CompileConfig
-from simplicial_attn.spec import ProblemSpec
+from kernels_triton.tiling import BF16_BYTES, enter, key_block, leave, store_rows
 
+# Every TLX variant runs NUM_CONSUMERS consumer warp groups (4 warps each) beside its producer(s);
+# CONSUMER_THREADS is their thread count, the count of every named barrier between them.
+NUM_CONSUMERS = tl.constexpr(2)
+CONSUMER_THREADS = tl.constexpr(NUM_CONSUMERS * 4 * 32)
 # Named barriers (this build's compiler emits ids 0-3 for its own partition syncs; fbtriton's
 # tutorials reserve 0-6; profiling.resources lists the ids each kernel uses):
 MERGE_BARRIER = tl.constexpr(8)    # 8 and 9: the split-j hand-over of (acc, m, l)
 I_READY_BARRIER = tl.constexpr(10)  # tlx_ws: consumer 0 has stored the identity tile (Q @ I)
 TURN_BARRIER = tl.constexpr(11)     # 11 + c: consumer c's turn on the tensor cores (pingpong)
+
+
 # The register layout of a 64-row wgmma accumulator of 4 warps (one warp group), as
 # (thread, value) modes over a [64, D] row-major tile: lanes 4 x 2 columns, 8 rows; warps 16 rows;
 # per thread 2 adjacent columns, rows r and r + 8, every 8th column group.
@@ -35,16 +37,6 @@ def v1_layout(d):
     return tlx.layout(shape=((4, 8, 4), (2, d // 8)), stride=((2, 0, 0), (1, 8)))
 
 
-def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, Hk, D] tensor as [B*N, Hk*D]; a block is [block_n, D] at
-    [b*N + token, g*D]. Rows past a batch's N belong to the next batch (or are zero past B*N): they
-    only reach keys that the mask removes (P = 0). Caveat: a non-finite V2 value there would still
-    leak in as 0 * inf = NaN; the `triton` variant's 3-D view zero-fills instead."""
-    hd = spec.Hk * spec.D
-    return TensorDescriptor(t, shape=[spec.B * spec.N, hd], strides=[hd, 1],
-                            block_shape=[block_n, spec.D])
-
-
 @triton.jit
 def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, first, n_loads, n_blocks, k_lo, n_lo,
                n_hi, b, g, N, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr,
@@ -58,41 +50,42 @@ def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, first, n_loads, n_blo
         enter("load_kv", PROFILE)
         tlx.barrier_wait(tlx.local_view(empties, buf), ((c // NUM_BUFFERS) & 1) ^ 1)
         full = tlx.local_view(fulls, buf)
-        tlx.barrier_expect_bytes(full, 2 * 2 * BLOCK_N * D)
-        row = b * N + kb
-        tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, buf), [row, g * D], full)
-        tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, buf), [row, g * D], full)
+        tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)  # a K2 and a V2 block
+        # (host.kv_descriptor: a block past the batch's last token reads zeros there)
+        tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, buf), [b, kb, g * D], full)
+        tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, buf), [b, kb, g * D], full)
         leave("load_kv", PROFILE)
 
 
 @triton.jit
 def take_turn(cid, PINGPONG: tl.constexpr):
     """Pingpong: wait until it is consumer `cid`'s turn to issue a wgmma, i.e. the other consumer
-    has issued its own (named barrier TURN_BARRIER + cid, 256 threads). No-op otherwise."""
+    has issued its own (named barrier TURN_BARRIER + cid, both consumers' threads). No-op
+    otherwise."""
     if PINGPONG:
-        tlx.named_barrier_wait(TURN_BARRIER + cid, 256)
+        tlx.named_barrier_wait(TURN_BARRIER + cid, CONSUMER_THREADS)
 
 
 @triton.jit
 def pass_turn(cid, PINGPONG: tl.constexpr):
     """Pingpong: hand the tensor cores to the other consumer (arrive on its turn barrier)."""
     if PINGPONG:
-        tlx.named_barrier_arrive(TURN_BARRIER + 1 - cid, 256)
+        tlx.named_barrier_arrive(TURN_BARRIER + 1 - cid, CONSUMER_THREADS)
 
 
 @triton.jit
 def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok, head, N,
                     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
     """Split-j epilogue: consumer 1 hands (acc, m, l) to consumer 0 through shared memory
-    (`merge_acc` [rows, D] fp32, `merge_m` 2 x [rows] fp32); consumer 0 merges the two softmax states
-    and writes O and LSE."""
+    (`merge_acc` [rows, D] fp32, `merge_m` 2 x [rows] fp32); consumer 0 merges the two softmax
+    states and writes O and LSE."""
     if cid == 1:
         tlx.local_store(merge_acc, acc)
         tlx.local_store(tlx.local_view(merge_m, 0), m_i)
         tlx.local_store(tlx.local_view(merge_m, 1), l_i)
-        tlx.named_barrier_arrive(MERGE_BARRIER + 1, 256)
+        tlx.named_barrier_arrive(MERGE_BARRIER + 1, CONSUMER_THREADS)
     else:
-        tlx.named_barrier_wait(MERGE_BARRIER + 1, 256)
+        tlx.named_barrier_wait(MERGE_BARRIER + 1, CONSUMER_THREADS)
         m_o = tlx.local_load(tlx.local_view(merge_m, 0))
         l_o = tlx.local_load(tlx.local_view(merge_m, 1))
         m_new = tl.maximum(m_i, m_o)
@@ -106,75 +99,18 @@ def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok,
                    D)
 
 
+@triton.jit
+def opaque(x):
+    """An int32 tensor equal to x that the compiler cannot see through (an inline-asm move): what
+    is computed from it is computed where it is used. Against LLVM hoisting index arithmetic out
+    of a warp-specialized region or keeping it alive across a loop (ptxas then spills it)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
 @tl.core.builtin
 def release_layout(x, _semantic=None):
     """Drop the user pin of a tensor loaded with `tlx.local_load(..., layout=...)`, keeping its
     layout, so that it may meet tensors of an equal compiler layout (this build exports no
     release op)."""
     return tl.tensor(_semantic.builder.create_release_layout(x.handle), x.type)
-
-
-def _constexprs(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
-
-
-def q_rows(G: int, block_m: int) -> int:
-    """Rows of one TMA box of Q: the heads of one token that a tile holds."""
-    return min(G, block_m)
-
-
-def q_descriptor(q, spec: ProblemSpec, block_m: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, Hq, D] Q as [B*N*Hq, D]; a box is the q_rows heads of one
-    token. Rows of a token past N are the next batch's (or zero past the end): their outputs are
-    never stored."""
-    return TensorDescriptor(q, shape=[spec.B * spec.N * spec.Hq, spec.D], strides=[spec.D, 1],
-                            block_shape=[q_rows(spec.G, block_m), spec.D])
-
-
-def launch_tlx(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
-               profile: bool, q_tma: bool = False) -> None:
-    """Launch a TLX forward kernel with the common signature; `cfg` holds its constexprs plus
-    num_warps/num_stages. q_tma: the kernel takes Q as a TMA descriptor (q_descriptor).
-    profile=True compiles the Proton-scoped copy (profiling/trace.py)."""
-    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
-    qd = q_descriptor(q, spec, cfg["BLOCK_M"]) if q_tma else q
-    kernel[grid(spec, cfg["BLOCK_M"])](
-        qd, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
-        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **_constexprs(cfg))
-
-
-def tlx_entry_points(kernel, config: Callable[[ProblemSpec], dict],
-                     supports: Callable[[ProblemSpec], str | None], q_tma: bool = False):
-    """A TLX variant module's `launch` and `compile_configs` (simplicial_attn/registry.py) for
-    `kernel` run with `config(spec)` (q_tma: as in launch_tlx)."""
-    def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-        launch_tlx(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma)
-
-    def compile_configs() -> list[CompileConfig]:
-        return tlx_compile_configs(kernel, config, supports, q_tma)
-
-    return launch, compile_configs
-
-
-def tlx_compile_configs(kernel, config: Callable[[ProblemSpec], dict],
-                        supports: Callable[[ProblemSpec], str | None],
-                        q_tma: bool = False) -> list[CompileConfig]:
-    """The default configs of a TLX variant at every (Hq, Hk, D) of tiling.COMPILE_SHAPES
-    (q_tma: as in launch_tlx)."""
-    out = []
-    for hq, hk, d in COMPILE_SHAPES:
-        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
-        if supports(spec) is not None:
-            continue
-        cfg = config(spec)
-        desc = f"tensordesc<bf16[{cfg['BLOCK_N']},{d}]>"
-        q_sig = f"tensordesc<bf16[{q_rows(hq // hk, cfg['BLOCK_M'])},{d}]>" if q_tma else "*bf16"
-        sig = dict(Q=q_sig, K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
-                   N="i32", w1="i32", w2="i32", qk_scale="fp32")
-        consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d, **_constexprs(cfg))
-        sig.update({k: "constexpr" for k in consts})
-        name = f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}"
-        out.append(CompileConfig(name, kernel, sig,
-                                 consts, cfg["num_warps"], cfg["num_stages"]))
-    return out

@@ -14,8 +14,8 @@ Everything else (producer, tile geometry, split-j window, Q and A in registers, 
 from __future__ import annotations
 
 from kernels_tlx import ws
-from kernels_tlx.common import tlx_entry_points
-from kernels_tlx.ws import supports  # noqa: F401  (this variant's registry `supports`)
+from kernels_tlx.ws import supports
+from kernels_triton.host import entry_points
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -23,5 +23,5 @@ def config(spec: ProblemSpec) -> dict:
     return ws.config(spec, pingpong=True)
 
 
-launch, compile_configs = tlx_entry_points(ws.simplicial_fwd_ws_kernel, config, supports,
-                                           q_tma=True)
+launch, compile_configs = entry_points(ws.simplicial_fwd_ws_kernel, config, supports,
+                                       q_tma=True)

@@ -18,9 +18,8 @@ Everything else (the two producers of B_j = K1[j] * K2 and C_j = V1[j] * V2, til
 from __future__ import annotations
 
 from kernels_tlx import ws_kv
-from kernels_tlx.common import tlx_entry_points
-from kernels_tlx.ws_kv import (ABSENT_SCOPES, EXTRA_SCOPES,  # noqa: F401  (read by tests, trace)
-                               ROUNDS_KEYS_SIDE, ROUNDS_VALUES_SIDE, supports)
+from kernels_tlx.ws_kv import supports
+from kernels_triton.host import entry_points
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -28,4 +27,4 @@ def config(spec: ProblemSpec) -> dict:
     return ws_kv.config(spec, pipelined=True)
 
 
-launch, compile_configs = tlx_entry_points(ws_kv.simplicial_fwd_ws_kv_kernel, config, supports)
+launch, compile_configs = entry_points(ws_kv.simplicial_fwd_ws_kv_kernel, config, supports)

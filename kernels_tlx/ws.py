@@ -36,11 +36,12 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import (I_READY_BARRIER, MERGE_BARRIER, merge_and_store,
-                                pass_turn, produce_kv, release_layout, take_turn,
-                                tlx_entry_points, v1_layout)
-from kernels_triton.tiling import (enter, key_block, leave, mask_scores, row_coords, softmax_step,
-                                   tile_setup)
+from kernels_tlx.common import (CONSUMER_THREADS, I_READY_BARRIER, MERGE_BARRIER, NUM_CONSUMERS,
+                                merge_and_store, opaque, pass_turn, produce_kv, release_layout,
+                                take_turn, v1_layout)
+from kernels_triton.host import entry_points
+from kernels_triton.tiling import (BF16_BYTES, M_START, enter, key_block, leave, mask_scores,
+                                   row_coords, softmax_step, tile_setup)
 from kernels_triton.tiling import supports as tiling_supports
 from simplicial_attn.spec import ProblemSpec
 
@@ -50,7 +51,7 @@ def produce_q(Q, q_smem, q_full, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.conste
               D: tl.constexpr, BLOCK_M: tl.constexpr):
     """Producer: TMA-load the tile's Q, one box per token (its q_rows heads), into q_smem."""
     HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
-    tlx.barrier_expect_bytes(q_full, 2 * BLOCK_M * D)
+    tlx.barrier_expect_bytes(q_full, BLOCK_M * D * BF16_BYTES)
     for t in tl.static_range(BLOCK_M // HPT):
         tlx.async_descriptor_load(Q, tlx.local_slice(q_smem, [t * HPT, 0], [HPT, D]),
                                   [(b * N + i0 + t) * HQ + g * G + h0, 0], q_full)
@@ -64,15 +65,16 @@ def produce_window(K1, V1, k1_rows, v1_rows, k1_flat, v1_flat, win_full, win_emp
     0 .. L - 1, and a copy of row L - 1 into row L (pingpong's masked extra step reads it);
     win_full counts WINDOW rows of bytes."""
     tlx.barrier_wait(win_empty, (ch & 1) ^ 1)
-    tlx.barrier_expect_bytes(win_full, 2 * 2 * WINDOW * D)
+    tlx.barrier_expect_bytes(win_full, 2 * WINDOW * D * BF16_BYTES)  # K1 and V1 rows
     L = tl.minimum(i_hi - j0 + 1, WINDOW)
     if j0 + WINDOW <= N:
         # rows 0 .. n - 1 as they are (one copy each when the rows are contiguous, Hk = 1) ...
         n = tl.minimum(L, WINDOW - 1)
         if HK == 1:
             off = kv_base + j0.to(tl.int64) * D
-            tlx.async_load(K1 + off, k1_flat, bulk=True, bulk_size=n * (2 * D), barrier=win_full)
-            tlx.async_load(V1 + off, v1_flat, bulk=True, bulk_size=n * (2 * D), barrier=win_full)
+            size = n * (D * BF16_BYTES)
+            tlx.async_load(K1 + off, k1_flat, bulk=True, bulk_size=size, barrier=win_full)
+            tlx.async_load(V1 + off, v1_flat, bulk=True, bulk_size=size, barrier=win_full)
         else:
             for r in range(0, n):
                 off = kv_base + (j0 + r).to(tl.int64) * (HK * D)
@@ -82,7 +84,7 @@ def produce_window(K1, V1, k1_rows, v1_rows, k1_flat, v1_flat, win_full, win_emp
         # starts at row L - 1 of the chunk: what follows that row in memory lands in rows that are
         # never read, and it stays inside the batch
         off = kv_base + (j0 + L - 1).to(tl.int64) * (HK * D)
-        size = (WINDOW - n) * (2 * D)
+        size = (WINDOW - n) * (D * BF16_BYTES)
         tlx.async_load(K1 + off, tlx.local_view(k1_rows, n), bulk=True, bulk_size=size,
                        barrier=win_full)
         tlx.async_load(V1 + off, tlx.local_view(v1_rows, n), bulk=True, bulk_size=size,
@@ -106,13 +108,13 @@ def consume_block(acc, m_i, l_i, q, k1_rows, v1_rows, k2_tile, v2_tile, kb, j_st
                   n_st, r0, cid, tok, w1, w2, qk_scale, D: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASK_J: tl.constexpr, MASK_K: tl.constexpr,
                   PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
-    """One consumer warp group: one K2/V2 slot against n_st steps, j = j_start, j_start + 2, ...,
-    whose K1[j] and V1[j] wait in window rows r0, r0 + 2, ..."""
+    """One consumer warp group: one K2/V2 slot against n_st steps, j = j_start, j_start + 2, ...
+    (every NUM_CONSUMERS-th j), whose K1[j] and V1[j] wait in window rows r0, r0 + 2, ..."""
     offs_n = tl.arange(0, BLOCK_N)
     k2t = tlx.local_trans(k2_tile)
     for st in range(0, n_st):
-        j = j_start + 2 * st
-        r = r0 + 2 * st
+        j = j_start + NUM_CONSUMERS * st
+        r = r0 + NUM_CONSUMERS * st
         enter("qk_gemm", PROFILE)
         take_turn(cid, PINGPONG)
         # A = Q * K1[j], formed in fp32 and rounded: it stays in the accumulator layout of q and
@@ -166,10 +168,10 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     v2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
     merge_m = tlx.local_alloc((BLOCK_M,), tl.float32, 2)  # consumer 1's (m, l); acc: the I tile
     fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
-    empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=2)
+    empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_CONSUMERS)
     q_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
     win_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
-    win_empty = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=2), 0)
+    win_empty = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=NUM_CONSUMERS), 0)
     q_smem = tlx.local_view(q_tile, 0)
     j_first = tl.maximum(i0 - w1 + 1, 0)
     n_chunks = tl.cdiv(i_hi - j_first + 1, WINDOW)  # the producer's and both consumers' count
@@ -188,7 +190,7 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                 produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, ch * n_blocks, n_blocks,
                            n_blocks, k_lo, n_lo, n_hi, b, g, N, D, BLOCK_N, NUM_BUFFERS, PROFILE)
 
-        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
             tok = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)[0]
             i_view = tlx.local_view(i_tiles, 0)
@@ -198,7 +200,7 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                 tlx.local_store(i_tile, tl.where(offs_i[:, None] == offs_i[None, :], 1.0,
                                                  0.0).to(tl.bfloat16))
                 tlx.fence_async_shared()
-            tlx.named_barrier_wait(I_READY_BARRIER, 256)
+            tlx.named_barrier_wait(I_READY_BARRIER, CONSUMER_THREADS)
             tlx.barrier_wait(q_full, 0)
             # Q in the wgmma accumulator layout, kept in registers: Q @ I is exact (one product per
             # output). A local_load of Q in that layout is not enough: the compiler moves the
@@ -209,21 +211,21 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
             j_lo = j_first + cid
             # pingpong: both consumers issue the same number of wgmma (consumer 1's extra step of
             # an odd window is masked); otherwise each runs its own j
-            n_steps = tl.cdiv(i_hi - (j_first if PINGPONG else j_lo) + 1, 2)
-            # (an opaque copy: otherwise LLVM computes both consumers' row addresses before the
-            # split into replicas, and ptxas spills them)
-            r0 = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [cid], dtype=tl.int32,
-                                           is_pure=True, pack=1)
+            n_steps = tl.cdiv(i_hi - (j_first if PINGPONG else j_lo) + 1, NUM_CONSUMERS)
+            # (opaque: otherwise LLVM computes both consumers' row addresses before the split into
+            # replicas, and ptxas spills them)
+            r0 = opaque(cid)
             if PINGPONG:
                 if cid == 1:
                     pass_turn(cid, PINGPONG)  # consumer 0 issues first
-            m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+            m_i = tl.full([BLOCK_M], M_START, tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, D], tl.float32)
             n_int = n_hi - n_lo
             for ch in range(0, n_chunks):
                 j_start = j_lo + WINDOW * ch
-                n_st = tl.minimum(n_steps - (WINDOW // 2) * ch, WINDOW // 2)
+                n_st = tl.minimum(n_steps - (WINDOW // NUM_CONSUMERS) * ch,
+                                  WINDOW // NUM_CONSUMERS)
                 tlx.barrier_wait(win_full, ch & 1)
                 for t in range(0, n_blocks):
                     u = ch * n_blocks + t
@@ -248,13 +250,11 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                 tlx.barrier_arrive(win_empty, 1)
             enter("epilogue", PROFILE)
             # both consumers are past their Q @ I: the I tile carries consumer 1's accumulator
-            tlx.named_barrier_wait(MERGE_BARRIER, 256)
+            tlx.named_barrier_wait(MERGE_BARRIER, CONSUMER_THREADS)
             merge_acc = tlx.local_reinterpret(i_view, tl.float32, [BLOCK_M, D])
             # the output rows' coordinates, recomputed from an opaque copy of the row index:
             # otherwise LLVM keeps the Q load's row offsets alive across the loop (spills)
-            offs_m = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tl.arange(0, BLOCK_M)],
-                                               dtype=tl.int32, is_pure=True, pack=1)
-            tok, head = row_coords(i0, h0, offs_m, G, BLOCK_M)
+            tok, head = row_coords(i0, h0, opaque(tl.arange(0, BLOCK_M)), G, BLOCK_M)
             merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok, head, N,
                             HQ, G, D)
             leave("epilogue", PROFILE)
@@ -276,4 +276,4 @@ def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
                 PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
-launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_kernel, config, supports, q_tma=True)
+launch, compile_configs = entry_points(simplicial_fwd_ws_kernel, config, supports, q_tma=True)

@@ -33,49 +33,12 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import release_layout, tlx_entry_points, v1_layout
-from kernels_triton.tiling import (enter, key_block, leave, load_q, mask_scores, row_coords,
-                                   softmax_step, store_rows, tile_setup)
-from kernels_triton.tiling import supports as tiling_supports
+from kernels_tlx.common import NUM_CONSUMERS, release_layout, v1_layout
+from kernels_tlx.hadamard import build, row_tile, start_consumer, supports, token_tile
+from kernels_triton.host import entry_points
+from kernels_triton.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores,
+                                   softmax_step, store_rows)
 from simplicial_attn.spec import ProblemSpec
-
-ROUNDS_KEYS_SIDE = True  # rounds K1[j] * K2 to bf16, not Q * K1[j] (tests/test_gpu.py emulates it)
-EXTRA_SCOPES = ("build_b",)  # Proton scope of the producer's build (profiling/trace.py expects it)
-
-
-def supports(spec: ProblemSpec) -> str | None:
-    why = tiling_supports(spec)
-    if why is not None:
-        return why
-    if spec.G != 128:
-        return f"G = Hq/Hk = {spec.G}, not 128 (one token's heads fill the 128-row tile)"
-    return None
-
-
-@triton.jit
-def row_tile(X, kv_row, D: tl.constexpr, CH: tl.constexpr):
-    """Producer: the row X[j] as a [CH, D] tile (every row the same address, so it arrives in the
-    layout of a K2/V2 chunk); kv_row is j's offset in X."""
-    offs_d = tl.arange(0, D)
-    return tl.load(X + kv_row + (0 * tl.arange(0, CH))[:, None] + offs_d[None, :])
-
-
-@triton.jit
-def mul_bf16x2(x, y):
-    """x * y for bf16 tensors, two elements per instruction (the compiler's own bf16 multiply is
-    one scalar mul.bf16 per element, plus the moves that unpack and repack the pairs)."""
-    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, y],
-                                     dtype=tl.bfloat16, is_pure=True, pack=2)
-
-
-@triton.jit
-def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr):
-    """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
-    the proxy fence that makes it visible to the consumers' wgmma."""
-    for ch in tl.static_range(BLOCK_N // CH):
-        x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
-        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), mul_bf16x2(x, row))
-    tlx.fence_async_shared()
 
 
 @triton.jit
@@ -111,51 +74,25 @@ def consume_block(acc, m_i, l_i, q_smem, b_tiles, v1_slots, b_fulls, b_empties, 
 
 
 @triton.jit
-def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's tile, one token's G = BLOCK_M heads: batch b, KV head g, token i0, first
-    head h0, its key blocks (k_lo, n_lo, n_hi, n_blocks; see tiling.key_blocks), its w1 window
-    (first j, count) and kv_base, the offset of (b, g) in K1/V1."""
-    tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
-    b, g, i0, h0, _, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
-    j_first = tl.maximum(i0 - w1 + 1, 0)
-    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
-    return b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, i0 - j_first + 1, kv_base
-
-
-@triton.jit
-def start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
-                   D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Consumer cid (rows 64 cid .. 64 cid + 63): its rows' tokens and heads, their Q stored in
-    `q_smem` (fenced for the wgmma), and an empty online-softmax state (m, l, acc)."""
-    HALF: tl.constexpr = BLOCK_M // 2
-    tok, head = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
-    tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
-    tlx.fence_async_shared()
-    m_i = tl.full([HALF], -1.0e30, tl.float32)
-    return tok, head, m_i, tl.zeros([HALF], tl.float32), tl.zeros([HALF, D], tl.float32)
-
-
-@triton.jit
 def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                                   HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                   NUM_B: tl.constexpr, CH: tl.constexpr,
                                   CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
-    HALF: tl.constexpr = BLOCK_M // 2
+    HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base = token_tile(
         N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N)
 
-    q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, 2)       # consumer c's rows
+    q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)  # consumer c's rows
     k2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 1)   # read by the producer only
     v2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 2)
     b_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
     v1_slots = tlx.local_alloc((D,), tl.bfloat16, NUM_B)
     k_full = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
-    kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=2)
+    kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=NUM_CONSUMERS)
     b_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
-    b_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=2)
+    b_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=NUM_CONSUMERS)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA K2/V2, then B_j = K1[j] * K2 per j
@@ -167,12 +104,12 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
                 enter("load_kv", PROFILE)
                 tlx.barrier_wait(tlx.local_view(kv_empties, slot), ((t // 2) & 1) ^ 1)
                 full = tlx.local_view(kv_fulls, slot)
-                tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D)
-                tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, slot), [b * N + kb, g * D],
+                tlx.barrier_expect_bytes(full, BLOCK_N * D * BF16_BYTES)
+                tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, slot), [b, kb, g * D],
                                           full)
                 # the single K2 slot is free: this warp group's last build read it before
-                tlx.barrier_expect_bytes(kf, 2 * BLOCK_N * D)
-                tlx.async_descriptor_load(K2, k2_tile, [b * N + kb, g * D], kf)
+                tlx.barrier_expect_bytes(kf, BLOCK_N * D * BF16_BYTES)
+                tlx.async_descriptor_load(K2, k2_tile, [b, kb, g * D], kf)
                 tlx.barrier_wait(kf, t & 1)
                 leave("load_kv", PROFILE)
                 for jj in range(0, n_j):
@@ -189,7 +126,7 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
                     tlx.barrier_arrive(tlx.local_view(b_fulls, bs), 1)
                     leave("build_b", PROFILE)
 
-        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
             q_smem = tlx.local_view(q_tiles, cid)
             tok, head, m_i, l_i, acc = start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ, G, D,
@@ -226,4 +163,4 @@ def config(spec: ProblemSpec) -> dict:
                 num_stages=1)
 
 
-launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_keys_kernel, config, supports)
+launch, compile_configs = entry_points(simplicial_fwd_ws_keys_kernel, config, supports)

@@ -30,16 +30,12 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import pass_turn, take_turn, tlx_entry_points
-from kernels_tlx.ws_keys import build, row_tile, start_consumer, supports, token_tile
-from kernels_triton.tiling import (enter, key_block, leave, mask_scores, normalized,
+from kernels_tlx.common import NUM_CONSUMERS, pass_turn, take_turn
+from kernels_tlx.hadamard import build, row_tile, start_consumer, supports, token_tile
+from kernels_triton.host import entry_points
+from kernels_triton.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores, normalized,
                                    softmax_step, write_rows)
 from simplicial_attn.spec import ProblemSpec
-
-ROUNDS_KEYS_SIDE = True    # rounds K1[j] * K2 to bf16, not Q * K1[j]
-ROUNDS_VALUES_SIDE = True  # rounds V1[j] * V2 to bf16 (the GEMM output is not multiplied)
-EXTRA_SCOPES = ("build_b", "build_c")  # Proton scopes of the producers' builds
-ABSENT_SCOPES = ("wait_kv", "v1_mul")  # consumers read no K2/V2 slot and multiply by no V1 row
 
 
 @triton.jit
@@ -164,8 +160,8 @@ def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, 
     for t in range(0, n_blocks):
         kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
         enter("load_kv", PROFILE)
-        tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D)
-        tlx.async_descriptor_load(X2, x2_tile, [b * N + kb, g * D], full)
+        tlx.barrier_expect_bytes(full, BLOCK_N * D * BF16_BYTES)
+        tlx.async_descriptor_load(X2, x2_tile, [b, kb, g * D], full)
         tlx.barrier_wait(full, t & 1)
         leave("load_kv", PROFILE)
         for jj in range(0, n_j):
@@ -184,19 +180,19 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                 CONSUMER_REGS: tl.constexpr, PRODUCER_REGS: tl.constexpr,
                                 PIPELINE: tl.constexpr, PINGPONG: tl.constexpr = False,
                                 PROFILE: tl.constexpr = False):
-    HALF: tl.constexpr = BLOCK_M // 2
+    HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base = token_tile(
         N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N)
 
-    q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, 2)       # consumer c's rows
+    q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)  # consumer c's rows
     kv_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 2)   # K2, V2: read by their producer
     b_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
     c_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     b_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
-    b_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=2)
+    b_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=NUM_CONSUMERS)
     c_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
-    c_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=2)
+    c_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=NUM_CONSUMERS)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer of B_j = K1[j] * K2
@@ -208,7 +204,7 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                     c_fulls, c_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
                     n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_c", PROFILE)
 
-        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
             q_smem = tlx.local_view(q_tiles, cid)
             tok, head, m_i, l_i, acc = start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ, G, D,
@@ -247,4 +243,4 @@ def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -
                 PIPELINE=pipelined, PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
-launch, compile_configs = tlx_entry_points(simplicial_fwd_ws_kv_kernel, config, supports)
+launch, compile_configs = entry_points(simplicial_fwd_ws_kv_kernel, config, supports)

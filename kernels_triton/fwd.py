@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, grid, key_block, leave, load_q, mask_scores,
-                                   row_coords, softmax_step, store_rows, tile_setup)
-from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
-from simplicial_attn.registry import CompileConfig
+from kernels_triton.host import entry_points
+from kernels_triton.tiling import (M_START, enter, key_block, leave, load_q, mask_scores,
+                                   row_coords, softmax_step, store_rows, supports, tile_setup)
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -72,7 +70,7 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     k1_base = K1 + kv_base
     v1_base = V1 + kv_base
     j_lo = tl.maximum(i0 - w1 + 1, 0)
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    m_i = tl.full([BLOCK_M], M_START, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     n_int = n_hi - n_lo
@@ -87,7 +85,7 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     for t in range(n_int, n_blocks):  # edge blocks: masked per (row, key)
         kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
         enter("load_kv", PROFILE)
-        k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros
+        k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros (host.py)
         v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         leave("load_kv", PROFILE)
         acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
@@ -102,37 +100,4 @@ def _config(spec: ProblemSpec) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1)
 
 
-def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, Hk, D] tensor as [B, N, Hk*D]; a block is one head's
-    [1, block_n, D] token run (coordinates [b, token, g*D])."""
-    hd = spec.Hk * spec.D
-    return TensorDescriptor(t, shape=[spec.B, spec.N, hd], strides=[spec.N * hd, hd, 1],
-                            block_shape=[1, block_n, spec.D])
-
-
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    """Run the kernel; profile=True compiles the Proton-scoped copy (profiling/trace.py)."""
-    cfg = _config(spec)
-    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
-    simplicial_fwd_kernel[grid(spec, cfg["BLOCK_M"])](
-        q, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
-        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], PROFILE=profile, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
-
-
-def compile_configs() -> list[CompileConfig]:
-    out = []
-    for hq, hk, d in COMPILE_SHAPES:
-        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
-        cfg = _config(spec)
-        desc = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{d}]>"
-        sig = dict(Q="*bf16", K1="*bf16", K2=desc, V1="*bf16", V2=desc, Out="*bf16", Lse="*fp32",
-                   N="i32", w1="i32", w2="i32", qk_scale="fp32")
-        consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d, BLOCK_M=cfg["BLOCK_M"],
-                      BLOCK_N=cfg["BLOCK_N"])
-        sig.update({k: "constexpr" for k in consts})
-        out.append(CompileConfig(f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}",
-                                 simplicial_fwd_kernel, sig, consts, cfg["num_warps"],
-                                 cfg["num_stages"]))
-    return out
+launch, compile_configs = entry_points(simplicial_fwd_kernel, _config, supports)

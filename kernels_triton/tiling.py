@@ -15,6 +15,10 @@ from simplicial_attn.spec import ProblemSpec
 pl.enable_semantic("triton")  # Proton scopes in Triton-DSL kernels (off unless PROFILE is set)
 
 LOG2E = 1.4426950408889634
+# The running max of an online softmax before any score (log2 units): finite, so that a row whose
+# scores are all masked gives p = 0 and alpha = 1, never NaN (softmax_step).
+M_START = tl.constexpr(-1.0e30)
+BF16_BYTES = tl.constexpr(2)  # bytes of one bf16 element (TMA transaction counts)
 SUPPORTED_G = (1, 2, 4, 8, 16, 32, 64, 128)
 # (Hq, Hk, D) each variant's compile configs cover (resource report, CI compile tests): the paper's
 # G = 128 and 64, small G with neighbouring tokens packed (masks on), Hk > 1 (at G = 8 and at
@@ -33,8 +37,8 @@ def supports(spec: ProblemSpec) -> str | None:
 
 
 def grid(spec: ProblemSpec, block_m: int) -> tuple[int]:
-    """One flat axis: (token tiles x head splits) fastest, then B * Hk. Neighbouring programs share a
-    K2/V2 window while it is hot in L2; a flat axis has no 65535 limit (grid y/z have)."""
+    """One flat axis: (token tiles x head splits) fastest, then B * Hk. Neighbouring programs share
+    a K2/V2 window while it is hot in L2; a flat axis has no 65535 limit (grid y/z have)."""
     hpt = min(spec.G, block_m)
     return (triton.cdiv(spec.N, block_m // hpt) * (spec.G // hpt) * spec.B * spec.Hk,)
 
@@ -129,7 +133,7 @@ def mask_scores(s, j, kb, tok, offs_n, w1, w2, MASK_J: tl.constexpr, MASK_K: tl.
 def softmax_step(s, m_i, l_i, qk_scale):
     """Online softmax in log2 units over raw scores s (qk_scale = sm_scale * log2 e > 0 is folded
     into the exp2 argument: one FFMA per score, no separate scaling pass): returns
-    (p, alpha, m_new, l_new), m in log2 units. m starts at a finite -1e30, so fully masked rows
+    (p, alpha, m_new, l_new), m in log2 units. m starts at M_START, finite, so fully masked rows
     give p = 0 and alpha = 1, never NaN."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.math.exp2(m_i - m_new)

@@ -1,8 +1,10 @@
 """Registers, spills, shared memory and Hopper features of every registered config, without a GPU.
 
-    python -m profiling.resources [--json] [--variant NAME ...] [--keep DIR]
+    python -m profiling.resources [--json] [--pass fwd|bwd|all] [--variant NAME ...] [--keep DIR]
 
-Each variant's `compile_configs()` is compiled with `triton.compile` for sm_90a (GPUTarget cuda 90).
+Each variant's `compile_configs()` (registry.compile_configs, forward and backward variants alike)
+is compiled with `triton.compile` for sm_90a (GPUTarget cuda 90), once per process (the CI tests
+of compilation and of resources share the compiled kernels and the measured rows).
 The numbers come from the wheel's own tools in `triton/backends/nvidia/bin/`:
   ptxas -v      on the PTX: registers ("Used N registers"), spill stores/loads, stack frame, static
                 shared memory, ptxas warnings. Run with the flags Triton's own ptxas call uses
@@ -35,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from simplicial_attn import registry
 
 HOPPER_SMEM_LIMIT = 232448   # bytes per block, sm_90 opt-in maximum (227 KiB), dynamic + static
 GPU_NAME = "sm_90a"
@@ -188,17 +192,26 @@ def _run(cmd: list, cwd: Path) -> str:
 
 # --------------------------------------------------------------------------------------- measuring
 
-def compile_config(c):
-    """triton.compile of one CompileConfig for sm_90a; no GPU needed."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    src = c.source()
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": c.num_warps, "num_stages": c.num_stages})
+_COMPILED: dict[tuple, object] = {}   # CompileConfig.key() -> compiled kernel, this process
+_MEASURED: dict[tuple, dict] = {}     # (pass, variant, config key) -> row, this process
 
 
-def _empty_row(variant: str, c) -> dict:
-    return {"variant": variant, "config": c.name, "warps": c.num_warps, "total_warps": None,
+def compile_config(c: registry.CompileConfig):
+    """triton.compile of one CompileConfig for sm_90a; no GPU needed. Each config compiles once
+    per process: later calls return the same kernel."""
+    key = c.key()
+    if key not in _COMPILED:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        _COMPILED[key] = triton.compile(c.source(), target=GPUTarget("cuda", 90, 32),
+                                        options={"num_warps": c.num_warps,
+                                                 "num_stages": c.num_stages})
+    return _COMPILED[key]
+
+
+def _empty_row(v: registry.Variant, c) -> dict:
+    return {"pass": v.pass_, "variant": v.name, "config": c.name, "warps": c.num_warps,
+            "total_warps": None,
             "num_stages": c.num_stages,
             "registers": None, "cubin_registers": None, "spill_stores": None, "spill_loads": None,
             "spill_bytes": None, "stack_bytes": None, "smem_bytes": None,
@@ -208,10 +221,20 @@ def _empty_row(variant: str, c) -> dict:
             "ptxas_barriers": None, "ex2_overlap": None, "notes": [], "error": None}
 
 
-def measure(variant: str, c, tools: dict, keep: Path | None = None) -> dict:
-    """One config -> one row (see `report`). Work files go to a fresh temp dir, or to
-    keep/variant/config when `keep` is given."""
-    row = _empty_row(variant, c)
+def measure(v: registry.Variant, c, tools: dict, keep: Path | None = None) -> dict:
+    """One config of variant `v` -> one row (see `report`), measured once per process unless
+    `keep` is given. Work files go to a fresh temp dir, or to keep/pass/variant/config."""
+    key = (v.pass_, v.name, c.key())
+    if keep is None and key in _MEASURED:
+        return dict(_MEASURED[key])
+    row = _measure(v, c, tools, keep)
+    if keep is None:
+        _MEASURED[key] = dict(row)
+    return row
+
+
+def _measure(v: registry.Variant, c, tools: dict, keep: Path | None) -> dict:
+    row = _empty_row(v, c)
     try:
         k = compile_config(c)
     except Exception as e:  # noqa: BLE001 - a config that does not compile is a reported failure
@@ -222,7 +245,7 @@ def measure(variant: str, c, tools: dict, keep: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="resources-") as tmp:
         work = Path(tmp)
         if keep is not None:
-            work = keep / variant / c.name
+            work = keep / v.pass_ / v.name / c.name
             work.mkdir(parents=True, exist_ok=True)
         (work / "kernel.ptx").write_text(k.asm["ptx"])
         (work / "triton.cubin").write_bytes(k.asm["cubin"])
@@ -285,32 +308,36 @@ class _NoConfig:
     name, num_warps, num_stages = "-", None, None
 
 
-def report(variant_names=None, keep: str | Path | None = None) -> list[dict]:
-    """Compile every config of the named variants (all registered ones when None) and return one
-    dict per config: variant, config, warps (the config's num_warps), total_warps (from the PTX
+def report(variant_names=None, keep: str | Path | None = None,
+           pass_: str | None = None) -> list[dict]:
+    """Compile every config of the named variants of pass `pass_` (None: every pass; no names: all
+    of them) and return one dict per config: pass, variant, config, warps (the config's
+    num_warps), total_warps (from the PTX
     .reqntid: warp-specialized kernels add their tasks' warps), num_stages, registers,
     cubin_registers, spill_stores, spill_loads, spill_bytes, stack_bytes, smem_bytes
     (= dynamic + static), smem_dynamic_bytes, smem_static_bytes, cubin_shared, wgmma,
     setmaxnreg (bool), setmaxnreg_values/_inc/_dec, named_barriers (bool), named_barrier_ids,
     ptxas_barriers, ex2_overlap (parse_sass_overlap of the cubin's SASS), notes, error (None
     when it compiled).
-    Unknown names raise ValueError."""
-    from simplicial_attn import registry
+    Unknown names (no variant of that name in the pass or passes) raise ValueError."""
     tools = find_tools()
     if tools["ptxas"] is None:
         raise RuntimeError(f"no ptxas in {tool_dir()}")
-    variants = (registry.all_variants() if variant_names is None
-                else [registry.get(n) for n in dict.fromkeys(variant_names)])
+    variants = registry.all_variants(pass_)
+    if variant_names is not None:
+        for n in dict.fromkeys(variant_names):
+            if not any(v.name == n for v in variants):
+                registry.get(n, pass_ or "fwd")  # raises, naming the known variants
+        variants = [v for v in variants if v.name in variant_names]
     keep = Path(keep) if keep is not None else None
     rows = []
     for v in variants:
         try:
-            configs = v.load().compile_configs()
+            configs = v.compile_configs()
         except Exception as e:  # noqa: BLE001 - report the variant, keep going with the others
-            rows.append({**_empty_row(v.name, _NoConfig),
-                         "error": f"load: {type(e).__name__}: {e}"})
+            rows.append({**_empty_row(v, _NoConfig), "error": f"load: {type(e).__name__}: {e}"})
             continue
-        rows.extend(measure(v.name, c, tools, keep) for c in configs)
+        rows.extend(measure(v, c, tools, keep) for c in configs)
     return rows
 
 
@@ -333,15 +360,20 @@ def _ints(xs) -> str:
     return ",".join(str(x) for x in xs)
 
 
+def where(row: dict) -> str:
+    """pass/variant/config of a row, as messages name it."""
+    return f"{row['pass']}/{row['variant']}/{row['config']}"
+
+
 def format_table(rows: list[dict]) -> str:
-    head = ["variant", "config", "warps", "registers", "spill B", "stack B", "smem B", "wgmma",
-            "ex2 under wgmma", "setmaxnreg", "named barriers"]
+    head = ["pass", "variant", "config", "warps", "registers", "spill B", "stack B", "smem B",
+            "wgmma", "ex2 under wgmma", "setmaxnreg", "named barriers"]
     right = {"warps", "spill B", "stack B", "smem B", "wgmma", "ex2 under wgmma"}
     body = []
     for r in rows:
         if r["error"]:
-            body.append([r["variant"], r["config"], str(r["warps"] or "-"), "ERROR", "", "", "", "",
-                         "", "", ""])
+            body.append([r["pass"], r["variant"], r["config"], str(r["warps"] or "-"), "ERROR",
+                         "", "", "", "", "", "", ""])
             continue
         regs = str(r["registers"])
         if r["setmaxnreg_values"]:
@@ -353,7 +385,7 @@ def format_table(rows: list[dict]) -> str:
         warps = str(r["warps"])
         if r["total_warps"] != r["warps"]:  # warp-specialized: the launch num_warps + the tasks'
             warps += f" ({r['total_warps']} total)"
-        body.append([r["variant"], r["config"], warps, regs, str(r["spill_bytes"]),
+        body.append([r["pass"], r["variant"], r["config"], warps, regs, str(r["spill_bytes"]),
                      str(r["stack_bytes"]), str(r["smem_bytes"]), str(r["wgmma"]),
                      "-" if r["ex2_overlap"] is None else str(r["ex2_overlap"]), smr,
                      _ints(r["named_barrier_ids"]) or "-"])
@@ -364,9 +396,9 @@ def format_table(rows: list[dict]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     for r in rows:
         for n in r["notes"]:
-            lines.append(f"note {r['variant']}/{r['config']}: {n}")
+            lines.append(f"note {where(r)}: {n}")
         if r["error"]:
-            lines.append(f"error {r['variant']}/{r['config']}: {r['error']}")
+            lines.append(f"error {where(r)}: {r['error']}")
     lines.append(f"target {GPU_NAME}; smem = dynamic + static, limit {HOPPER_SMEM_LIMIT} bytes")
     return "\n".join(lines)
 
@@ -377,20 +409,25 @@ def main(argv: list[str] | None = None) -> int:
         description="Per-config sm_90a resources of the registered variants (no GPU needed).")
     ap.add_argument("--json", action="store_true",
                     help="print a JSON list of rows instead of a table")
+    ap.add_argument("--pass", dest="pass_", choices=[*registry.PASSES, "all"], default="all",
+                    help="only the variants of this pass (default: all)")
     ap.add_argument("--variant", action="append", metavar="NAME",
                     help="only this variant (repeatable); default: all registered")
     ap.add_argument("--keep", metavar="DIR",
-                    help="keep kernel.ptx, ptxas.log, cubins under DIR/variant/config")
+                    help="keep kernel.ptx, ptxas.log, cubins under DIR/pass/variant/config")
     args = ap.parse_args(argv)
     try:
-        rows = report(args.variant, keep=args.keep)
+        rows = report(args.variant, keep=args.keep,
+                      pass_=None if args.pass_ == "all" else args.pass_)
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    if not rows:
+        print(f"no variant of pass {args.pass_} is registered", file=sys.stderr)
     bad = [(r, p) for r in rows for p in problems(r)]
     for r, p in bad:
-        print(f"FAIL {r['variant']}/{r['config']}: {p}", file=sys.stderr)
+        print(f"FAIL {where(r)}: {p}", file=sys.stderr)
     return 1 if bad else 0
 
 

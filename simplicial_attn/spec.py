@@ -127,13 +127,13 @@ def validate_shape(B, N, Hq, Hk, D, w1, w2, sm_scale=None) -> ProblemSpec:
     return validate(q, *kv, w1, w2, sm_scale)
 
 
-def check_device(q: torch.Tensor, *, needs_hopper: bool, variant: str) -> None:
-    """Raise a clear error when the tensors are not on a GPU this variant can run on."""
-    if q.device.type != "cuda":
+def check_device(device: torch.device, *, needs_hopper: bool, variant: str) -> None:
+    """Raise a clear error when `device` (the tensors') is not a GPU this variant can run on."""
+    if device.type != "cuda":
         raise ValueError(f"variant {variant!r} needs the tensors on a CUDA GPU "
                          f"({'sm_90 Hopper' if needs_hopper else 'sm_80 or newer'}); "
-                         f"they are on {q.device}")
-    major, minor = torch.cuda.get_device_capability(q.device)
+                         f"they are on {device}")
+    major, minor = torch.cuda.get_device_capability(device)
     if needs_hopper and major != 9:
         raise RuntimeError(f"variant {variant!r} needs a Hopper GPU (sm_90: TMA, wgmma); this GPU "
                            f"is sm_{major}{minor}")

@@ -1,4 +1,5 @@
-"""CPU tests of the benchmark CLI (bench/fwd.py) and its helpers (bench/common.py)."""
+"""CPU tests of the benchmark CLIs (bench/fwd.py, bench/l2_bandwidth.py) and their helpers
+(bench/common.py, profiling/common.py)."""
 from __future__ import annotations
 
 import csv
@@ -17,12 +18,14 @@ if REPO_ROOT not in sys.path:
 
 from bench import common  # noqa: E402
 from conftest import no_gpu_env  # noqa: E402
+from profiling.common import PRESETS, Shape, format_table, make_inputs, run_metadata  # noqa: E402
 
 META_KEYS = ("gpu", "torch", "triton", "commit", "time_utc")
 
 
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join("bench", "fwd.py"), *args], cwd=REPO_ROOT,
+def run_cli(*args: str, script: str = "fwd.py",
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join("bench", script), *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -39,6 +42,10 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     (["--sweep", "--N", "4096"], "--sweep"),
     (["--csv", os.path.join("no", "such", "dir", "rows.csv")], "--csv"),
     (["--rep-ms", "0"], "--rep-ms"),
+    (["--pass", "sideways"], "--pass"),
+    # a shape the named variant cannot take: the launcher's message, before the GPU check
+    (["--variant", "tlx_ws", "--hq", "8"], "variant 'tlx_ws' cannot take B=4 N=16384 Hq=8 Hk=1"),
+    (["--variant", "tlx_ws_kv", "--sweep", "--preset", "star64"], "G = Hq/Hk = 64, not 128"),
 ])
 def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
     res = run_cli(*args)
@@ -51,9 +58,23 @@ def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
 def test_help_exits_0() -> None:
     res = run_cli("--help")
     assert res.returncode == 0
-    for flag in ("--variant", "--preset", "--sweep", "--no-check", "--peers", "--frontier", "--csv",
-                 "--json", "--plot"):
+    for flag in ("--variant", "--pass", "--preset", "--sweep", "--no-check", "--peers",
+                 "--frontier", "--csv", "--json", "--plot"):
         assert flag in res.stdout
+
+
+def test_l2_bandwidth_help_exits_0() -> None:
+    res = run_cli("--help", script="l2_bandwidth.py")
+    assert res.returncode == 0, res.stderr
+    assert "L2" in res.stdout and res.stderr == ""
+    assert run_cli("--no-such-flag", script="l2_bandwidth.py").returncode == 2
+
+
+def test_refused_variant_names_the_takers() -> None:
+    """The message is the launcher's own: the reason, then the variants that can take the shape."""
+    res = run_cli("--variant", "tlx_ws", "--hq", "8")
+    assert res.returncode == 2
+    assert "G = Hq/Hk = 8 < 16" in res.stderr and "variants that can: triton" in res.stderr
 
 
 @pytest.mark.parametrize("args", [[], ["--variant", "all", "--preset", "small", "--peers"],
@@ -88,7 +109,7 @@ def test_frontier_tutorials_ship_with_fbtriton() -> None:
 
 def test_frontier_rows_without_gpu_when_l_is_not_a_tile_multiple() -> None:
     fwd = _fwd_module()
-    s = common.Shape(B=2, N=100, Hq=64, Hk=1, D=128, w1=3, w2=50)  # L = 150
+    s = Shape(B=2, N=100, Hq=64, Hk=1, D=128, w1=3, w2=50)  # L = 150
     rows = fwd.bench_frontier(s, fwd.parse_args([])[0], print)
     assert [r["variant"] for r in rows] == [
         "tutorial:" + n.removeprefix("hopper_") for n in fwd.FRONTIER_TUTORIALS]
@@ -99,7 +120,7 @@ def test_frontier_rows_without_gpu_when_l_is_not_a_tile_multiple() -> None:
 
 
 def test_sweep_shapes() -> None:
-    base = common.PRESETS["small"]
+    base = PRESETS["small"]
     shapes = common.sweep_shapes(base)
     assert len(shapes) == len(common.SWEEP_N) * len(common.SWEEP_W2) == 15
     assert {(s.N, s.w2) for s in shapes} == {(n, w) for n in (1024, 2048, 4096, 8192, 16384)
@@ -108,15 +129,15 @@ def test_sweep_shapes() -> None:
         assert (s.B, s.Hq, s.Hk, s.D, s.w1) == (base.B, base.Hq, base.Hk, base.D, base.w1)
     assert [s.N for s in shapes[:5]] == sorted(common.SWEEP_N)
     assert common.sweep_shapes(base, ns=(64,), w2s=(8, 16)) == [
-        common.Shape(1, 64, 64, 1, 128, 32, 8), common.Shape(1, 64, 64, 1, 128, 32, 16)]
+        Shape(1, 64, 64, 1, 128, 32, 8), Shape(1, 64, 64, 1, 128, 32, 16)]
 
 
 def _fake_rows() -> list[dict]:
-    meta = common.run_metadata()
+    meta = run_metadata()
     rows = []
     for w2 in (256, 512):
         for n in (1024, 2048, 4096):
-            s = common.Shape(B=1, N=n, Hq=64, Hk=1, D=128, w1=32, w2=w2)
+            s = Shape(B=1, N=n, Hq=64, Hk=1, D=128, w1=32, w2=w2)
             rows.append({"kind": "variant", "variant": "triton", "shape": s.short(), **s.fields(),
                          "ms": 1.0, "tflops": 100.0 + n / 100 + w2 / 10, "note": "", **meta})
             rows.append({"kind": "peer", "variant": "cudnn_sdpa", "shape": "x", **s.fields(),
@@ -162,21 +183,21 @@ def test_run_metadata_and_table(gpu, monkeypatch) -> None:
     """Both branches on any machine: the GPU (or its absence) is simulated."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu is not None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: gpu)
-    meta = common.run_metadata()
+    meta = run_metadata()
     assert set(META_KEYS) <= set(meta)
     assert meta["gpu"] == (gpu or "none")
     assert meta["commit"]  # a hash, or 'unknown' outside a checkout
-    text = common.format_table([{"a": "x", "b": 1.5}, {"a": "longer", "b": None}],
-                               [("a", "name"), ("b", "ms")])
+    text = format_table([{"a": "x", "b": 1.5}, {"a": "longer", "b": None}],
+                        [("a", "name"), ("b", "ms")])
     lines = text.splitlines()
     assert lines[0].split() == ["name", "ms"]
     assert len(lines) == 4 and "1.500" in lines[2]
 
 
 def test_make_inputs_cpu() -> None:
-    q, k1, k2, v1, v2 = common.make_inputs(2, 16, 4, 2, 64, device="cpu", seed=3)
+    q, k1, k2, v1, v2 = make_inputs(2, 16, 4, 2, 64, device="cpu", seed=3)
     assert q.shape == (2, 16, 4, 64) and q.dtype == torch.bfloat16
     assert all(t.shape == (2, 16, 2, 64) for t in (k1, k2, v1, v2))
-    again = common.make_inputs(2, 16, 4, 2, 64, device="cpu", seed=3)
+    again = make_inputs(2, 16, 4, 2, 64, device="cpu", seed=3)
     assert all(torch.equal(a, b) for a, b in zip((q, k1, k2, v1, v2), again))
     assert not torch.equal(k1, k2)

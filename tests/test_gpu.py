@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from simplicial_attn import flops, forward, reference, registry
-from simplicial_attn.launcher import pick
+from simplicial_attn.launcher import pick, run
 from simplicial_attn.spec import validate, validate_shape
 
 from conftest import hq_taken_by
@@ -195,7 +195,7 @@ def skip_reason(v: registry.Variant, spec) -> str | None:
     major, minor = torch.cuda.get_device_capability()
     if v.needs_hopper and major != 9:
         return f"{v.name} needs sm_90; this GPU is sm_{major}{minor}"
-    why = v.load().supports(spec)
+    why = v.cannot_take(spec)
     return None if why is None else f"{v.name} does not take {spec.short()}: {why}"
 
 
@@ -279,20 +279,17 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
 GUARD = 4096  # elements of NaN before and after each output buffer (16-byte multiple either way)
 
 
-def launch_into_nan(v: registry.Variant, spec, x):
-    """Call the variant's launch() directly, as the launcher does, into NaN-filled out/lse that sit
-    between NaN guard zones. Returns (out, lse, guards_intact)."""
-    q, k1, k2, v1, v2 = x
-    if spec.swapped:
-        k1, v1, k2, v2 = k2, v2, k1, v1
+def launch_into_nan(v: registry.Variant, spec, x, w1, w2, sm_scale):
+    """Run the variant (launcher.run) into NaN-filled out/lse that sit between NaN guard zones.
+    Returns (out, lse, guards_intact)."""
+    q = x[0]
     n_out = spec.B * spec.N * spec.Hq * spec.D
     n_lse = spec.B * spec.Hq * spec.N
     ob = torch.full((GUARD + n_out + GUARD,), math.nan, dtype=torch.bfloat16, device=q.device)
     lb = torch.full((GUARD + n_lse + GUARD,), math.nan, dtype=torch.float32, device=q.device)
     out = ob[GUARD:GUARD + n_out].view(spec.B, spec.N, spec.Hq, spec.D)
     lse = lb[GUARD:GUARD + n_lse].view(spec.B, spec.Hq, spec.N)
-    with torch.cuda.device(q.device):
-        v.load().launch(spec, q, k1, k2, v1, v2, out, lse)
+    run(*x, w1, w2, variant=v.name, sm_scale=sm_scale, out=out, lse=lse)
     torch.cuda.synchronize()
     guards = torch.cat([ob[:GUARD].float(), ob[-GUARD:].float(), lb[:GUARD], lb[-GUARD:]])
     return out, lse, bool(torch.isnan(guards).all())
@@ -305,10 +302,8 @@ def where_max(err: torch.Tensor, names="b i h d") -> str:
 
 def roundings(v: registry.Variant) -> dict:
     """emulate_bf16's keywords for the variant: whether it rounds K1[j]*K2 to bf16 instead of Q*K1
-    (module flag ROUNDS_KEYS_SIDE) and V1[j]*V2 instead of (P@V2)*V1[j] (ROUNDS_VALUES_SIDE)."""
-    m = v.load()
-    return dict(keys_side=bool(getattr(m, "ROUNDS_KEYS_SIDE", False)),
-                values_side=bool(getattr(m, "ROUNDS_VALUES_SIDE", False)))
+    and V1[j]*V2 instead of (P@V2)*V1[j] (its record's rounds_keys_side, rounds_values_side)."""
+    return dict(keys_side=v.rounds_keys_side, values_side=v.rounds_values_side)
 
 
 def check_accuracy(out, lse, x, shape: Shape, label: str, rounding: dict | None = None):
@@ -361,11 +356,11 @@ def test_matches_reference(v, shape, rand, seed):
     assert lse.shape == (shape.B, shape.Hq, shape.N) and lse.dtype == torch.float32
     assert out.device == x[0].device and lse.device == x[0].device
 
-    out2, lse2, guards_ok = launch_into_nan(v, spec, x)
+    out2, lse2, guards_ok = launch_into_nan(v, spec, x, shape.w1, shape.w2, shape.sm_scale)
     n_out, n_lse = int(torch.isnan(out2).sum()), int(torch.isnan(lse2).sum())
-    assert n_out == 0 and n_lse == 0, (f"{label}: launch() left {n_out} of {out2.numel()} out "
+    assert n_out == 0 and n_lse == 0, (f"{label}: the kernel left {n_out} of {out2.numel()} out "
                                        f"and {n_lse} of {lse2.numel()} lse elements unwritten")
-    assert guards_ok, f"{label}: launch() wrote outside out/lse"
+    assert guards_ok, f"{label}: the kernel wrote outside out/lse"
     assert torch.equal(out, out2) and torch.equal(lse, lse2), (
         f"{label}: two runs on the same inputs differ (not bitwise reproducible)")
     check_accuracy(out, lse, x, shape, label, roundings(v))
@@ -533,7 +528,7 @@ sys.exit(0 if bad == 0 and worst < 1e-3 else 1)
 @pytest.mark.parametrize("v", VARIANTS, ids=VIDS)
 def test_offsets_past_2_31(v, seed):
     N, HQ, HK, D = 65536 + 200, 256, 256, 128
-    if v.load().supports(validate_shape(1, N, HQ, HK, D, 1, 1)) is not None:
+    if v.cannot_take(validate_shape(1, N, HQ, HK, D, 1, 1)) is not None:
         N, HQ, HK = (1 << 17) + 200, 128, 1
     spec = validate_shape(1, N, HQ, HK, D, 1, 1)
     why = skip_reason(v, spec)
@@ -557,7 +552,7 @@ def test_offsets_past_2_31(v, seed):
 def test_batch_times_kv_heads_past_65535(v, rand, seed):
     """B * Hk = 65536: more programs than a CUDA grid's y axis holds (the grid is one flat axis)."""
     shape = Shape(B=2, N=3, Hq=32768, Hk=32768, D=64, w1=2, w2=3)
-    if v.load().supports(validate_shape(*shape)) is not None:  # G = 128 only: B = 65536 instead
+    if v.cannot_take(validate_shape(*shape)) is not None:  # G = 128 only: B = 65536 instead
         shape = Shape(B=65536, N=2, Hq=128, Hk=1, D=64, w1=2, w2=3)
     x = inputs(rand, shape)
     why = skip_reason(v, validate(*x, shape.w1, shape.w2))

@@ -46,6 +46,34 @@ def test_names_unique_and_get():
     assert len(set(IDS)) == len(IDS)
     for v in ALL:
         assert registry.get(v.name) is v
+        assert registry.get(v.name, v.pass_) is v
+
+
+@pytest.mark.parametrize("v", registry.all_variants(None), ids=lambda v: f"{v.pass_}-{v.name}")
+def test_record_fields(v):
+    """What the code reads from a record is there and well-formed (the warp count is checked
+    against the compiled kernels in test_resources.py)."""
+    assert v.pass_ in registry.PASSES
+    assert v in registry.all_variants(v.pass_) and v in registry.all_variants(None)
+    assert v.warps >= 4 and v.warps % 4 == 0, f"{v.name}: {v.warps} warps is not whole warp groups"
+    assert v.scopes and set(v.scopes) <= set(registry.SCOPES), (v.name, v.scopes)
+    assert len(set(v.scopes)) == len(v.scopes), (v.name, v.scopes)
+    assert {"qk_gemm", "softmax", "pv_gemm", "epilogue"} <= set(v.scopes), v.name
+    for flag in (v.rounds_keys_side, v.rounds_values_side, v.pipelined, v.needs_hopper):
+        assert isinstance(flag, bool), v
+
+
+def test_passes():
+    assert registry.all_variants() == registry.all_variants("fwd")
+    assert set(registry.all_variants(None)) == {v for p in registry.PASSES
+                                               for v in registry.all_variants(p)}
+    with pytest.raises(ValueError, match="unknown pass 'sideways'"):
+        registry.all_variants("sideways")
+    if not registry.all_variants("bwd"):  # (until a backward variant is registered)
+        with pytest.raises(ValueError, match="unknown variant 'triton' of pass 'bwd'; known: none"):
+            registry.get("triton", "bwd")
+    pairs = registry.compile_configs(None)
+    assert {v for v, _ in pairs} == set(registry.all_variants(None))
 
 
 def test_register_twice_rejected():
@@ -96,7 +124,7 @@ def test_supports_returns_none_or_reason(v):
 @pytest.mark.parametrize("s", SPECS.values(), ids=SPECS.keys())
 @pytest.mark.parametrize("hopper", [True, False], ids=["sm90", "sm80"])
 def test_auto_picks_a_variant_that_supports(s, hopper):
-    able = [o for o in ALL if o.load().supports(s) is None and (hopper or not o.needs_hopper)]
+    able = [o for o in ALL if o.cannot_take(s) is None and (hopper or not o.needs_hopper)]
     if not able:  # e.g. every variant is Hopper-only: "auto" on sm_80 must say so
         with pytest.raises(ValueError, match="no variant can take") as info:
             launcher.pick(s, "auto", hopper)
@@ -104,7 +132,7 @@ def test_auto_picks_a_variant_that_supports(s, hopper):
             assert "needs sm_90" in str(info.value)
         return
     v = launcher.pick(s, "auto", hopper)
-    assert v.load().supports(s) is None
+    assert v.cannot_take(s) is None
     if not hopper:
         assert not v.needs_hopper
     assert v.rank_for(s) == max(o.rank_for(s) for o in able), \
@@ -130,7 +158,7 @@ def test_auto_takes_the_measured_fastest(s, name):
 def test_auto_takes_every_headline_shape_on_hopper():
     """At least one registered variant runs each of SPECS on an sm_90 GPU."""
     for name, s in SPECS.items():
-        assert launcher.pick(s, "auto", True).load().supports(s) is None, name
+        assert launcher.pick(s, "auto", True).cannot_take(s) is None, name
 
 
 def test_auto_with_no_taker_explains_each_variant():
@@ -145,7 +173,7 @@ def test_auto_with_no_taker_explains_each_variant():
 @pytest.mark.parametrize("v", ALL, ids=IDS)
 def test_named_variant_that_supports(v):
     for s in SPECS.values():
-        if v.load().supports(s) is None:
+        if v.cannot_take(s) is None:
             assert launcher.pick(s, v.name) is v
 
 
@@ -162,13 +190,14 @@ def fake_variants(monkeypatch):
         return name
 
     top = max(v.rank_for(spec(D=d)) for v in ALL for d in (64, 128))
-    narrow = Variant("narrow", module("_fake_narrow", lambda s: None if s.G == 1 else
-                                      f"G = {s.G}: narrow takes G = 1 only"),
-                     needs_hopper=False, rank=top + 2, supports="G = 1 only")
-    hop = Variant("hopper-only", module("_fake_hopper", lambda s: None),
-                  needs_hopper=True, rank=top + 1, supports="any shape")
+    fields = {"pass_": "fwd", "warps": 4, "scopes": registry.TRITON_SCOPES}
+    narrow = Variant(name="narrow", module=module("_fake_narrow", lambda s: None if s.G == 1 else
+                                                  f"G = {s.G}: narrow takes G = 1 only"),
+                     needs_hopper=False, rank=top + 2, supports="G = 1 only", **fields)
+    hop = Variant(name="hopper-only", module=module("_fake_hopper", lambda s: None),
+                  needs_hopper=True, rank=top + 1, supports="any shape", **fields)
     table = dict(registry._REGISTRY)
-    table.update({narrow.name: narrow, hop.name: hop})
+    table.update({("fwd", narrow.name): narrow, ("fwd", hop.name): hop})
     monkeypatch.setattr(registry, "_REGISTRY", table)
     return narrow, hop
 
@@ -182,7 +211,7 @@ def test_unsupported_named_variant_names_one_that_can(fake_variants):
     assert "variant 'narrow' cannot take" in msg and "narrow takes G = 1 only" in msg, msg
     assert "variants that can:" in msg and "hopper-only" in msg, msg
     for v in ALL:  # the real variants that take it are offered too
-        if v.load().supports(s) is None:
+        if v.cannot_take(s) is None:
             assert v.name in msg, msg
 
 
@@ -190,7 +219,7 @@ def test_real_variant_refusal_names_fake_taker(fake_variants):
     """A real variant that refuses G = 12 points at the (fake) variant that takes anything."""
     s = spec(Hq=12)
     for v in ALL:
-        if v.load().supports(s) is not None:
+        if v.cannot_take(s) is not None:
             with pytest.raises(ValueError, match="variants that can: .*hopper-only"):
                 launcher.pick(s, v.name)
 
@@ -199,7 +228,7 @@ def test_auto_rank_order_and_hopper_filter(fake_variants):
     narrow, hop = fake_variants
     assert launcher.pick(spec(Hq=1), "auto") is narrow          # highest rank that takes G = 1
     assert launcher.pick(spec(Hq=16), "auto") is hop            # narrow refuses; hop next
-    real_sm80 = [v for v in ALL if not v.needs_hopper and v.load().supports(spec(Hq=16)) is None]
+    real_sm80 = [v for v in ALL if not v.needs_hopper and v.cannot_take(spec(Hq=16)) is None]
     if real_sm80:  # sm_80: hop skipped, a real non-Hopper variant taken
         not_hop = launcher.pick(spec(Hq=16), "auto", hopper=False)
         assert not not_hop.needs_hopper and not_hop.name not in ("narrow", "hopper-only")

@@ -1,7 +1,11 @@
-"""Resource gate for every registered config, compiled for sm_90a on CPU (profiling.resources).
+"""Resource gate for every registered config of every pass, compiled for sm_90a on CPU
+(profiling.resources).
 
-No spills, shared memory within the Hopper limit, and wgmma in the Hopper-only (TLX) variants.
-Everything is compiled once per module (`rows` fixture); the CLI test runs the tool once more.
+No spills, shared memory within the Hopper limit, wgmma in the Hopper-only variants, the warp
+count of the variant's record, and an exp2 count under an in-flight wgmma only where the record
+says the variant pairs its GEMMs. The kernels are the ones test_compile.py compiled
+(profiling.resources compiles and measures each config once per process); the CLI tests run the
+tool in this process, plus one cheap run as `python -m profiling.resources`.
 """
 from __future__ import annotations
 
@@ -16,34 +20,30 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # plain `pytest` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from profiling import resources
-from profiling.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx, parse_ptxas,
-                                 parse_sass_overlap)
-from simplicial_attn import registry
+from profiling import resources  # noqa: E402
+from profiling.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx,  # noqa: E402
+                                 parse_ptxas, parse_sass_overlap)
+from simplicial_attn import registry  # noqa: E402
 
-REQUIRED_KEYS = {"variant", "config", "registers", "spill_bytes", "smem_bytes", "wgmma",
-                 "setmaxnreg", "named_barriers", "ex2_overlap"}
-# The variants that issue QK(c) with PV(c - 1) and wait for QK(c) alone (wgmma.wait_group 1): their
-# SASS waits for a wgmma while another is in flight, so ex2_overlap is a count (how many exp2 run
-# under it is a performance figure, reported by profiling.resources, not pinned here).
-PIPELINED = {"tlx_pipelined", "tlx_pipelined_kv", "tlx_pipelined_pingpong"}
+REQUIRED_KEYS = {"pass", "variant", "config", "registers", "spill_bytes", "smem_bytes", "wgmma",
+                 "setmaxnreg", "named_barriers", "ex2_overlap", "total_warps"}
+CASES = [pytest.param(v, c.name, id=f"{v.pass_}-{v.name}-{c.name}")
+         for v, c in registry.compile_configs(None)]
 
 
-def _cases():
-    """(variant, config name) for every registered config; listed without compiling."""
-    return [pytest.param(v, c.name, id=f"{v.name}-{c.name}")
-            for v in registry.all_variants() for c in v.load().compile_configs()]
+def _key(r: dict) -> tuple:
+    return r["pass"], r["variant"], r["config"]
 
 
 @pytest.fixture(scope="module")
 def rows() -> dict:
-    return {(r["variant"], r["config"]): r for r in resources.report()}
+    return {_key(r): r for r in resources.report()}
 
 
-@pytest.mark.parametrize("variant,config", _cases())
+@pytest.mark.parametrize("variant,config", CASES)
 def test_config_resources(rows, variant, config):
-    r = rows[(variant.name, config)]
-    where = f"{variant.name}/{config}"
+    r = rows[(variant.pass_, variant.name, config)]
+    where = resources.where(r)
     assert r["error"] is None, f"{where}: {r['error']}"
     assert r["spill_bytes"] == 0, (f"{where} spills {r['spill_bytes']} bytes "
                                    f"({r['spill_stores']} stores + {r['spill_loads']} loads), "
@@ -52,21 +52,40 @@ def test_config_resources(rows, variant, config):
                                                   f"shared memory > {HOPPER_SMEM_LIMIT}")
     if variant.needs_hopper:
         assert r["wgmma"] >= 1, f"{where} is Hopper-only but its PTX has no wgmma.mma_async"
-    if variant.name in PIPELINED:
+    assert r["total_warps"] == variant.warps, (f"{where}: the kernel runs {r['total_warps']} "
+                                               f"warps, its registry record says {variant.warps}")
+    if variant.pipelined:
+        # QK(c) issued with PV(c - 1), QK(c) waited for alone (wgmma.wait_group 1): the SASS waits
+        # for a wgmma while another is in flight, so ex2_overlap is a count (how many exp2 run
+        # under it is a performance figure, reported by profiling.resources, not pinned here)
         assert r["ex2_overlap"] is not None, f"{where} never waits with a wgmma left in flight"
     else:
         assert r["ex2_overlap"] is None, f"{where} leaves a wgmma in flight: {r['ex2_overlap']}"
 
 
-def test_cli_json(rows):
-    p = subprocess.run([sys.executable, "-m", "profiling.resources", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=900, check=False)
-    assert p.returncode in (0, 1), p.stderr  # 1 = some config fails the gate (tested above)
-    out = json.loads(p.stdout)
+def test_cli_json(rows, capsys):
+    """The CLI's JSON rows are the report's (measured once in this process: no recompile)."""
+    assert resources.main(["--json"]) in (0, 1)  # 1 = some config fails the gate (tested above)
+    out = json.loads(capsys.readouterr().out)
     assert isinstance(out, list) and out
     for r in out:
         assert REQUIRED_KEYS <= r.keys(), REQUIRED_KEYS - r.keys()
-    assert {(r["variant"], r["config"]) for r in out} == set(rows)
+    assert {_key(r) for r in out} == set(rows)
+    assert resources.main(["--pass", "fwd", "--variant", "triton"]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split()[:3] == ["pass", "variant", "config"]
+    assert all(line.split()[:2] == ["fwd", "triton"] for line in table.splitlines()[2:-1])
+    assert resources.main(["--variant", "no_such_variant"]) == 2
+
+
+def test_cli_as_a_module():
+    """`python -m profiling.resources` runs (a pass with no variant: nothing to compile)."""
+    if registry.all_variants("bwd"):
+        pytest.skip("a backward variant is registered: this run would compile it")
+    p = subprocess.run([sys.executable, "-m", "profiling.resources", "--pass", "bwd", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == [] and "no variant of pass bwd" in p.stderr
 
 
 PTX = """

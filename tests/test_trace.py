@@ -1,5 +1,6 @@
-"""Tests of profiling/trace.py: summary, trim, plot and kernel table on CPU (real traces in
-tests/data and hand-built ones), the CLI, and (gpu marker) a capture of every registered variant."""
+"""Tests of the trace tool (profiling/trace.py, its CLI, and trace_summary.py, trace_plot.py,
+trace_capture.py): summary, trim, plot and kernel table on CPU (real traces in tests/data and
+hand-built ones), the CLI, and (gpu marker) a capture of every registered variant."""
 from __future__ import annotations
 
 import json
@@ -9,10 +10,11 @@ import sys
 
 import pytest
 import torch
-
-from bench.common import H100_SXM_BF16_DENSE_TFLOPS, Shape
 from conftest import hq_taken_by, no_gpu_env
-from profiling import trace
+
+from profiling import trace_capture, trace_plot, trace_summary
+from profiling.common import Shape
+from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS
 from simplicial_attn import registry
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +35,8 @@ def run_cli(*args: str, module: bool = False, env: dict | None = None
 
 @pytest.fixture(scope="module")
 def summaries() -> dict:
-    return {name: trace.summarize(trace.load_trace(path)) for name, path in REAL.items()}
+    return {name: trace_summary.summarize(trace_summary.load_trace(path))
+            for name, path in REAL.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,7 +69,7 @@ def test_busy_bubble_and_shares_are_consistent(summaries, name):
             continue
         assert 0 < g["tc_busy"] < 1
         non_gemm = g["outside_share"] + sum(v["share"] for k, v in g["scopes"].items()
-                                            if k not in trace.GEMM_SCOPES)
+                                            if k not in trace_summary.GEMM_SCOPES)
         # the union over a group's warps is close to one warp's own gemm share: the warps of a
         # warp group issue the wgmma together
         assert g["tc_busy"] + non_gemm == pytest.approx(1.0, abs=0.02)
@@ -101,9 +104,9 @@ def test_tlx_ws_load_kv_only_on_the_producer_group(summaries):
 
 
 def test_cycles_use_the_trace_frequency():
-    raw = trace.read_trace_file(TLX_WS)
+    raw = trace_summary.read_trace_file(TLX_WS)
     e = raw["traceEvents"][0]
-    ev = trace.events_from_trace({"traceEvents": [e]})[0]
+    ev = trace_summary.events_from_trace({"traceEvents": [e]})[0]
     f = e["args"]["Frequency (MHz)"]
     assert ev["dur"] == pytest.approx(e["dur"] * f)
     assert ev["start"] == pytest.approx(e["ts"] * f)
@@ -144,7 +147,7 @@ def _synthetic(freq: float = 1000.0) -> dict:
 
 @pytest.mark.parametrize("freq", [1000.0, 1500.0])
 def test_summary_matches_hand_computation(freq):
-    s = trace.summarize(trace.events_from_trace(_synthetic(freq)))
+    s = trace_summary.summarize(trace_summary.events_from_trace(_synthetic(freq)))
 
     def ap(x):
         return pytest.approx(x, rel=1e-12, abs=1e-9)
@@ -184,16 +187,16 @@ def test_summary_matches_hand_computation(freq):
 
 
 def test_summary_warns_on_unequal_step_counts():
-    events = trace.events_from_trace(_synthetic())
+    events = trace_summary.events_from_trace(_synthetic())
     events = [e for e in events
               if not (e["cta"] == B and e["warp"] == 8 and e["name"] == "softmax")]
-    s = trace.summarize(events)
+    s = trace_summary.summarize(events)
     assert len(s["warnings"]) == 1 and "warp 8" in s["warnings"][0]
 
 
 def test_union_length():
-    assert trace._union_length([]) == 0
-    assert trace._union_length([(0, 10), (5, 15), (20, 25), (25, 30), (1, 2)]) == 25
+    assert trace_summary._union_length([]) == 0
+    assert trace_summary._union_length([(0, 10), (5, 15), (20, 25), (25, 30), (1, 2)]) == 25
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,33 +208,33 @@ def test_trim_keeps_exactly_k_ctas_from_the_middle():
         _chrome(f"k Core0 CTA{i}", 0, "qk_gemm", start, start + 10)
         for i, start in ((5, 400), (1, 0), (4, 300), (2, 100), (3, 200))]
         + [{"name": "process_name", "ph": "M", "args": {}}]}
-    out = trace.trim(raw, 3)
+    out = trace_summary.trim(raw, 3)
     assert out["displayTimeUnit"] == "ns"
     kept = [e["pid"] for e in out["traceEvents"] if "pid" in e]
     assert sorted(kept) == ["k Core0 CTA2", "k Core0 CTA3", "k Core0 CTA4"]  # by start time
     assert any(e.get("ph") == "M" for e in out["traceEvents"])  # metadata kept
     assert len(raw["traceEvents"]) == 6  # input untouched
     with pytest.raises(ValueError):
-        trace.trim(raw, 0)
+        trace_summary.trim(raw, 0)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 8])
 def test_trim_real_trace(k):
-    raw = trace.read_trace_file(TRITON)
-    out = trace.trim(raw, k)
+    raw = trace_summary.read_trace_file(TRITON)
+    out = trace_summary.trim(raw, k)
     assert len({e["pid"] for e in out["traceEvents"]}) == min(k, 3)
-    s = trace.summarize(trace.events_from_trace(out))
+    s = trace_summary.summarize(trace_summary.events_from_trace(out))
     assert s["ctas"] == min(k, 3)
 
 
 def test_write_trimmed_respects_the_size_limit(tmp_path):
-    raw = trace.read_trace_file(TRITON)
-    one_cta = len(trace.dumps_trace(trace.trim(raw, 1)))
+    raw = trace_summary.read_trace_file(TRITON)
+    one_cta = len(trace_summary.dumps_trace(trace_summary.trim(raw, 1)))
     path = str(tmp_path / "t.chrome_trace")
-    n = trace.write_trimmed(raw, 3, path, max_bytes=int(2.5 * one_cta))
+    n = trace_summary.write_trimmed(raw, 3, path, max_bytes=int(2.5 * one_cta))
     assert n == 2 and os.path.getsize(path) <= 2.5 * one_cta
-    assert len({e["cta"] for e in trace.load_trace(path)}) == 2
-    assert trace.write_trimmed(raw, 8, path) == 3
+    assert len({e["cta"] for e in trace_summary.load_trace(path)}) == 2
+    assert trace_summary.write_trimmed(raw, 8, path) == 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +244,7 @@ def test_write_trimmed_respects_the_size_limit(tmp_path):
 @pytest.mark.parametrize("name", sorted(REAL))
 def test_plot_writes_a_png(tmp_path, name):
     png = str(tmp_path / f"{name}.png")
-    trace.plot_timeline(trace.load_trace(REAL[name]), png, max_ctas=2)
+    trace_plot.plot_timeline(trace_summary.load_trace(REAL[name]), png, max_ctas=2)
     with open(png, "rb") as f:
         head = f.read(8)
     assert head == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 10_000
@@ -249,7 +252,8 @@ def test_plot_writes_a_png(tmp_path, name):
 
 def test_plot_compare_two_traces(tmp_path):
     png = str(tmp_path / "cmp.png")
-    trace.plot_timelines([(n, trace.load_trace(p)) for n, p in REAL.items()], png, max_ctas=1)
+    trace_plot.plot_timelines([(n, trace_summary.load_trace(p)) for n, p in REAL.items()], png,
+                              max_ctas=1)
     assert os.path.getsize(png) > 10_000
 
 
@@ -283,7 +287,7 @@ CANNED_HATCHET = [
 
 
 def test_kernel_table_on_canned_hatchet():
-    rows = trace.kernel_table(json.loads(json.dumps(CANNED_HATCHET)))
+    rows = trace_summary.kernel_table(json.loads(json.dumps(CANNED_HATCHET)))
     assert [r["variant"] for r in rows] == ["triton", "tlx_ws"]
     tri, tlx = rows
     # triton: 3e12 FLOP in 6e6 ns = 500 TFLOP/s; 3 launches of 2 ms
@@ -300,27 +304,20 @@ def test_kernel_table_on_canned_hatchet():
 # Warps and scopes per variant
 
 
-def test_sampled_warps_and_expected_scopes():
-    assert trace.default_sampled_warps(4) == [0]
-    assert trace.default_sampled_warps(12) == [0, 4, 8]
-    assert trace.parse_warps("all", 4) == [0, 1, 2, 3]
-    assert trace.parse_warps("8, 0,4", 12) == [0, 4, 8]
+def test_sampled_warps():
+    assert trace_capture.default_sampled_warps(4) == [0]
+    assert trace_capture.default_sampled_warps(12) == [0, 4, 8]
+    assert trace_capture.parse_warps("all", 4) == [0, 1, 2, 3]
+    assert trace_capture.parse_warps("8, 0,4", 12) == [0, 4, 8]
     with pytest.raises(ValueError):
-        trace.parse_warps("0,12", 12)
-    assert set(trace.TOTAL_WARPS_FALLBACK) <= {v.name for v in registry.all_variants()}
-    assert trace.expected_scopes("triton") == {"load_kv", "qk_gemm", "softmax", "pv_gemm",
-                                               "v1_mul", "epilogue"}
-    assert trace.expected_scopes("tlx_ws") == trace.expected_scopes("triton") | {"wait_kv"}
-    assert trace.expected_scopes("tlx_ws_kv") == {"load_kv", "qk_gemm", "softmax", "pv_gemm",
-                                                  "epilogue", "build_b", "build_c"}
+        trace_capture.parse_warps("0,12", 12)
 
 
-def test_total_warps_without_a_compiled_kernel(monkeypatch):
-    # as before any kernel was compiled in this process (on a GPU machine, earlier tests may have)
-    monkeypatch.setattr(trace, "_compiled_warps", lambda mod: None)
-    assert trace.total_warps("triton") == 4
-    assert trace.total_warps("tlx_ws") == 12
-    assert trace.total_warps("tlx_pipelined_kv") == 16  # two producer warp groups
+def test_scopes_of_the_real_traces_match_the_records():
+    """The scopes of the two captured traces in tests/data are their variants' record's."""
+    for name, path in REAL.items():
+        assert {e["name"] for e in trace_summary.load_trace(path)} == set(
+            registry.get(name).scopes), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,7 +329,7 @@ def test_cli_summarize_prints_and_exits_0():
     assert r.returncode == 0, r.stderr
     for text in ("wg0 producer", "wg1 consumer 0", "qk_gemm", "tensor-core busy", "bubble"):
         assert text in r.stdout
-    for caveat in trace.CAVEATS:  # printed with the numbers, whatever their wording
+    for caveat in trace_summary.CAVEATS:  # printed with the numbers, whatever their wording
         assert f"note: {caveat}" in r.stdout
 
 
@@ -360,6 +357,10 @@ def test_cli_bad_arguments_exit_2(tmp_path):
     assert run_cli("--summarize", str(tmp_path / "missing.chrome_trace")).returncode == 2
     assert run_cli("--variant", "nope").returncode == 2
     assert run_cli("--variant", "triton", "--d", "96").returncode == 2
+    assert run_cli("--variant", "triton", "--pass", "sideways").returncode == 2
+    r = run_cli("--variant", "tlx_ws", "--hq", "8")  # the launcher's message, before the GPU check
+    assert r.returncode == 2 and "variant 'tlx_ws' cannot take" in r.stderr, r.stderr
+    assert "GPU" not in r.stderr
 
 
 @pytest.mark.parametrize("args", [["--variant", "triton"], ["--compare", "triton", "tlx_ws"],
@@ -380,17 +381,14 @@ def test_capture_every_variant(tmp_path):
     for v in registry.all_variants():
         s = Shape(B=1, N=256, Hq=hq_taken_by(v.name, 1, 256, 64, 1, 128, 32, 256), Hk=1, D=128,
                   w1=32, w2=256)
-        path = trace.capture(v.name, s, str(tmp_path), ctas=2, log=lambda msg: None)
-        assert os.path.getsize(path) < trace.MAX_TRACE_BYTES
-        events = trace.load_trace(path)
+        path = trace_capture.capture(v.name, s, str(tmp_path), ctas=2, log=lambda msg: None)
+        assert os.path.getsize(path) < trace_summary.MAX_TRACE_BYTES
+        events = trace_summary.load_trace(path)
         names = {e["name"] for e in events}
-        assert trace.expected_scopes(v.name) <= names, (v.name, names)
+        assert set(v.scopes) <= names, (v.name, names)
         assert len({e["cta"] for e in events}) == 2
-        summary = trace.summarize(events)
+        summary = trace_summary.summarize(events)
         assert summary["warnings"] == [], summary["warnings"]
-        mod = v.load()
-        want = trace.TOTAL_WARPS_FALLBACK.get(v.name, mod.compile_configs()[0].num_warps)
-        assert trace.total_warps(v.name, mod) == want  # the compiled kernel agrees with the table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,19 +396,18 @@ def test_capture_every_variant(tmp_path):
 
 
 def test_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
-    import types
-
     import triton.profiler as proton
+
+    from simplicial_attn import launcher
 
     calls = {"launch": [], "start": []}
 
-    def launch(spec, *args, profile=False):
-        calls["launch"].append(profile)
+    def run(*args, variant, out=None, lse=None, profile=False):
+        calls["launch"].append((variant, profile))
+        return "out", "lse"
 
-    real = registry.get("triton").load()
-    fake = types.SimpleNamespace(launch=launch, compile_configs=real.compile_configs)
-    monkeypatch.setattr(trace, "_gpu_inputs", lambda s, seed: ("spec", ()))
-    monkeypatch.setattr(trace, "_load_variant", lambda name, spec: fake)
+    monkeypatch.setattr(trace_capture, "_inputs", lambda s, seed: ())
+    monkeypatch.setattr(launcher, "run", run)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
 
     def start(name, **kw):
@@ -423,12 +420,23 @@ def test_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
     monkeypatch.setattr(proton, "start", start)
     monkeypatch.setattr(proton, "finalize", finalize)
     out = tmp_path / "out"
-    path = trace.capture("triton", Shape(1, 256, 64, 1, 128, 32, 256), str(out), ctas=2,
-                         log=lambda msg: None)
+    path = trace_capture.capture("triton", Shape(1, 256, 64, 1, 128, 32, 256), str(out), ctas=2,
+                                 log=lambda msg: None)
     assert path == str(out / "triton.chrome_trace")
-    assert calls["launch"] == [False, True]  # warm the plain kernel, then the profiled one
+    # warm the plain kernel, then the profiled one
+    assert calls["launch"] == [("triton", False), ("triton", True)]
     ((_, kw),) = calls["start"]
     assert kw["data"] == "trace" and kw["backend"] == "instrumentation"
     assert "sampling_options=0:" in str(kw["mode"]) and "GLOBAL" in str(kw["mode"])
-    assert len({e["cta"] for e in trace.load_trace(path)}) == 2
+    assert len({e["cta"] for e in trace_summary.load_trace(path)}) == 2
     assert os.listdir(out) == ["triton.chrome_trace"]  # the raw capture is removed
+
+
+def test_profiling_needs_no_bench():
+    """profiling/ is installed without bench/ (not a package): none of its modules imports it."""
+    code = ("import sys, profiling.trace, profiling.resources; "
+            "print(sorted(m for m in sys.modules if m == 'bench' or m.startswith('bench.')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

@@ -1,0 +1,75 @@
+"""Pieces of the G = 128 kernels whose producers build a Hadamard product (tlx_ws_keys, tlx_ws_kv
+and the variants that run its kernel): the tile of one token's 128 query heads, its consumers'
+start, and the producer's build of a key or value block scaled by one K1 or V1 row."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from kernels_tlx.common import NUM_CONSUMERS
+from kernels_triton.tiling import M_START, load_q, row_coords, tile_setup
+from kernels_triton.tiling import supports as tiling_supports
+from simplicial_attn.spec import ProblemSpec
+
+
+def supports(spec: ProblemSpec) -> str | None:
+    """The tiling's shapes with G = Hq/Hk = 128: one token's heads fill the 128-row tile."""
+    why = tiling_supports(spec)
+    if why is not None:
+        return why
+    if spec.G != 128:
+        return f"G = Hq/Hk = {spec.G}, not 128 (one token's heads fill the 128-row tile)"
+    return None
+
+
+@triton.jit
+def row_tile(X, kv_row, D: tl.constexpr, CH: tl.constexpr):
+    """Producer: the row X[j] as a [CH, D] tile (every row the same address, so it arrives in the
+    layout of a K2/V2 chunk); kv_row is j's offset in X."""
+    offs_d = tl.arange(0, D)
+    return tl.load(X + kv_row + (0 * tl.arange(0, CH))[:, None] + offs_d[None, :])
+
+
+@triton.jit
+def mul_bf16x2(x, y):
+    """x * y for bf16 tensors, two elements per instruction (the compiler's own bf16 multiply is
+    one scalar mul.bf16 per element, plus the moves that unpack and repack the pairs)."""
+    return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [x, y],
+                                     dtype=tl.bfloat16, is_pure=True, pack=2)
+
+
+@triton.jit
+def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr):
+    """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
+    the proxy fence that makes it visible to the consumers' wgmma."""
+    for ch in tl.static_range(BLOCK_N // CH):
+        x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
+        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), mul_bf16x2(x, row))
+    tlx.fence_async_shared()
+
+
+@triton.jit
+def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's tile, one token's G = BLOCK_M heads: batch b, KV head g, token i0, first
+    head h0, its key blocks (k_lo, n_lo, n_hi, n_blocks; see tiling.key_blocks), its w1 window
+    (first j, count) and kv_base, the offset of (b, g) in K1/V1."""
+    tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
+    b, g, i0, h0, _, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
+    j_first = tl.maximum(i0 - w1 + 1, 0)
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+    return b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, i0 - j_first + 1, kv_base
+
+
+@triton.jit
+def start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
+                   D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Consumer cid (rows 64 cid .. 64 cid + 63): its rows' tokens and heads, their Q stored in
+    `q_smem` (fenced for the wgmma), and an empty online-softmax state (m, l, acc)."""
+    HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    tok, head = row_coords(i0, h0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
+    tlx.local_store(q_smem, load_q(Q, b, g, tok, head, N, HQ, G, D))
+    tlx.fence_async_shared()
+    m_i = tl.full([HALF], M_START, tl.float32)
+    return tok, head, m_i, tl.zeros([HALF], tl.float32), tl.zeros([HALF, D], tl.float32)

@@ -1,0 +1,95 @@
+"""The host side every forward kernel module shares (Triton and TLX): the TMA descriptors of K2/V2
+and Q, the launch of a kernel with the common signature, and its compile configs.
+
+The common signature: kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale, HQ, HK, G, D,
+<the config's constexprs>, PROFILE). A variant module gets its `launch` and `compile_configs`
+(simplicial_attn/registry.py) from `entry_points(kernel, config, supports)`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels_triton.tiling import COMPILE_SHAPES, LOG2E, grid
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+Config = Callable[[ProblemSpec], dict]   # spec -> the kernel's constexprs + num_warps, num_stages
+Supports = Callable[[ProblemSpec], str | None]
+
+
+def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, N, Hk, D] K2 or V2 as [B, N, Hk*D]; a block is one head's
+    [1, block_n, D] token run, at coordinates [b, first token, g*D].
+    Rows past N: a block that runs past a batch's last token reads zeros there (TMA fills what
+    lies outside the view), never the next batch's rows. Their scores are masked (P = 0), and
+    P = 0 times a zero is 0, so no value of one batch element, not even inf or NaN, reaches
+    another's output."""
+    hd = spec.Hk * spec.D
+    return TensorDescriptor(t, shape=[spec.B, spec.N, hd], strides=[spec.N * hd, hd, 1],
+                            block_shape=[1, block_n, spec.D])
+
+
+def q_rows(G: int, block_m: int) -> int:
+    """Rows of one TMA box of Q: the heads of one token that a tile holds."""
+    return min(G, block_m)
+
+
+def q_descriptor(q, spec: ProblemSpec, block_m: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, N, Hq, D] Q as [B*N*Hq, D]; a box is the q_rows heads of one
+    token. Rows of a token past N are the next batch's (or zero past the end): they only reach
+    output rows that are never stored."""
+    return TensorDescriptor(q, shape=[spec.B * spec.N * spec.Hq, spec.D], strides=[spec.D, 1],
+                            block_shape=[q_rows(spec.G, block_m), spec.D])
+
+
+def _constexprs(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+
+
+def launch(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool,
+           q_tma: bool = False) -> None:
+    """Launch a forward kernel with the common signature; `cfg` holds its constexprs plus
+    num_warps/num_stages. q_tma: the kernel takes Q as a TMA descriptor (q_descriptor).
+    profile=True compiles the Proton-scoped copy (profiling/trace_capture.py)."""
+    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
+    qd = q_descriptor(q, spec, cfg["BLOCK_M"]) if q_tma else q
+    kernel[grid(spec, cfg["BLOCK_M"])](
+        qd, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
+        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **_constexprs(cfg))
+
+
+def compile_configs(kernel, config: Config, supports: Supports,
+                    q_tma: bool = False) -> list[CompileConfig]:
+    """The default configs of `kernel` at every (Hq, Hk, D) of tiling.COMPILE_SHAPES that
+    `supports` takes (q_tma: as in launch)."""
+    out = []
+    for hq, hk, d in COMPILE_SHAPES:
+        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+        if supports(spec) is not None:
+            continue
+        cfg = config(spec)
+        desc = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{d}]>"
+        q_sig = f"tensordesc<bf16[{q_rows(hq // hk, cfg['BLOCK_M'])},{d}]>" if q_tma else "*bf16"
+        sig = {"Q": q_sig, "K1": "*bf16", "K2": desc, "V1": "*bf16", "V2": desc, "Out": "*bf16",
+               "Lse": "*fp32", "N": "i32", "w1": "i32", "w2": "i32", "qk_scale": "fp32"}
+        consts = {"HQ": hq, "HK": hk, "G": hq // hk, "D": d, **_constexprs(cfg)}
+        sig.update({k: "constexpr" for k in consts})
+        name = f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}"
+        out.append(CompileConfig(name, kernel, sig, consts, cfg["num_warps"], cfg["num_stages"]))
+    return out
+
+
+def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False):
+    """A variant module's `launch` and `compile_configs` (simplicial_attn/registry.py) for
+    `kernel` run with `config(spec)` (q_tma: as in launch)."""
+    def launch_variant(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
+                       profile: bool = False) -> None:
+        launch(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma)
+
+    def variant_compile_configs() -> list[CompileConfig]:
+        return compile_configs(kernel, config, supports, q_tma)
+
+    return launch_variant, variant_compile_configs

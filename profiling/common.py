@@ -1,0 +1,228 @@
+"""What the command-line tools share (bench/fwd.py, profiling/trace.py): shapes and presets, their
+arguments, the pass and variant checks that come before any GPU work, inputs, run metadata and
+text tables. Installed with the package, so `python -m profiling.trace` needs no checkout."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from simplicial_attn import launcher, registry
+from simplicial_attn.spec import ProblemSpec, validate_shape
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# ---------------------------------------------------------------------------------------------
+# Shapes
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One forward problem: q [B, N, Hq, D], k1/k2/v1/v2 [B, N, Hk, D], windows w1 and w2."""
+
+    B: int
+    N: int
+    Hq: int
+    Hk: int
+    D: int
+    w1: int
+    w2: int
+
+    def short(self) -> str:
+        """Compact form for tables, e.g. 'B4 N16384 H128/1 D128 w32x512' (H = Hq/Hk)."""
+        return (f"B{self.B} N{self.N} H{self.Hq}/{self.Hk} D{self.D} "
+                f"w{self.w1}x{self.w2}")
+
+    def fields(self) -> dict:
+        return asdict(self)
+
+    def spec(self) -> ProblemSpec:
+        """The library's own checks of this shape, on meta tensors (no memory, no device)."""
+        return validate_shape(self.B, self.N, self.Hq, self.Hk, self.D, self.w1, self.w2)
+
+
+PRESETS: dict[str, Shape] = {
+    "star": Shape(B=4, N=16384, Hq=128, Hk=1, D=128, w1=32, w2=512),
+    "star64": Shape(B=4, N=16384, Hq=64, Hk=1, D=128, w1=32, w2=512),
+    "small": Shape(B=1, N=2048, Hq=64, Hk=1, D=128, w1=32, w2=256),
+}
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _positive(text: str, convert, what: str):
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a {what}, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a {what}, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    return _positive(text, int, "positive integer")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    return _positive(text, float, "positive number")
+
+
+def add_shape_args(p: argparse.ArgumentParser, default_preset: str) -> None:
+    """Add --preset and the per-dimension overrides --B --N --hq --hk --d --w1 --w2."""
+    p.add_argument("--preset", choices=list(PRESETS), default=default_preset,
+                   help=f"base shape (default: {default_preset})")
+    for flag, dest, what in (("--B", "B", "batch"), ("--N", "N", "sequence length"),
+                             ("--hq", "hq", "query heads Hq"), ("--hk", "hk", "KV heads Hk"),
+                             ("--d", "d", "head dim D"), ("--w1", "w1", "window of K1/V1"),
+                             ("--w2", "w2", "window of K2/V2")):
+        p.add_argument(flag, dest=dest, type=positive_int, metavar="INT",
+                       help=f"override the preset's {what}")
+
+
+def shape_from_args(args: argparse.Namespace) -> Shape:
+    """The preset with the command line's overrides (add_shape_args) applied."""
+    overrides = {"B": args.B, "N": args.N, "Hq": args.hq, "Hk": args.hk, "D": args.d,
+                 "w1": args.w1, "w2": args.w2}
+    return replace(PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None})
+
+
+def add_pass_arg(p: argparse.ArgumentParser, passes: Sequence[str]) -> None:
+    """Add --pass: the pass whose variants --variant names, one of `passes` (those the tool can
+    run: a pass's inputs and runner are its own)."""
+    p.add_argument("--pass", dest="pass_", choices=list(passes), default=passes[0],
+                   help=f"the pass whose variants are meant (default: {passes[0]}; "
+                        f"registered passes: {', '.join(registry.PASSES)})")
+
+
+def variant_names() -> list[str]:
+    """Every registered variant name, of any pass (argparse choices; `check_variants` then checks
+    the name against the chosen pass)."""
+    return list(dict.fromkeys(v.name for v in registry.all_variants(None)))
+
+
+def check_variants(parser: argparse.ArgumentParser, pass_: str, names: Sequence[str],
+                   shapes: Sequence[Shape]) -> None:
+    """Before any GPU work, exit 2 (parser.error) with the launcher's own message unless every
+    shape passes the library's checks and each named variant of pass `pass_` takes it ("auto":
+    some variant does)."""
+    if not registry.all_variants(pass_):
+        parser.error(f"no {pass_} variant is registered")
+    for s in shapes:
+        try:
+            spec = s.spec()
+        except (ValueError, TypeError) as e:
+            parser.error(f"shape {s.short()}: {e}")
+        for name in names:
+            try:
+                launcher.pick(spec, name, pass_=pass_)
+            except ValueError as e:
+                parser.error(str(e))
+            except ImportError:  # e.g. TLX under upstream Triton: the run itself says so
+                pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def make_inputs(B: int, N: int, Hq: int, Hk: int, D: int, device: str | torch.device = "cuda",
+                seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random (q, k1, k2, v1, v2) in bf16: q [B, N, Hq, D], the others [B, N, Hk, D], all N(0, 1).
+
+    Score spread: with N(0, 1) entries and sm_scale = 1/sqrt(D), a score
+    s = sm_scale * sum_d q k1 k2 has mean 0 and standard deviation 1 (D terms of variance 1, scaled
+    by 1/D in variance). Measured on CPU for D = 128, w1 x w2 = 32 x 512 (16384 scores per query):
+    score std 1.00, max - min about 8.3 (so exp() spans ~4000x), largest softmax weight ~0.25%,
+    effective count 1/sum(p^2) ~5700 of 16384: neither flat (uniform would give 16384) nor one-hot.
+    (q scaled by 2 gives ~350, by 3 gives ~40.) Deterministic for a given seed and device.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.bfloat16)
+
+    q = randn(B, N, Hq, D)
+    k1, k2, v1, v2 = (randn(B, N, Hk, D) for _ in range(4))
+    return q, k1, k2, v1, v2
+
+
+# ---------------------------------------------------------------------------------------------
+# Run metadata
+
+
+def git_commit() -> str:
+    """Short commit hash of the repo, or 'unknown' (no git, not a checkout). $SIMPLICIAL_COMMIT
+    overrides it, for copies of the tree without .git (the device machine)."""
+    if os.environ.get("SIMPLICIAL_COMMIT"):
+        return os.environ["SIMPLICIAL_COMMIT"]
+    try:
+        res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    out = res.stdout.strip()
+    return out if res.returncode == 0 and out else "unknown"
+
+
+def run_metadata() -> dict:
+    """What a row needs to be traceable: GPU, library versions, commit, UTC time (ISO 8601)."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "commit": git_commit(),
+        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def metadata_line(meta: dict) -> str:
+    return (f"GPU: {meta['gpu']} | torch {meta['torch']} | triton {meta['triton']} | "
+            f"commit {meta['commit']} | {meta['time_utc']}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Text tables
+
+
+def _cell(v: object) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
+    """Plain-text table; `columns` is a list of (row key, header). Numbers right-aligned."""
+    header = [h for _, h in columns]
+    body = [[_cell(row.get(k)) for k, _ in columns] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(header)]
+    numeric = [all(isinstance(row.get(k), (int, float)) or row.get(k) is None for row in rows)
+               for k, _ in columns]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), sep] + [line(r) for r in body])
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> None:
+    """Print `format_table(rows, columns)` to stdout."""
+    print(format_table(rows, columns), flush=True)

@@ -1,0 +1,53 @@
+"""The one timing routine of the repo (bench/, profiling/), and throughput from its times."""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+H100_SXM_BF16_DENSE_TFLOPS = 989.0  # H100 SXM dense bf16 tensor-core peak (datasheet)
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # what do_bench writes before every timed call (> any L2)
+
+
+def median_ms(fn: Callable[[], object], warmup_ms: float = 100.0, rep_ms: float = 1000.0,
+              flush_l2: bool = True) -> float:
+    """Median wall time of `fn()` on the GPU, in milliseconds.
+
+    flush_l2=True (every kernel benchmark): `triton.testing.do_bench(fn, warmup=warmup_ms,
+    rep=rep_ms, return_mode="median")`: one call plus a 5-call estimate, then about warmup_ms of
+    warm-up calls and rep_ms of timed calls, each timed with CUDA events. do_bench clears the L2
+    cache (writes L2_FLUSH_BYTES) before every timed call, so each call starts cold and repeated
+    calls on one input set do not measure a warm cache. The defaults give at least ~5 timed calls
+    for a 175 ms kernel (the `star` shape).
+    flush_l2=False (a cache's own bandwidth, bench/l2_bandwidth.py): the same call counts, each
+    timed call between CUDA events with no flush, so what the previous call left in L2 stays.
+    """
+    if flush_l2:
+        import triton.testing  # imported here: needs a GPU driver only when called
+
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                             return_mode="median"))
+    import torch
+
+    def timed() -> float:
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    timed()  # compile and warm
+    estimate = max(statistics.fmean(timed() for _ in range(5)), 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    return float(statistics.median(timed() for _ in range(max(1, int(rep_ms / estimate)))))
+
+
+def tflops(flop_count: float, ms: float) -> float:
+    """Throughput in TFLOP/s of `flop_count` operations done in `ms` milliseconds."""
+    return flop_count / (ms * 1e-3) / 1e12
+
+
+def pct_of_peak(tf: float) -> float:
+    """`tf` TFLOP/s as a percentage of H100_SXM_BF16_DENSE_TFLOPS."""
+    return 100.0 * tf / H100_SXM_BF16_DENSE_TFLOPS
