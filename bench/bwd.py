@@ -24,17 +24,16 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 import argparse  # noqa: E402
-import importlib  # noqa: E402
-from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
 
 import simplicial_attn as sa  # noqa: E402
-from bench.common import (Shape, add_shape_args, make_inputs, median_ms,  # noqa: E402
-                          metadata_line, print_table, run_metadata, shape_from_args, tflops,
-                          write_rows)
+from bench.common import write_rows  # noqa: E402
+from profiling.common import (Shape, add_shape_args, check_variants, make_inputs,  # noqa: E402
+                              metadata_line, print_table, run_metadata, shape_from_args)
+from profiling.timing import median_ms, tflops  # noqa: E402
 from simplicial_attn import backward as bwd_launcher  # noqa: E402
-from simplicial_attn.spec import validate_shape  # noqa: E402
+from simplicial_attn import registry, triton_env  # noqa: E402
 
 PROG = "bench/bwd.py"
 GRAD_REL_TOL = 3e-2   # ||grad - ref||_F / ||ref||_F for each gradient, pre-timing check
@@ -69,7 +68,7 @@ def bench_variant(variant: str, s: Shape, args) -> list[dict]:
     out, lse = sa.attention(*x, s.w1, s.w2, bwd_variant=variant)
     dout = torch.randn_like(out)
     saved = [t.detach() for t in x] + [out.detach(), lse.detach()]
-    per_f = importlib.import_module(bwd_launcher.BACKWARD_VARIANTS[variant]).EXECUTED_FLOPS_PER_F
+    per_f = registry.get(variant, "bwd").load().EXECUTED_FLOPS_PER_F
 
     def bwd():
         return bwd_launcher.backward(dout, None, *saved[:5], *saved[5:], s.w1, s.w2,
@@ -124,31 +123,30 @@ def bench_peers(s: Shape, args) -> list[dict]:
     return rows
 
 
-def parse_args(argv=None):
+def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shape_args(p, "star")
-    p.add_argument("--variant", action="append",
+    p.add_argument("--variant", action="append", metavar="NAME",
                    help=f"backward variant (repeatable; default: all of "
-                        f"{', '.join(bwd_launcher.BACKWARD_VARIANTS)})")
+                        f"{', '.join(registry.variants('bwd'))})")
     p.add_argument("--peers", action="store_true", help="also time cuDNN SDPA and a matmul")
     p.add_argument("--csv", help="write the rows as CSV")
     p.add_argument("--json", help="write the rows and run metadata as JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-ms", type=float, default=100.0)
     p.add_argument("--rep-ms", type=float, default=1000.0)
-    return p.parse_args(argv)
+    return p.parse_args(argv), p
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args, parser = parse_args(argv)
     s = shape_from_args(args)
-    variants = args.variant or list(bwd_launcher.BACKWARD_VARIANTS)
-    try:  # shape and variant errors first, on any machine
-        spec = validate_shape(s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2)
-        for v in variants:
-            bwd_launcher.check_variant(v, spec)
-    except (TypeError, ValueError) as e:
+    variants = args.variant or list(registry.variants("bwd"))
+    check_variants(parser, "bwd", variants, [s])  # shape and variant errors first, any machine
+    try:
+        triton_env.require_tlx()
+    except triton_env.TritonWithoutTLX as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import backward as _bwd
+from . import registry
 from .launcher import forward as _kernel_forward
 from .reference import reference, reference_backward
 from .spec import REFERENCE_DTYPES, SUPPORTED_DTYPES, validate
@@ -107,9 +108,10 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
         if not isinstance(v, str):
             raise TypeError(f"{name} must be a str, got {type(v).__name__}")
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=_dtypes_for(q))
-    if bwd_variant != "auto" and bwd_variant not in _bwd.BACKWARD_VARIANTS:
-        _bwd.check_variant(bwd_variant, spec)  # raises: unknown name
-    if q.device.type == "cuda" and not torch.compiler.is_compiling():
-        _bwd.check_variant(bwd_variant, spec)  # shape errors now, not at backward time
+    if not torch.compiler.is_compiling():  # unknown names and shape errors now, not at backward
+        if q.device.type == "cuda":
+            _bwd.check_variant(bwd_variant, spec)
+        elif bwd_variant != "auto":
+            registry.get(bwd_variant, "bwd")  # the CPU runs the reference: the name must exist
     return torch.ops.simplicial_attn.fwd(q, k1, k2, v1, v2, int(w1), int(w2), spec.sm_scale,
                                          variant, bwd_variant)

@@ -2,30 +2,17 @@
 (dq, dk1, dk2, dv1, dv2). `simplicial_attn.attention`'s autograd calls it; so does bench/bwd.py."""
 from __future__ import annotations
 
-import importlib
-
 import torch
 
-from .launcher import _dense_aligned
-from .spec import ProblemSpec, check_device, validate
-
-# name -> kernel module; "auto" takes the first that supports the shape
-BACKWARD_VARIANTS = {"triton": "kernels_triton.bwd"}
+from . import registry
+from .launcher import _dense_aligned, pick, select
+from .spec import ProblemSpec, validate
 
 
-def check_variant(variant: str, spec: ProblemSpec) -> str:
-    """The backward variant that `variant` ("auto" or a name) resolves to for `spec`, or raise."""
-    names = list(BACKWARD_VARIANTS) if variant == "auto" else [variant]
-    if variant != "auto" and variant not in BACKWARD_VARIANTS:
-        raise ValueError(f"unknown backward variant {variant!r}; known: "
-                         f"{', '.join(BACKWARD_VARIANTS)} (or 'auto')")
-    reasons = []
-    for name in names:
-        why = importlib.import_module(BACKWARD_VARIANTS[name]).supports(spec)
-        if why is None:
-            return name
-        reasons.append(f"{name}: {why}")
-    raise ValueError(f"no backward variant can take {spec.short()}: " + "; ".join(reasons))
+def check_variant(variant: str, spec: ProblemSpec) -> registry.Variant:
+    """The backward variant `variant` ("auto" or a name) resolves to for `spec`, or raise
+    ValueError (an unknown name, or a shape no backward variant takes). No device check."""
+    return pick(spec, variant, True, "bwd")
 
 
 def _grad_input(name: str, g: torch.Tensor, like: torch.Tensor, dtype) -> torch.Tensor:
@@ -39,15 +26,16 @@ def _grad_input(name: str, g: torch.Tensor, like: torch.Tensor, dtype) -> torch.
 
 
 def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
-             variant: str = "auto"):
+             variant: str = "auto", profile: bool = False):
     """Gradients of 2-simplicial attention with respect to q, k1, k2, v1, v2 (bf16, their shapes).
 
     dout [B, N, Hq, D] (any layout, cast to bf16) and dlse [B, Hq, N] (or None) are the incoming
     gradients of out and lse; out, lse are what the forward returned for these inputs. Bitwise
-    deterministic (no atomics)."""
+    deterministic (no atomics). profile=True runs the kernels' Proton-scoped copies."""
+    if not isinstance(variant, str):
+        raise TypeError(f"variant must be a str, got {type(variant).__name__}")
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
-    name = check_variant(variant, spec)
-    check_device(q, needs_hopper=True, variant=name)
+    v = select(spec, variant, q.device, "bwd")
     dout = _grad_input("dout", dout, out, torch.bfloat16)
     if dlse is not None:
         dlse = _grad_input("dlse", dlse, lse, torch.float32)
@@ -63,6 +51,6 @@ def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
     q, k1, k2, v1, v2, out = (_dense_aligned(t) for t in (q, k1, k2, v1, v2, out))
     lse = _dense_aligned(lse.float())
     with torch.cuda.device(q.device):
-        importlib.import_module(BACKWARD_VARIANTS[name]).launch(
-            spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2)
+        v.load().launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
+                        profile=profile)
     return tuple(grads)

@@ -32,6 +32,7 @@ WS_SCOPES = ("load_kv", "wait_kv", *_STEP, "v1_mul", "epilogue")  # a producer; 
 KEYS_SCOPES = ("load_kv", "build_b", *WS_SCOPES[1:])  # the producer builds B_j = K1[j] * K2
 # producers build B_j and C_j = V1[j] * V2: consumers wait for no K2/V2 slot, multiply by no V1 row
 KV_SCOPES = ("load_kv", "build_b", "build_c", *_STEP, "epilogue")
+BWD_SCOPES = ("load_kv", *_STEP, "epilogue")  # backward: recompute S (qk), dS (softmax), dK/dV/X/Z
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +113,12 @@ register(Variant(name="tlx_pipelined_pingpong", pass_="fwd",
                  module="kernels_tlx.pipelined_pingpong", needs_hopper=True, rank=-3,
                  supports=_G128, warps=16, scopes=KV_SCOPES, rounds_keys_side=True,
                  rounds_values_side=True, pipelined=True))
+
+
+# Backward ranks: "auto" takes the highest that supports the shape.
+register(Variant(name="triton", pass_="bwd", module="kernels_triton.bwd", needs_hopper=True,
+                 rank=1, supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; "
+                 "D in {64, 128}", warps=8, scopes=BWD_SCOPES))
 
 
 def get(name: str, pass_: str = "fwd") -> Variant:

@@ -101,7 +101,7 @@ def test_layer_trains_on_cpu(gen):
     (dict(w1=0), ValueError, "w1 must be a positive int"),
     (dict(w2=-3), ValueError, "w2 must be a positive int"),
     (dict(w1=2.5), TypeError, "w1 must be a positive int"),
-    (dict(bwd_variant="nope"), ValueError, "unknown backward variant"),
+    (dict(bwd_variant="nope"), ValueError, "unknown variant 'nope' of pass 'bwd'"),
     (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
     (dict(mixed_dtype=True), TypeError, "share one dtype"),
 ])
@@ -130,3 +130,25 @@ def test_layer_rejects_bad_config():
         sa.SimplicialAttention(32, 3, 2, 64, 2, 4)
     with pytest.raises(ValueError, match="w1 must be a positive int"):
         sa.SimplicialAttention(32, 4, 2, 64, 0, 4)
+
+
+def run_bench_bwd(*args, env=None):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, str(root / "bench" / "bwd.py"), *args], cwd=root,
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_bench_bwd_cli():
+    """--help works; a shape or variant it cannot take is refused (exit 2) before the GPU check."""
+    from conftest import no_gpu_env
+    res = run_bench_bwd("--help")
+    assert res.returncode == 0 and "--peers" in res.stdout
+    res = run_bench_bwd("--hq", "3", env=no_gpu_env())
+    assert res.returncode == 2 and "G = Hq/Hk = 3" in res.stderr
+    res = run_bench_bwd("--variant", "nope", env=no_gpu_env())
+    assert res.returncode == 2 and "unknown variant 'nope'" in res.stderr
+    res = run_bench_bwd(env=no_gpu_env())
+    assert res.returncode == 2 and "no CUDA GPU" in res.stderr

@@ -79,13 +79,11 @@ def test_cli_json(rows, capsys):
 
 
 def test_cli_as_a_module():
-    """`python -m profiling.resources` runs (a pass with no variant: nothing to compile)."""
-    if registry.all_variants("bwd"):
-        pytest.skip("a backward variant is registered: this run would compile it")
-    p = subprocess.run([sys.executable, "-m", "profiling.resources", "--pass", "bwd", "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    """`python -m profiling.resources` runs as a module (its help; the compiles are above)."""
+    p = subprocess.run([sys.executable, "-m", "profiling.resources", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout) == [] and "no variant of pass bwd" in p.stderr
+    assert "--pass" in p.stdout
 
 
 PTX = """
