@@ -29,11 +29,11 @@ import torch  # noqa: E402
 
 import simplicial_attn as sa  # noqa: E402
 from bench.common import write_rows  # noqa: E402
-from profiling.common import (Shape, add_shape_args, check_variants, make_inputs,  # noqa: E402
+from profiling.common import (gpu_problem, Shape, add_shape_args, check_variants, make_inputs,  # noqa: E402
                               metadata_line, print_table, run_metadata, shape_from_args)
 from profiling.timing import median_ms, tflops  # noqa: E402
 from simplicial_attn import backward as bwd_launcher  # noqa: E402
-from simplicial_attn import registry, triton_env  # noqa: E402
+from simplicial_attn import registry  # noqa: E402
 
 PROG = "bench/bwd.py"
 GRAD_REL_TOL = 3e-2   # ||grad - ref||_F / ||ref||_F for each gradient, pre-timing check
@@ -144,14 +144,8 @@ def main(argv=None) -> int:
     s = shape_from_args(args)
     variants = args.variant or list(registry.variants("bwd"))
     check_variants(parser, "bwd", variants, [s])  # shape and variant errors first, any machine
-    try:
-        triton_env.require_tlx()
-    except triton_env.TritonWithoutTLX as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print(f"{PROG}: no CUDA GPU: the backward kernels need an H100/H200", file=sys.stderr)
-        return 2
+    if (status := gpu_problem(PROG)) is not None:
+        return status
     meta = run_metadata()
     print(metadata_line(meta), flush=True)
     rows = []

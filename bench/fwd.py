@@ -46,12 +46,12 @@ import torch  # noqa: E402
 
 import simplicial_attn  # noqa: E402
 from bench.common import SWEEP_N, SWEEP_W2, plot_tflops_vs_n, sweep_shapes, write_rows  # noqa: E402
-from profiling.common import (PRESETS, Shape, add_pass_arg, add_shape_args,  # noqa: E402
+from profiling.common import (gpu_problem, PRESETS, Shape, add_pass_arg, add_shape_args,  # noqa: E402
                               check_variants, make_inputs, metadata_line, positive_float,
                               print_table, run_metadata, shape_from_args, variant_names)
 from profiling.timing import (H100_SXM_BF16_DENSE_TFLOPS, median_ms, pct_of_peak,  # noqa: E402
                               tflops)
-from simplicial_attn import launcher, registry, triton_env  # noqa: E402
+from simplicial_attn import launcher, registry  # noqa: E402
 from simplicial_attn.spec import SUPPORTED_HEAD_DIMS  # noqa: E402
 
 PROG = "bench/fwd.py"
@@ -388,14 +388,8 @@ def bench_matmul(args: argparse.Namespace) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, shapes, names = parse_args(argv)
-    try:
-        triton_env.require_tlx()
-    except triton_env.TritonWithoutTLX as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print(f"{PROG}: no CUDA GPU found; this benchmark needs one (H100/H200)", file=sys.stderr)
-        return 2
+    if (status := gpu_problem(PROG)) is not None:
+        return status
 
     meta = run_metadata()
     print(metadata_line(meta), flush=True)

@@ -4,7 +4,7 @@ The math (docs/DESIGN.md, ../shared/docs/BACKWARD.md §1): for row r = (token i,
 pair (j, k), with A_j = Q*K1[j] and dO_j = dO*V1[j] (a D-vector broadcast over the rows),
     P  = exp(s - LSE)                    s = c * A_j . K2[k]      (recomputed, never stored)
     dP = dO_j . V2[k]                    dS = P * (dP - Delta),   Delta = rowsum(dO * O) - dLSE
-    dQ = c sum_jk dS K1[j]*K2[k]         dK1[j] = c sum_rk dS q*K2[k]    dK2[k] = c sum_rj dS q*K1[j]
+    dQ = c sum_jk dS K1[j]*K2[k]      dK1[j] = c sum_rk dS q*K2[k]      dK2[k] = c sum_rj dS q*K1[j]
     dV1[j] = sum_rk P dO*V2[k]           dV2[k] = sum_rj P dO*V1[j]
 Three reduction index sets (rows, k, j) need three owners. Four kernels, no atomics:
   1. `_delta_kernel`: Delta [B, Hq, N] fp32 from the bf16 O the forward returned.
@@ -42,8 +42,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords,
-                                   tile_coords)
+from kernels_triton.tiling import COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -314,9 +313,11 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                     x, z = _dq_step(x, z, a, doj, K2, V2, b, g, kb, tok, j, lse2, delta, N, w1,
                                     w2, qk_scale, D, BLOCK_N, True, False, PROFILE)
             enter("epilogue", PROFILE)
-            rows = _fresh_rows(j + 1, BLOCK_M, FRESH_ROWS)  # a second opaque copy: no address is held over the keys
+            # a second opaque copy of the rows: no address is held over the key loop
+            rows = _fresh_rows(j + 1, BLOCK_M, FRESH_ROWS)
             tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
-            tl.store(_tile(acc, rows, D), tl.load(_tile(acc, rows, D)) + x * k1j[None, :].to(tl.float32))
+            dq_tile = _tile(acc, rows, D)
+            tl.store(dq_tile, tl.load(dq_tile) + x * k1j[None, :].to(tl.float32))
             slot = part + (j - j_base) * D + offs_d
             pk1 = tl.sum(load_q(Q, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * x, 0)
             tl.store(PK1 + slot, tl.load(PK1 + slot) + pk1)
@@ -325,7 +326,8 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
             leave("epilogue", PROFILE)
         q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + s * HPT + offs_m % HPT) * D
-        tl.store(DQ + q_off[:, None] + offs_d[None, :], (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16),
+        dq = (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16)
+        tl.store(DQ + q_off[:, None] + offs_d[None, :], dq,
                  mask=(tok < N)[:, None])
         tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
 

@@ -7,12 +7,13 @@ import argparse
 import datetime
 import os
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from simplicial_attn import launcher, registry
+from simplicial_attn import launcher, registry, triton_env
 from simplicial_attn.spec import ProblemSpec, validate_shape
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,6 +129,20 @@ def check_variants(parser: argparse.ArgumentParser, pass_: str, names: Sequence[
                 parser.error(str(e))
             except ImportError:  # e.g. TLX under upstream Triton: the run itself says so
                 pass
+
+
+def gpu_problem(prog: str) -> int | None:
+    """None when the kernels can run here; else print one line saying why on stderr (a `triton`
+    without TLX, naming the fix, or no CUDA GPU) and return the exit status 2."""
+    try:
+        triton_env.require_tlx()
+    except triton_env.TritonWithoutTLX as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(f"{prog}: no CUDA GPU found; this benchmark needs one (H100/H200)", file=sys.stderr)
+        return 2
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

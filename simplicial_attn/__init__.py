@@ -11,5 +11,6 @@ from .reference import brute_force, reference, reference_backward
 from .registry import variants
 from .spec import ProblemSpec
 
-__all__ = ["attention", "SimplicialAttention", "forward", "reference", "reference_backward", "brute_force", "variants",
+__all__ = ["attention", "SimplicialAttention", "forward", "reference", "reference_backward",
+           "brute_force", "variants",
            "flops", "ProblemSpec"]

@@ -72,7 +72,7 @@ def reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse=None, *, sm_scale=N
     `reference`). With c = sm_scale, row r = (i, h) and pair (j, k) visible from i:
 
         dP = (dO_r * V1[j]) . V2[k]      Delta_r = dO_r . O_r - dLSE_r      dS = P (dP - Delta)
-        dQ = c sum_jk dS K1[j]*K2[k]     dK1[j] = c sum_rk dS q_r*K2[k]     dK2[k] = c sum_rj dS q_r*K1[j]
+        dQ = c sum_jk dS K1[j]*K2[k]   dK1[j] = c sum_rk dS q*K2[k]   dK2[k] = c sum_rj dS q*K1[j]
         dV1[j] = sum_rk P dO_r*V2[k]     dV2[k] = sum_rj P dO_r*V1[j]
     """
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=REFERENCE_DTYPES)

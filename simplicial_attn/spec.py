@@ -54,7 +54,8 @@ def _check_window(name: str, w) -> int:
     return w
 
 
-def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None, dtypes=SUPPORTED_DTYPES) -> ProblemSpec:
+def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
+             dtypes=SUPPORTED_DTYPES) -> ProblemSpec:
     """Check arguments, dtypes and shapes (not the device) and return the problem spec.
 
     q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all of one dtype in `dtypes` (bfloat16 for

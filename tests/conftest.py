@@ -16,6 +16,7 @@ import functools
 import os
 import sys
 import zlib
+from typing import NamedTuple
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,21 @@ def hq_taken_by(variant: str, B: int, N: int, Hq: int, Hk: int, D: int, w1: int,
 @functools.lru_cache(maxsize=None)
 def gpu_capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if HAS_CUDA else None
+
+
+class Shape(NamedTuple):
+    """A test shape: q [B, N, Hq, D], k1..v2 [B, N, Hk, D], windows w1, w2 (GPU tests)."""
+
+    B: int
+    N: int
+    Hq: int
+    Hk: int
+    D: int
+    w1: int
+    w2: int
+    sm_scale: float | None = None
+
+    def __str__(self):
+        s = (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} (G={self.Hq // self.Hk}) "
+             f"D={self.D} w1={self.w1} w2={self.w2}")
+        return s + (f" sm_scale={self.sm_scale}" if self.sm_scale is not None else "")

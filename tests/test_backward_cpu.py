@@ -8,12 +8,13 @@ import torch
 import simplicial_attn as sa
 
 # (B, N, Hq, Hk, D, w1, w2): N < w1, w1 <= N < w2, w1 > w2 (swapped), GQA, N = 1
-TINY = [(1, 3, 2, 1, 64, 5, 7), (2, 6, 4, 2, 64, 2, 9), (1, 7, 2, 2, 64, 4, 2), (1, 1, 2, 1, 64, 3, 3)]
+TINY = [(1, 3, 2, 1, 64, 5, 7), (2, 6, 4, 2, 64, 2, 9), (1, 7, 2, 2, 64, 4, 2),
+        (1, 1, 2, 1, 64, 3, 3)]
 
 
 def fp64_inputs(gen, B, N, Hq, Hk, D, requires_grad=True):
-    return [torch.randn(B, N, h, D, generator=gen, dtype=torch.float64).requires_grad_(requires_grad)
-            for h in (Hq, Hk, Hk, Hk, Hk)]
+    return [torch.randn(B, N, h, D, generator=gen, dtype=torch.float64)
+            .requires_grad_(requires_grad) for h in (Hq, Hk, Hk, Hk, Hk)]
 
 
 @pytest.mark.parametrize("shape", TINY, ids=[str(s) for s in TINY])
@@ -30,7 +31,8 @@ def test_reference_backward_matches_autograd(shape, gen):
         o, lse_ = fn(*y, w1, w2)
         torch.autograd.backward((o, lse_), (dout, dlse))
         for name, c, t in zip(("dq", "dk1", "dk2", "dv1", "dv2"), closed, y):
-            torch.testing.assert_close(c, t.grad, rtol=1e-10, atol=1e-12, msg=f"{fn.__name__} {name}")
+            torch.testing.assert_close(c, t.grad, rtol=1e-10, atol=1e-12,
+                                       msg=f"{fn.__name__} {name}")
 
 
 @pytest.mark.parametrize("fn", [sa.reference, sa.brute_force], ids=["reference", "brute_force"])

@@ -17,7 +17,6 @@ import math
 import subprocess
 import sys
 import textwrap
-from typing import NamedTuple
 
 import pytest
 import torch
@@ -26,7 +25,7 @@ from simplicial_attn import flops, forward, reference, registry
 from simplicial_attn.launcher import pick, run
 from simplicial_attn.spec import validate, validate_shape
 
-from conftest import hq_taken_by
+from conftest import Shape, hq_taken_by
 
 pytestmark = pytest.mark.gpu
 
@@ -52,22 +51,6 @@ EMU_CHUNK_ELEMENTS = 1 << 25
 
 VARIANTS = registry.all_variants()
 VIDS = [v.name for v in VARIANTS]
-
-
-class Shape(NamedTuple):
-    B: int
-    N: int
-    Hq: int
-    Hk: int
-    D: int
-    w1: int
-    w2: int
-    sm_scale: float | None = None
-
-    def __str__(self):
-        s = (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} (G={self.Hq // self.Hk}) "
-             f"D={self.D} w1={self.w1} w2={self.w2}")
-        return s + (f" sm_scale={self.sm_scale}" if self.sm_scale is not None else "")
 
 
 SHAPES = {

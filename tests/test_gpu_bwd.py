@@ -12,12 +12,12 @@ for the max and the mean absolute error, against `reference_backward` in fp64.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import pytest
 import torch
 
 import simplicial_attn as sa
+from conftest import Shape
 from simplicial_attn import backward as bwd_launcher
 from simplicial_attn.reference import _window
 from simplicial_attn.spec import validate
@@ -33,20 +33,6 @@ BUDGET = 2.0          # as in tests/test_gpu.py
 FLOOR_MEAN = 2.0 ** -16
 FLOOR_MAX = 2.0 ** -9
 GRAD_NAMES = ("dq", "dk1", "dk2", "dv1", "dv2")
-
-
-class Shape(NamedTuple):
-    B: int
-    N: int
-    Hq: int
-    Hk: int
-    D: int
-    w1: int
-    w2: int
-
-    def __str__(self):
-        return (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} (G={self.Hq // self.Hk}) "
-                f"D={self.D} w1={self.w1} w2={self.w2}")
 
 
 SHAPES = {
@@ -154,7 +140,8 @@ def check_grads(grads, x, out, lse, dout, dlse, shape: Shape, label: str):
         good = km <= allow_max and ka <= allow_mean
         ok &= good
         lines.append(f"  {name}: max {km:.3e} (allowed {allow_max:.3e}), mean {ka:.3e} "
-                     f"(allowed {allow_mean:.3e}), max|ref| {top:.3e}{'' if good else '  <-- FAIL'}")
+                     f"(allowed {allow_mean:.3e}), max|ref| {top:.3e}"
+                     + ("" if good else "  <-- FAIL"))
     report = "\n".join(lines)
     print(report)
     assert ok, report
