@@ -40,8 +40,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels_triton.host import kv_descriptor
 from kernels_triton.tiling import COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
@@ -335,12 +335,13 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
 @triton.jit
 def _dkv1_kernel(PK1, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.constexpr,
                  D: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr):
-    """dK1, dV1 rows of one (batch, KV head): the partials that cover each row j, summed in a
-    fixed order (head split, then chunk)."""
-    bg = tl.program_id(1)
+    """ROWS rows of dK1, dV1 of one (batch, KV head): the partials that cover each row j, summed
+    in a fixed order (head split, then chunk). One flat grid axis: (row blocks, B * HK)."""
+    n_jb = tl.cdiv(N, ROWS)
+    bg = tl.program_id(0) // n_jb
     b = bg // HK
     g = bg % HK
-    j = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    j = (tl.program_id(0) % n_jb) * ROWS + tl.arange(0, ROWS)
     offs_d = tl.arange(0, D)
     R = L + w1 - 1
     c_first = j // L
@@ -358,14 +359,6 @@ def _dkv1_kernel(PK1, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.conste
     out = (b.to(tl.int64) * N + j)[:, None] * (HK * D) + g * D + offs_d[None, :]
     tl.store(DK1 + out, (acc_k * sm_scale).to(tl.bfloat16), mask=(j < N)[:, None])
     tl.store(DV1 + out, acc_v.to(tl.bfloat16), mask=(j < N)[:, None])
-
-
-def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, Hk, D] tensor as [B, N, Hk*D]; a block is one head's
-    [1, block_n, D] token run; rows past N read as zeros."""
-    hd = spec.Hk * spec.D
-    return TensorDescriptor(t, shape=[spec.B, spec.N, hd], strides=[spec.N * hd, hd, 1],
-                            block_shape=[1, block_n, spec.D])
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
@@ -398,7 +391,7 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     _dq_kernel[(n_prog,)](
         q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, pk1, pv1, spec.N, spec.w1, spec.w2,
         qk_scale, spec.sm_scale, L, n_chunks, **shape, **dqc)
-    _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS), spec.B * spec.Hk)](
+    _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS) * spec.B * spec.Hk,)](
         pk1, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk, D=spec.D,
         SPLIT=split, ROWS=DKV1_ROWS, num_warps=4)
 

@@ -154,3 +154,47 @@ def test_bench_bwd_cli():
     assert res.returncode == 2 and "unknown variant 'nope'" in res.stderr
     res = run_bench_bwd(env=no_gpu_env())
     assert res.returncode == 2 and "no CUDA GPU" in res.stderr
+
+
+REDUCE_PROBE = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, {root!r})
+import torch, triton
+from kernels_triton import bwd
+torch.manual_seed(0)
+for B, N, Hk, D, w1, L, split in [(2, 37, 2, 64, 5, 4, 2), (1, 50, 1, 64, 8, 8, 1),
+                                  (1, 9, 3, 64, 20, 3, 1)]:
+    n_chunks, R = triton.cdiv(N, L), L + w1 - 1
+    pk, pv = torch.randn(2, B * Hk * split * n_chunks * R * D)
+    dk1, dv1 = torch.zeros(2, B, N, Hk, D, dtype=torch.bfloat16)
+    bwd._dkv1_kernel[(triton.cdiv(N, bwd.DKV1_ROWS) * B * Hk,)](
+        pk, pv, dk1, dv1, N, w1, 0.5, L, n_chunks, HK=Hk, D=D, SPLIT=split, ROWS=bwd.DKV1_ROWS)
+    want_k, want_v = torch.zeros(2, B, N, Hk, D)
+    for bg in range(B * Hk):  # chunk c holds rows j = c*L - w1 + 1 + slot, slot < R
+        for s in range(split):
+            for c in range(n_chunks):
+                for slot in range(R):
+                    j = c * L - w1 + 1 + slot
+                    if 0 <= j < N:
+                        at = ((bg * split + s) * n_chunks + c) * R + slot
+                        want_k[bg // Hk, j, bg % Hk] += pk[at * D:(at + 1) * D]
+                        want_v[bg // Hk, j, bg % Hk] += pv[at * D:(at + 1) * D]
+    # bf16 at the store: one bf16 step (2^-7 relative; the interpreter may truncate), where a
+    # wrong row or chunk would be off by O(1)
+    torch.testing.assert_close(dk1.float(), 0.5 * want_k, rtol=2 ** -6, atol=1e-5)
+    torch.testing.assert_close(dv1.float(), want_v, rtol=2 ** -6, atol=1e-5)
+print("ok")
+"""
+
+
+def test_dkv1_reduce_kernel_in_the_interpreter():
+    """`_dkv1_kernel` (no tensor cores, so Triton's CPU interpreter runs it) sums exactly the
+    partial rows that cover each j, against a plain-Python loop over the partial layout."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[1])
+    p = subprocess.run([sys.executable, "-c", REDUCE_PROBE.format(root=root)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
