@@ -37,12 +37,15 @@ N, Hk, w1 <= w2 (the launcher swaps the pairs and their gradients).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels_triton.host import kv_descriptor
-from kernels_triton.tiling import COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords
+from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords,
+                                   row_ptrs)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -94,15 +97,29 @@ def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
     return T * max(1, min(per_window, for_parallelism))
 
 
-def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
-    """Bytes of scratch the backward allocates beyond the gradients: Delta, the dK1/dV1 partials
-    and the dQ tiles."""
+class Scratch(NamedTuple):
+    """The `_dq_kernel` grid and the scratch sizes (elements) that `launch` allocates."""
+    L: int            # tokens per program (chunk_tokens)
+    n_chunks: int
+    n_programs: int
+    partial: int      # each of the dK1 and dV1 partial buffers
+    dq_tiles: int     # the programs' fp32 dQ tiles
+
+
+def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
     _, _, split = tiling(spec)
     L = chunk_tokens(spec, n_sm)
     n_chunks = triton.cdiv(spec.N, L)
-    partial = spec.B * spec.Hk * split * n_chunks * (L + spec.w1 - 1) * spec.D
-    dq_tiles = spec.B * spec.Hk * split * n_chunks * dq_config(spec)["BLOCK_M"] * spec.D
-    return 4 * (spec.B * spec.Hq * spec.N + 2 * partial + dq_tiles)
+    n_programs = spec.B * spec.Hk * split * n_chunks
+    return Scratch(L, n_chunks, n_programs, n_programs * (L + spec.w1 - 1) * spec.D,
+                   n_programs * dq_config(spec)["BLOCK_M"] * spec.D)
+
+
+def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
+    """Bytes of scratch the backward allocates beyond the gradients: Delta, the dK1/dV1 partials
+    and the dQ tiles."""
+    sc = scratch(spec, n_sm)
+    return 4 * (spec.B * spec.Hq * spec.N + 2 * sc.partial + sc.dq_tiles)
 
 
 @triton.jit
@@ -325,10 +342,9 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
             tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
             leave("epilogue", PROFILE)
-        q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + s * HPT + offs_m % HPT) * D
         dq = (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16)
-        tl.store(DQ + q_off[:, None] + offs_d[None, :], dq,
-                 mask=(tok < N)[:, None])
+        tok, head = row_coords(i0, s * HPT, offs_m, G, BLOCK_M)
+        tl.store(row_ptrs(DQ, b, g, tok, head, N, HQ, G, D), dq, mask=(tok < N)[:, None])
         tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
 
 
@@ -367,9 +383,7 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32, and the incoming dout (bf16, like out) and dlse
     (fp32 like lse, or None). Every tensor contiguous, pairs already ordered so that w1 <= w2."""
     _, _, split = tiling(spec)
-    n_sm = torch.cuda.get_device_properties(q.device).multi_processor_count
-    L = chunk_tokens(spec, n_sm)
-    n_chunks = triton.cdiv(spec.N, L)
+    sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
     dev = q.device
     rows = spec.B * spec.N * spec.Hq
     delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=dev)
@@ -382,17 +396,15 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     _dkv2_kernel[(triton.cdiv(spec.N, dkv2["BLOCK_N"]) * spec.B * spec.Hk,)](
         q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2, qk_scale,
         spec.sm_scale, **shape, **dkv2)
-    part = spec.B * spec.Hk * split * n_chunks * (L + spec.w1 - 1) * spec.D
-    pk1 = torch.zeros(part, dtype=torch.float32, device=dev)
-    pv1 = torch.zeros(part, dtype=torch.float32, device=dev)
+    pk1 = torch.zeros(sc.partial, dtype=torch.float32, device=dev)
+    pv1 = torch.zeros(sc.partial, dtype=torch.float32, device=dev)
     k2d, v2d = (kv_descriptor(t, spec, dqc["BLOCK_N"]) for t in (k2, v2))
-    n_prog = spec.B * spec.Hk * n_chunks * split
-    dq_acc = torch.empty(n_prog * dqc["BLOCK_M"] * spec.D, dtype=torch.float32, device=dev)
-    _dq_kernel[(n_prog,)](
+    dq_acc = torch.empty(sc.dq_tiles, dtype=torch.float32, device=dev)
+    _dq_kernel[(sc.n_programs,)](
         q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, pk1, pv1, spec.N, spec.w1, spec.w2,
-        qk_scale, spec.sm_scale, L, n_chunks, **shape, **dqc)
+        qk_scale, spec.sm_scale, sc.L, sc.n_chunks, **shape, **dqc)
     _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS) * spec.B * spec.Hk,)](
-        pk1, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk, D=spec.D,
+        pk1, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, sc.L, sc.n_chunks, HK=spec.Hk, D=spec.D,
         SPLIT=split, ROWS=DKV1_ROWS, num_warps=4)
 
 

@@ -151,11 +151,9 @@ def normalized(acc, l_i):
 def write_rows(Out, Lse, out, m_i, l_i, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr,
                D: tl.constexpr):
     """Write the bf16 O rows `out` and LSE (natural log) for rows with tok < N."""
-    offs_d = tl.arange(0, D)
     row_ok = tok < N
     hq = g * G + head
-    o_off = (b.to(tl.int64) * N + tok) * (HQ * D) + hq * D
-    tl.store(Out + o_off[:, None] + offs_d[None, :], out, mask=row_ok[:, None])
+    tl.store(row_ptrs(Out, b, g, tok, head, N, HQ, G, D), out, mask=row_ok[:, None])
     lse = (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) * 0.6931471805599453
     tl.store(Lse + (b.to(tl.int64) * HQ + hq) * N + tok, lse, mask=row_ok)
 
@@ -169,6 +167,13 @@ def store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ: tl.constexpr, G:
 
 @triton.jit
 def load_q(Q, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
-    offs_d = tl.arange(0, D)
-    q_off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + head) * D
-    return tl.load(Q + q_off[:, None] + offs_d[None, :], mask=(tok < N)[:, None], other=0.0)
+    """The [rows, D] tile of a [B, N, HQ, D] tensor (q, dO) at tokens tok, heads head; 0 past N."""
+    return tl.load(row_ptrs(Q, b, g, tok, head, N, HQ, G, D), mask=(tok < N)[:, None], other=0.0)
+
+
+@triton.jit
+def row_ptrs(X, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    """Pointers to the [rows, D] entries of a [B, N, HQ, D] tensor (q, out, dO, dQ) at tokens
+    tok, query heads g * G + head (int64 offsets)."""
+    off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + head) * D
+    return X + off[:, None] + tl.arange(0, D)[None, :]

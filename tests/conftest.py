@@ -134,3 +134,39 @@ class Shape(NamedTuple):
         s = (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} (G={self.Hq // self.Hk}) "
              f"D={self.D} w1={self.w1} w2={self.w2}")
         return s + (f" sm_scale={self.sm_scale}" if self.sm_scale is not None else "")
+
+
+@pytest.fixture(scope="module")
+def exact_fp32_matmul():
+    """fp32 references on the GPU must not silently use TF32 (GPU test modules use it)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def previous_token_losses(model, x: torch.Tensor, steps: int, lr: float) -> list[float]:
+    """MSE losses of `steps` Adam steps training `model` to output the previous token's features
+    (x [B, N, dim]): attention must carry them. Used by the layer's CPU and GPU tests."""
+    target = x.roll(1, dims=1)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def compiled_grads_differ(model, loss_of_output) -> list[str]:
+    """Names of the parameters whose gradient of loss_of_output(model(.)) differs bitwise between
+    eager and torch.compile(fullgraph=True)."""
+    grads = []
+    for m in (model, torch.compile(model, fullgraph=True)):
+        model.zero_grad()
+        loss_of_output(m).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return [name for (name, _), a, b in zip(model.named_parameters(), *grads)
+            if not torch.equal(a, b)]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import simplicial_attn as sa
+from conftest import compiled_grads_differ, previous_token_losses
 
 # (B, N, Hq, Hk, D, w1, w2): N < w1, w1 <= N < w2, w1 > w2 (swapped), GQA, N = 1
 TINY = [(1, 3, 2, 1, 64, 5, 7), (2, 6, 4, 2, 64, 2, 9), (1, 7, 2, 2, 64, 4, 2),
@@ -71,28 +72,14 @@ def test_compiled_training_step_matches_eager_bitwise(gen):
     torch.manual_seed(0)
     model = sa.SimplicialAttention(32, 4, 2, 64, 3, 5).double()
     x = torch.randn(2, 9, 32, generator=gen, dtype=torch.float64)
-    grads = []
-    for m in (model, torch.compile(model, fullgraph=True)):
-        model.zero_grad()
-        m(x).square().sum().backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-    for (name, _), a, b in zip(model.named_parameters(), *grads):
-        assert torch.equal(a, b), f"eager and compiled gradients of {name} differ"
+    differ = compiled_grads_differ(model, lambda m: m(x).square().sum())
+    assert not differ, f"eager and compiled gradients differ: {differ}"
 
 
 def test_layer_trains_on_cpu(gen):
     torch.manual_seed(0)
     model = sa.SimplicialAttention(32, 4, 1, 64, 2, 4)
-    x = torch.randn(2, 12, 32, generator=gen)
-    target = x.roll(1, dims=1)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(15):
-        loss = torch.nn.functional.mse_loss(model(x), target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = previous_token_losses(model, torch.randn(2, 12, 32, generator=gen), 15, 1e-2)
     assert losses[-1] < 0.9 * losses[0], losses
 
 

@@ -27,7 +27,7 @@ from simplicial_attn.spec import validate, validate_shape
 
 from conftest import Shape, hq_taken_by
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
 
 # Kernel error may be at most BUDGET x the bf16 emulation's error: the kernel rounds P against a
 # running maximum and accumulates in fp32 in its own order, so its rounding noise is another draw
@@ -163,15 +163,6 @@ def matrix_cases() -> list:
             marks = [pytest.mark.slow] if is_slow(shape) else []
             cases.append(pytest.param(v, shape, id=f"{v.name}-{name}", marks=marks))
     return cases
-
-
-@pytest.fixture(scope="module", autouse=True)
-def exact_fp32_matmul():
-    """The fp32 reference must not silently use TF32."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def skip_reason(v: registry.Variant, spec) -> str | None:

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 import simplicial_attn as sa
-from conftest import Shape
+from conftest import Shape, compiled_grads_differ, previous_token_losses
 from simplicial_attn import backward as bwd_launcher
 from simplicial_attn.reference import _window
 from simplicial_attn.spec import validate
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
 
 BUDGET = 2.0          # as in tests/test_gpu.py
 # Floors relative to max|ref|. Mean: fp32 accumulation noise over up to G*w1*(w2+BLOCK) terms.
@@ -54,14 +54,6 @@ SHAPES = {
     "w1eq1_G64": Shape(1, 150, 64, 1, 128, 1, 2),
     "B3_Hq16Hk2": Shape(3, 96, 16, 2, 64, 8, 33),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def exact_fp32_matmul():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale):
@@ -215,16 +207,7 @@ def test_layer_trains(gen):
     """A few Adam steps on "output the previous token's features" reduce the loss."""
     torch.manual_seed(seed_from(gen))
     model = small_model().cuda()
-    x = torch.randn(2, 200, 256, generator=gen).cuda()
-    target = x.roll(1, dims=1)
-    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
-    losses = []
-    for _ in range(30):
-        loss = torch.nn.functional.mse_loss(model(x), target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = previous_token_losses(model, torch.randn(2, 200, 256, generator=gen).cuda(), 30, 2e-3)
     assert losses[-1] < 0.9 * losses[0], f"loss did not fall: {losses[0]:.4f} -> {losses[-1]:.4f}"
 
 
@@ -233,13 +216,8 @@ def test_compiled_step_matches_eager_bitwise(gen):
     model = small_model().cuda()
     x = torch.randn(2, 200, 256, generator=gen).cuda()
     w = torch.randn(2, 200, 256, generator=gen).cuda()
-    grads = []
-    for m in (model, torch.compile(model, fullgraph=True)):
-        model.zero_grad()
-        (m(x) * w).sum().backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-    for (name, _), a, b in zip(model.named_parameters(), *grads):
-        assert torch.equal(a, b), f"eager and compiled gradients of {name} differ"
+    differ = compiled_grads_differ(model, lambda m: (m(x) * w).sum())
+    assert not differ, f"eager and compiled gradients differ: {differ}"
 
 
 def seed_from(gen) -> int:
