@@ -29,9 +29,9 @@ Rounding (what the GPU tests' emulation mirrors): A_j, dO_j, P and dS are rounde
 operands; everything else is fp32 until the bf16 gradients are stored.
 
 Scratch (`scratch_bytes`), at S* (B4 N16384 Hq128 Hk1 D128, w 32x512, 132 SMs): Delta
-B*Hq*N*4 B = 33.6 MB; dK1/dV1 partials 2 x B*Hk*SPLIT*n_chunks*(L + w1 - 1)*D*4 B = 132 MB
-(L = 32 tokens per chunk, 512 chunks); the dQ tiles n_programs*BLOCK_M*D*4 B = 134 MB; 300 MB in
-all, against 2.7 GB of inputs and gradients.
+B*Hq*N*4 B = 33.6 MB; dK1/dV1 partials 2 x B*Hk*SPLIT*n_chunks*(L + w1 - 1)*D*4 B = 264 MB
+(SPLIT = 2 head halves of 64 rows, L = 32 tokens per chunk, 512 chunks); the dQ tiles
+n_programs*BLOCK_M*D*4 B = 134 MB; 432 MB in all, against 2.7 GB of inputs and gradients.
 Supports every shape the forward's tiling takes: G a power of two up to 128, D in {64, 128}, any B,
 N, Hk, w1 <= w2 (the launcher swaps the pairs and their gradients).
 """
@@ -52,21 +52,33 @@ from simplicial_attn.spec import ProblemSpec
 
 
 
-# Tile configs. Both GEMM kernels run 8 warps; Triton puts all of them along M of a dot whose
-# result feeds another dot, so the first GEMM's M (keys in _dkv2, rows in _dq) is 128 = 8 x 16.
-# The other sizes are the fastest measured at S* whose registers fit with no spill
-# (python -m profiling.resources); where that one spills, the next smaller (docs/perf.md).
+# Tile configs, the fastest measured at S* (and its D = 64 and Hq = 64 siblings) among those that
+# compile with no spill (python -m profiling.resources; docs/perf-bwd.md has the measurements).
+# Triton puts all the warps along M of a dot whose result feeds another dot, so the first GEMM's M
+# (keys in _dkv2, rows in _dq) is 16 x num_warps. With 4 warps a program takes at most 255
+# registers per thread, and two programs share an SM: one's softmax runs under the other's GEMMs.
 def dkv2_config(spec: ProblemSpec) -> dict:
-    """`_dkv2_kernel`: 128 keys x 32 rows; 16 rows (1.5x slower at S*) where 32 spill: G = 1
-    (16 bytes) and G = 32 at Hk = 1 (40 bytes)."""
+    """`_dkv2_kernel`. D = 64: 4 warps, 64 keys x 64 rows at G = 128, 32 rows elsewhere (64 spill
+    8-184 bytes there). D = 128: 8 warps, 128 keys x 32 rows (4 warps spill); 16 rows (1.5x slower
+    at S*) where 32 spill: G = 1 (16 bytes) and G = 32 at Hk = 1 (40 bytes)."""
+    if spec.D == 64:
+        return dict(BLOCK_M=64 if spec.G == 128 else 32, BLOCK_N=64, num_warps=4, num_stages=1)
     block_m = 16 if spec.G == 1 or (spec.G, spec.Hk) == (32, 1) else 32
     return dict(BLOCK_M=block_m, BLOCK_N=128, num_warps=8, num_stages=1)
 
 
 def dq_config(spec: ProblemSpec) -> dict:
-    """`_dq_kernel`: 128 rows x 32 keys at Hk = 1, G >= 16 (S*'s family); elsewhere 16 keys with
-    the row addresses rebuilt at each j (FRESH_ROWS; 32 keys spill 4-136 bytes there) and, at
+    """`_dq_kernel`. 4 warps and 64 rows where that spills nothing: D = 64 (64 keys, 3 stages),
+    and Hk = 1 with G >= 64 at D = 128 (32 keys; 3 stages at G = 128, 2 at G = 64, where 3 spill
+    16 bytes). Elsewhere 8 warps and 128 rows: 32 keys at Hk = 1, G in {16, 32}; 16 keys with the
+    row addresses rebuilt at each j (FRESH_ROWS; 32 keys spill 4-136 bytes there) and, at
     G <= 2, Z_j in a second pass over the keys (TWO_PASS). 16 keys are 1.4x slower at S*."""
+    if spec.D == 64:
+        return dict(BLOCK_M=64, BLOCK_N=64, TWO_PASS=False, FRESH_ROWS=True, num_warps=4,
+                    num_stages=3)
+    if spec.Hk == 1 and spec.G >= 64:
+        return dict(BLOCK_M=64, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=True, num_warps=4,
+                    num_stages=3 if spec.G == 128 else 2)
     if spec.Hk == 1 and spec.G >= 16:
         return dict(BLOCK_M=128, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=False, num_warps=8,
                     num_stages=2)

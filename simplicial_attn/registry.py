@@ -45,7 +45,9 @@ class Variant:
     # shape where that order changes with it
     rank: int | Callable[[ProblemSpec], int]
     supports: str        # one line: which shapes it takes (the module's `supports` decides)
-    warps: int           # warps per CTA, every warp group counted (threads per CTA = 32 * warps)
+    # warps per CTA, every warp group counted (threads per CTA = 32 * warps); a pass of several
+    # kernels (the backward) records its widest kernel's
+    warps: int
     scopes: tuple[str, ...]  # Proton scopes of its profile=True kernel
     # rounds K1[j] * K2 to bf16 (instead of Q * K1[j]) / V1[j] * V2 (instead of multiplying P @ V2
     # by V1[j]); tests/test_gpu.py's bf16 yardstick emulates the same roundings
