@@ -389,11 +389,23 @@ def _dkv1_kernel(PK1, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.conste
     tl.store(DV1 + out, acc_v.to(tl.bfloat16), mask=(j < N)[:, None])
 
 
+def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
+                profile: bool = False) -> None:
+    """`_dkv2_kernel`: dk2, dv2 from the inputs, dout, lse and Delta."""
+    cfg = dkv2_config(spec)
+    _dkv2_kernel[(triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk,)](
+        q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2,
+        spec.sm_scale * LOG2E, spec.sm_scale, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
+        PROFILE=profile, **cfg)
+
+
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
-           profile: bool = False) -> None:
+           profile: bool = False, dkv2=None) -> None:
     """Fill dq [B,N,Hq,D] and dk1, dk2, dv1, dv2 [B,N,Hk,D] (bf16) from the forward's inputs, its
     out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32, and the incoming dout (bf16, like out) and dlse
-    (fp32 like lse, or None). Every tensor contiguous, pairs already ordered so that w1 <= w2."""
+    (fp32 like lse, or None). Every tensor contiguous, pairs already ordered so that w1 <= w2.
+    dkv2: what fills dk2, dv2 (launch_dkv2's signature; default launch_dkv2), for a variant that
+    replaces the k-owner (kernels_tlx/bwd_ws.py)."""
     _, _, split = tiling(spec)
     sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
     dev = q.device
@@ -404,10 +416,8 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
         ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
     shape = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile)
     qk_scale = spec.sm_scale * LOG2E
-    dkv2, dqc = dkv2_config(spec), dq_config(spec)
-    _dkv2_kernel[(triton.cdiv(spec.N, dkv2["BLOCK_N"]) * spec.B * spec.Hk,)](
-        q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2, qk_scale,
-        spec.sm_scale, **shape, **dkv2)
+    dqc = dq_config(spec)
+    (dkv2 or launch_dkv2)(spec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, profile)
     pk1 = torch.zeros(sc.partial, dtype=torch.float32, device=dev)
     pv1 = torch.zeros(sc.partial, dtype=torch.float32, device=dev)
     k2d, v2d = (kv_descriptor(t, spec, dqc["BLOCK_N"]) for t in (k2, v2))

@@ -24,15 +24,16 @@ PASSES = ("fwd", "bwd")  # forward, backward: a variant is identified by (pass, 
 # Proton scopes (profiling/trace_capture.py, docs/profiling.md): every name, in kernel order, then
 # the set a full trace of each kind of kernel holds. A consumer step of every kernel is a QK GEMM,
 # the softmax and a PV GEMM.
-SCOPES = ("load_kv", "build_b", "build_c", "wait_kv", "qk_gemm", "softmax", "pv_gemm", "v1_mul",
+SCOPES = ("load_kv", "build_a", "build_b", "build_c", "wait_kv", "qk_gemm", "softmax", "pv_gemm", "v1_mul",
           "epilogue")
 _STEP = ("qk_gemm", "softmax", "pv_gemm")
 TRITON_SCOPES = ("load_kv", *_STEP, "v1_mul", "epilogue")         # one warp group does it all
 WS_SCOPES = ("load_kv", "wait_kv", *_STEP, "v1_mul", "epilogue")  # a producer; consumers wait
 KEYS_SCOPES = ("load_kv", "build_b", *WS_SCOPES[1:])  # the producer builds B_j = K1[j] * K2
 # producers build B_j and C_j = V1[j] * V2: consumers wait for no K2/V2 slot, multiply by no V1 row
-KV_SCOPES = ("load_kv", "build_b", "build_c", *_STEP, "epilogue")
+KV_SCOPES = ("load_kv", "build_a", "build_b", "build_c", *_STEP, "epilogue")
 BWD_SCOPES = ("load_kv", *_STEP, "epilogue")  # backward: recompute S (qk), dS (softmax), dK/dV/X/Z
+BWD_WS_SCOPES = ("load_kv", "build_a", *_STEP, "epilogue")  # a producer builds A_j and dO_j
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +54,9 @@ class Variant:
     # by V1[j]); tests/test_gpu.py's bf16 yardstick emulates the same roundings
     rounds_keys_side: bool = False
     rounds_values_side: bool = False
-    # issues QK(c) with PV(c - 1) and waits for QK(c) alone, leaving a wgmma in flight
-    # (profiling.resources: its "ex2 under wgmma" is a number, 0 today)
+    # waits for one wgmma while another is in flight and runs its exp2 under it (the forward:
+    # QK(c) issued with PV(c - 1); the tlx_ws backward: S^T waited for, dP^T in flight;
+    # profiling.resources: its "ex2 under wgmma" is a number)
     pipelined: bool = False
 
     def load(self) -> ModuleType:
@@ -121,6 +123,10 @@ register(Variant(name="tlx_pipelined_pingpong", pass_="fwd",
 register(Variant(name="triton", pass_="bwd", module="kernels_triton.bwd", needs_hopper=True,
                  rank=1, supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; "
                  "D in {64, 128}", warps=8, scopes=BWD_SCOPES))
+register(Variant(name="tlx_ws", pass_="bwd", module="kernels_tlx.bwd_ws", needs_hopper=True,
+                 rank=lambda s: 2 if s.D == 128 else 0,  # measured: ahead at D = 128 only
+                 supports="as `triton`, with G = Hq/Hk in {64, 128}", warps=12,
+                 scopes=BWD_WS_SCOPES, pipelined=True))
 
 
 def get(name: str, pass_: str = "fwd") -> Variant:

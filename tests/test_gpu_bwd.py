@@ -1,7 +1,8 @@
-"""The backward variants on a CUDA GPU against the fp64 reference (skipped without a GPU).
+"""The backward variants on a CUDA GPU against the fp64 reference (skipped without a GPU). Every
+registered backward variant runs every shape of SHAPES it takes.
 
 Yardstick, as for the forward (tests/test_gpu.py): `emulate_bwd_bf16` evaluates the gradients
-exactly except for the roundings the `triton` backward makes on purpose (A_j = Q*K1[j] and
+exactly except for the roundings every backward variant makes on purpose (A_j = Q*K1[j] and
 dO_j = dO*V1[j] to bf16, P and dS to bf16 as GEMM operands, each gradient to bf16 at the store),
 from the kernel forward's own bf16 O and fp32 LSE. For each gradient
 
@@ -19,8 +20,9 @@ import torch
 import simplicial_attn as sa
 from conftest import Shape, compiled_grads_differ, previous_token_losses
 from simplicial_attn import backward as bwd_launcher
+from simplicial_attn import registry
 from simplicial_attn.reference import _window
-from simplicial_attn.spec import validate
+from simplicial_attn.spec import validate, validate_shape
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
 
@@ -56,8 +58,17 @@ SHAPES = {
 }
 
 
+VARIANTS = registry.all_variants("bwd")
+
+
+def cases(shapes: dict) -> list:
+    """(variant name, shape) for every registered backward variant and every shape it takes."""
+    return [pytest.param(v.name, s, id=f"{v.name}-{name}") for v in VARIANTS
+            for name, s in shapes.items() if v.cannot_take(validate_shape(*s)) is None]
+
+
 def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale):
-    """The triton backward's arithmetic in fp64 with its bf16 roundings (module docstring)."""
+    """The backward variants' arithmetic in fp64 with their bf16 roundings (module docstring)."""
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
     B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
     w1, w2, c = spec.w1, spec.w2, spec.sm_scale
@@ -139,28 +150,28 @@ def check_grads(grads, x, out, lse, dout, dlse, shape: Shape, label: str):
     assert ok, report
 
 
-@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-def test_gradients_match_reference(shape, gen, seed):
+@pytest.mark.parametrize("variant,shape", cases(SHAPES))
+def test_gradients_match_reference(variant, shape, gen, seed):
     x, dout, dlse = draw(shape, gen)
     xs = [t.clone().requires_grad_() for t in x]
-    out, lse = sa.attention(*xs, shape.w1, shape.w2)
+    out, lse = sa.attention(*xs, shape.w1, shape.w2, bwd_variant=variant)
     torch.autograd.backward((out, lse), (dout, dlse))
     grads = [t.grad for t in xs]
     for name, g in zip(GRAD_NAMES, grads):
         assert torch.isfinite(g).all(), f"{shape} seed={seed}: non-finite {name}"
     check_grads(grads, x, out.detach(), lse.detach(), dout, dlse, shape,
-                f"triton backward {shape} seed={seed}")
+                f"{variant} backward {shape} seed={seed}")
 
 
 DET_SHAPES = {k: SHAPES[k] for k in ("ragged_N333_G128", "swap_N300_G16", "G1_N300")}
 
 
-@pytest.mark.parametrize("shape", DET_SHAPES.values(), ids=DET_SHAPES.keys())
-def test_bitwise_reproducible_and_every_element_written(shape, gen, seed):
+@pytest.mark.parametrize("variant,shape", cases(DET_SHAPES))
+def test_bitwise_reproducible_and_every_element_written(variant, shape, gen, seed):
     """Three runs agree bit for bit; gradients launched into NaN-filled buffers have no NaN."""
     x, dout, dlse = draw(shape, gen)
     out, lse = sa.forward(*x, shape.w1, shape.w2)
-    runs = [bwd_launcher.backward(dout, dlse, *x, out, lse, shape.w1, shape.w2)
+    runs = [bwd_launcher.backward(dout, dlse, *x, out, lse, shape.w1, shape.w2, variant=variant)
             for _ in range(3)]
     for i, r in enumerate(runs[1:], 1):
         for name, a, b in zip(GRAD_NAMES, runs[0], r):
@@ -170,8 +181,8 @@ def test_bitwise_reproducible_and_every_element_written(shape, gen, seed):
     if spec.swapped:
         k1, v1, k2, v2 = k2, v2, k1, v1
     grads = [torch.full_like(t, math.nan) for t in (q, k1, k2, v1, v2)]
-    from kernels_triton import bwd
-    bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, *grads)
+    registry.get(variant, "bwd").load().launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse,
+                                               *grads)
     torch.cuda.synchronize()
     for name, g in zip(GRAD_NAMES, grads):
         assert not torch.isnan(g).any(), f"{shape}: {name} has {int(torch.isnan(g).sum())} NaN"
@@ -224,24 +235,28 @@ def seed_from(gen) -> int:
     return int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
 
 
+# N = 333 is ragged for every tile and key block; the first shape each variant takes
+POISON_SHAPES = {"G16": Shape(2, 333, 16, 1, 64, 32, 96), "G64": Shape(2, 333, 64, 1, 64, 32, 96)}
+POISON_CASES = [next(c for c in cases(POISON_SHAPES) if c.values[0] == v.name) for v in VARIANTS]
+
+
+@pytest.mark.parametrize("variant,shape", POISON_CASES)
 @pytest.mark.parametrize("poisoned", ["q", "k1", "k2", "v1", "v2", "dout"])
 @pytest.mark.parametrize("value", [math.inf, math.nan], ids=["inf", "nan"])
-def test_no_value_crosses_batches(poisoned, value, gen, seed):
-    """inf or NaN in one input of batch 1 (the first 64 tokens; N = 333 is ragged for every tile
-    and key block): batch 0's gradients are finite and equal to batch 0's run alone (to rounding:
-    the dK1/dV1 partial chunks depend on B)."""
-    shape = Shape(2, 333, 16, 1, 64, 32, 96)
+def test_no_value_crosses_batches(variant, shape, poisoned, value, gen, seed):
+    """inf or NaN in one input of batch 1 (its first 64 tokens): batch 0's gradients are finite
+    and equal to batch 0's run alone (to rounding: the dK1/dV1 partial chunks depend on B)."""
     x, dout, _ = draw(shape, gen)
     names = ("q", "k1", "k2", "v1", "v2")
     out, lse = sa.forward(*x, shape.w1, shape.w2)
     alone_out, alone_lse = sa.forward(*(t[:1] for t in x), shape.w1, shape.w2)
     alone = bwd_launcher.backward(dout[:1], None, *(t[:1] for t in x), alone_out, alone_lse,
-                                  shape.w1, shape.w2)
+                                  shape.w1, shape.w2, variant=variant)
     x = [t.clone() for t in x]
     (dout if poisoned == "dout" else x[names.index(poisoned)])[1, :64] = value
     out, lse = sa.forward(*x, shape.w1, shape.w2)
-    grads = bwd_launcher.backward(dout, None, *x, out, lse, shape.w1, shape.w2)
+    grads = bwd_launcher.backward(dout, None, *x, out, lse, shape.w1, shape.w2, variant=variant)
     for name, g, a in zip(GRAD_NAMES, grads, alone):
-        label = f"{value} in batch 1's {poisoned}, seed={seed}: {name}"
+        label = f"{variant}: {value} in batch 1's {poisoned}, seed={seed}: {name}"
         assert torch.isfinite(g[0]).all(), f"{label}: non-finite values in batch 0"
         torch.testing.assert_close(g[0].float(), a[0].float(), rtol=2e-2, atol=2e-2, msg=label)

@@ -1,0 +1,288 @@
+"""`tlx_ws` backward: the `triton` backward with its k-owner (dK2, dV2) warp-specialized in TLX.
+
+The split is `kernels_triton/bwd.py`'s (Delta, k-owner, row-owner, reduce; 8 GEMMs, no atomics,
+bitwise deterministic); this file replaces its `_dkv2_kernel`, half of its time at S*. One
+program per (batch, KV head, block of 128 keys); a tile is 64 rows, 64 heads of one token (G >= 64;
+G = 128 has two tiles per token), and every tile whose token's w2 window reaches the block is
+visited with every j of the token's w1 window.
+
+Warp groups:
+- producer ("default", 4 warps): TMA-loads the block's K2 and V2 once (a 64-key half per
+  consumer, `kv_full`); per tile, TMA-loads its Q and dO rows one tile ahead into a ring of two
+  slots (`q_fulls`; it is their only reader), and per j builds A_j = Q * K1[j] and
+  dO_j = dO * V1[j] (bf16 products, the roundings of `triton`) into ring slot c % NUM_A, fences
+  and arrives on `a_fulls`; `a_empties` (one arrival per consumer) frees a slot.
+- Two consumer warp groups (4 warps each); consumer c owns keys 64c .. 64c + 63 of the block and
+  their fp32 dK2, dV2 accumulators (64 x D each). Per (tile, j):
+      S^T  = K2_c A_j^T            dP^T = V2_c dO_j^T          (SS-wgmma, 64 keys x 64 rows)
+      P^T  = exp2(S^T c log2e - LSE log2e) where the key is in the token's w2 window, else 0
+      dS^T = P^T (dP^T - Delta)    (the exp2 runs while dP^T is still in flight)
+      dV2 += P^T dO_j              dK2 += dS^T A_j             (RS-wgmma)
+  The tiles whose token sees none of a consumer's keys (the first 64 tokens for consumer 1, the
+  last 64 for consumer 0) it only releases: the other consumer has the tensor cores to itself
+  there, which takes the block's edge waste from 20% (128 keys per token at the window's ends)
+  to about 10% at S*.
+dK2 is scaled by sm_scale once, at the store.
+Supports the shapes of `triton` with G = Hq/Hk in {64, 128} (`supports`); `auto` takes `triton`
+elsewhere.
+Differs from `triton`: A_j and dO_j are built once per (tile, j) by a producer warp group into
+shared memory for both consumers (the `triton` kernel builds them in every warp, in registers),
+two consumers of 64 keys each instead of one 8-warp program on 128 keys, 64-row tiles instead of
+32, and the per-consumer skip of edge tiles.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels_tlx.common import NUM_CONSUMERS, opaque
+from kernels_tlx.hadamard import build, row_tile
+from kernels_triton import bwd as triton_bwd
+from kernels_triton.host import kv_descriptor
+from kernels_triton.tiling import BF16_BYTES, LOG2E, enter, leave
+from kernels_triton.tiling import supports as tiling_supports
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+EXECUTED_FLOPS_PER_F = triton_bwd.EXECUTED_FLOPS_PER_F
+ROWS = 64  # rows per tile: 64 heads of one token
+
+
+@triton.jit
+def consume_tile(dk2, dv2, k2_tile, v2_tile, a_tiles, doj_tiles, a_fulls, a_empties, cnt, n_j,
+                 lse2, delta, k_first, i0, w2, N, qk_scale, NUM_A: tl.constexpr,
+                 PROFILE: tl.constexpr):
+    """One consumer, one tile: the n_j steps c = cnt .. cnt + n_j - 1 (A_j, dO_j in ring slot
+    c % NUM_A). P is zero for keys outside the token's w2 window or past N (one select per score;
+    a mask-free copy of this loop for whole-window tiles spills 904 bytes)."""
+    kpos = k_first + tl.arange(0, 64)
+    kok = (kpos <= i0) & (kpos > i0 - w2) & (kpos < N)
+    for _ in range(0, n_j):
+        s = cnt % NUM_A
+        enter("qk_gemm", PROFILE)
+        tlx.barrier_wait(tlx.local_view(a_fulls, s), (cnt // NUM_A) & 1)
+        a_tile = tlx.local_view(a_tiles, s)
+        doj_tile = tlx.local_view(doj_tiles, s)
+        st = tlx.async_dot(k2_tile, tlx.local_trans(a_tile))
+        dpt = tlx.async_dot(v2_tile, tlx.local_trans(doj_tile))
+        st = tlx.async_dot_wait(1, st)  # dP^T still in flight under the exp2
+        leave("qk_gemm", PROFILE)
+        enter("softmax", PROFILE)
+        pt = tl.where(kok[:, None], tl.math.exp2(st * qk_scale - lse2[None, :]), 0.0)
+        dpt = tlx.async_dot_wait(0, dpt)
+        dst = pt * (dpt - delta[None, :])
+        leave("softmax", PROFILE)
+        enter("pv_gemm", PROFILE)
+        dv2 = tlx.async_dot(pt.to(tl.bfloat16), doj_tile, dv2)
+        dk2 = tlx.async_dot(dst.to(tl.bfloat16), a_tile, dk2)
+        dv2 = tlx.async_dot_wait(1, dv2)
+        dk2 = tlx.async_dot_wait(0, dk2)
+        tlx.barrier_arrive(tlx.local_view(a_empties, s), 1)
+        leave("pv_gemm", PROFILE)
+        cnt += 1
+    return dk2, dv2, cnt
+
+
+@triton.jit
+def key_block_coords(N, w2, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SPLIT: tl.constexpr):
+    """This program's batch b, KV head g, first key kb, the offset of (b, g) in a [B, N, HK, D]
+    tensor, and its tile count: SPLIT head halves of every token from kb to the last one whose
+    window sees the block. Computed in each warp group (not passed into the partitions through
+    shared memory, where ptxas kept one of them spilled across the consumer's loops)."""
+    n_kb = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    bg = pid // n_kb
+    kb = (pid % n_kb) * BLOCK_N
+    b = bg // HK
+    g = bg % HK
+    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+    t_hi = tl.minimum(N - 1, kb + BLOCK_N + w2 - 2)
+    return b, g, kb, kv_base, (t_hi - kb + 1) * SPLIT
+
+
+@triton.jit
+def load_rows(Q, DO, q_tiles, do_tiles, q_fulls, slot, b, g, kb, u, N, HQ: tl.constexpr,
+              G: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+    """Producer: TMA-load tile u's 64 rows of Q and dO (token kb + u // SPLIT, head half
+    u % SPLIT) into `slot` of the row ring."""
+    row0 = (b * N + kb + u // SPLIT) * HQ + g * G + (u % SPLIT) * 64
+    qf = tlx.local_view(q_fulls, slot)
+    tlx.barrier_expect_bytes(qf, 2 * 64 * D * BF16_BYTES)
+    tlx.async_descriptor_load(Q, tlx.local_view(q_tiles, slot), [row0, 0], qf)
+    tlx.async_descriptor_load(DO, tlx.local_view(do_tiles, slot), [row0, 0], qf)
+
+
+@triton.jit
+def skip_tiles(a_fulls, a_empties, cnt, u_lo, u_hi, kb, w1, SPLIT: tl.constexpr,
+               NUM_A: tl.constexpr):
+    """One consumer passes over tiles u_lo .. u_hi - 1 (none sees its keys): it releases each of
+    their ring slots once the slot is full (an early release would count toward the slot's
+    previous use). Returns the step count after them."""
+    for u in range(u_lo, u_hi):
+        i0 = kb + u // SPLIT
+        for _ in range(0, i0 + 1 - tl.maximum(i0 - w1 + 1, 0)):
+            s = cnt % NUM_A
+            tlx.barrier_wait(tlx.local_view(a_fulls, s), (cnt // NUM_A) & 1)
+            tlx.barrier_arrive(tlx.local_view(a_empties, s), 1)
+            cnt += 1
+    return cnt
+
+
+@triton.jit
+def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scale, sm_scale,
+                    HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                    BLOCK_N: tl.constexpr, NUM_A: tl.constexpr, CH: tl.constexpr,
+                    CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
+    HALF: tl.constexpr = BLOCK_N // NUM_CONSUMERS
+    SPLIT: tl.constexpr = G // 64
+
+    k2_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)
+    v2_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)
+    q_tiles = tlx.local_alloc((64, D), tl.bfloat16, 2)
+    do_tiles = tlx.local_alloc((64, D), tl.bfloat16, 2)
+    a_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_A)
+    doj_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_A)
+    kv_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
+    q_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    a_fulls = tlx.alloc_barriers(num_barriers=NUM_A, arrive_count=1)
+    a_empties = tlx.alloc_barriers(num_barriers=NUM_A, arrive_count=NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: TMA loads, then A_j and dO_j per (tile, j)
+            b, g, kb, kv_base, n_tiles = key_block_coords(N, w2, HK, D, BLOCK_N, SPLIT)
+            enter("load_kv", PROFILE)
+            tlx.barrier_expect_bytes(kv_full, 2 * BLOCK_N * D * BF16_BYTES)
+            for c in tl.static_range(NUM_CONSUMERS):
+                tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, c), [b, kb + c * HALF,
+                                                                            g * D], kv_full)
+                tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, c), [b, kb + c * HALF,
+                                                                            g * D], kv_full)
+            leave("load_kv", PROFILE)
+            load_rows(Q, DO, q_tiles, do_tiles, q_fulls, 0, b, g, kb, 0, N, HQ, G, D, SPLIT)
+            cnt = 0
+            for u in range(0, n_tiles):
+                i0 = kb + u // SPLIT
+                qs = u % 2
+                enter("load_kv", PROFILE)
+                if u + 1 < n_tiles:  # the next tile's rows, into the slot tile u - 1's builds read
+                    load_rows(Q, DO, q_tiles, do_tiles, q_fulls, 1 - qs, b, g, kb, u + 1, N, HQ, G,
+                              D, SPLIT)
+                tlx.barrier_wait(tlx.local_view(q_fulls, qs), (u // 2) & 1)
+                leave("load_kv", PROFILE)
+                q_tile = tlx.local_view(q_tiles, qs)
+                do_tile = tlx.local_view(do_tiles, qs)
+                j_lo = tl.maximum(i0 - w1 + 1, 0)
+                for j in range(j_lo, i0 + 1):
+                    s = cnt % NUM_A
+                    enter("build_a", PROFILE)
+                    kv_row = kv_base + j.to(tl.int64) * (HK * D)
+                    k1 = row_tile(K1, kv_row, D, CH)
+                    tlx.barrier_wait(tlx.local_view(a_empties, s), ((cnt // NUM_A) & 1) ^ 1)
+                    build(k1, q_tile, tlx.local_view(a_tiles, s), D, 64, CH)
+                    v1 = row_tile(V1, kv_row, D, CH)
+                    build(v1, do_tile, tlx.local_view(doj_tiles, s), D, 64, CH)
+                    tlx.barrier_arrive(tlx.local_view(a_fulls, s), 1)
+                    leave("build_a", PROFILE)
+                    cnt += 1
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid = tlx.async_task_replica_id()
+            b, g, kb, kv_base, n_tiles = key_block_coords(N, w2, HK, D, BLOCK_N, SPLIT)
+            k2_tile = tlx.local_view(k2_tiles, cid)
+            v2_tile = tlx.local_view(v2_tiles, cid)
+            offs_h = tl.arange(0, 64)
+            dk2 = tl.zeros([HALF, D], tl.float32)
+            dv2 = tl.zeros([HALF, D], tl.float32)
+            tlx.barrier_wait(kv_full, 0)
+            # The tiles whose token sees none of this consumer's keys are a prefix (consumer 1:
+            # tokens before its first key) and a suffix (consumer 0: tokens past its last key's
+            # w2 window) of the tile sequence: the consumer only releases their ring slots, and
+            # the other consumer has the tensor cores to itself there.
+            k_first = kb + cid * HALF
+            u_lo = tl.minimum((k_first - kb) * SPLIT, n_tiles)
+            u_hi = tl.minimum((k_first + HALF - 1 + w2 - kb) * SPLIT, n_tiles)
+            cnt = skip_tiles(a_fulls, a_empties, u_lo * 0, 0, u_lo, kb, w1, SPLIT, NUM_A)
+            split = opaque(tl.full([], SPLIT, tl.int32))
+            for u in range(u_lo, u_hi):
+                i0 = kb + u // split
+                head = g * G + (u % split) * 64 + offs_h
+                row_off = (b.to(tl.int64) * HQ + head) * N + i0
+                lse2 = tl.load(Lse + row_off) * 1.4426950408889634  # LSE in log2 units
+                delta = tl.load(Delta + row_off)
+                n_j = i0 + 1 - tl.maximum(i0 - w1 + 1, 0)
+                dk2, dv2, cnt = consume_tile(dk2, dv2, k2_tile, v2_tile, a_tiles, doj_tiles,
+                                             a_fulls, a_empties, cnt, n_j, lse2, delta, k_first,
+                                             i0, w2, N, qk_scale, NUM_A, PROFILE)
+            skip_tiles(a_fulls, a_empties, cnt, u_hi, n_tiles, kb, w1, SPLIT, NUM_A)
+            enter("epilogue", PROFILE)
+            kpos = k_first + tl.arange(0, HALF)
+            out = kv_base + kpos.to(tl.int64)[:, None] * (HK * D) + tl.arange(0, D)[None, :]
+            tl.store(DK2 + out, (dk2 * sm_scale).to(tl.bfloat16), mask=(kpos < N)[:, None])
+            tl.store(DV2 + out, dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
+            leave("epilogue", PROFILE)
+
+
+def supports(spec: ProblemSpec) -> str | None:
+    why = tiling_supports(spec)
+    if why is None and spec.G < 64:
+        why = (f"G = Hq/Hk = {spec.G} < 64: this kernel's 64-row tile is 64 heads of one token; "
+               "use `triton`")
+    return why
+
+
+def config(spec: ProblemSpec) -> dict:
+    """128 keys (64 per consumer), two A_j/dO_j slots, the producer's build in 8-row chunks; the
+    consumers at 232 registers (at 240 the producer's 24 spill 68 bytes)."""
+    return dict(BLOCK_N=128, NUM_A=2, CH=8, CONSUMER_REGS=232, num_warps=4, num_stages=1)
+
+
+def _row_descriptor(t, spec: ProblemSpec) -> TensorDescriptor:
+    """TMA view of a contiguous [B, N, Hq, D] Q or dO as [B*N*Hq, D]; a box is 64 rows, the 64
+    heads of one token a tile holds (G >= 64: never past the token's own heads)."""
+    return TensorDescriptor(t, shape=[spec.B * spec.N * spec.Hq, spec.D], strides=[spec.D, 1],
+                            block_shape=[ROWS, spec.D])
+
+
+def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
+                profile: bool = False) -> None:
+    cfg = config(spec)
+    half = cfg["BLOCK_N"] // 2
+    k2d, v2d = (kv_descriptor(t, spec, half) for t in (k2, v2))
+    qd, dod = (_row_descriptor(t, spec) for t in (q, dout))
+    _dkv2_ws_kernel[(triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk,)](
+        qd, k1, k2d, v1, v2d, dod, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2,
+        spec.sm_scale * LOG2E, spec.sm_scale, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
+        PROFILE=profile, **cfg)
+
+
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
+           profile: bool = False) -> None:
+    """`kernels_triton.bwd.launch` with this file's k-owner in place of `_dkv2_kernel`."""
+    triton_bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
+                      profile=profile, dkv2=launch_dkv2)
+
+
+def compile_configs() -> list[CompileConfig]:
+    """The k-owner at every compile shape it supports (the rest is `triton`'s)."""
+    out = []
+    for hq, hk, d in triton_bwd.COMPILE_SHAPES_BWD:
+        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+        if supports(spec) is not None:
+            continue
+        cfg = config(spec)
+        kv = f"tensordesc<bf16[1,{cfg['BLOCK_N'] // 2},{d}]>"
+        rows = f"tensordesc<bf16[{ROWS},{d}]>"
+        sig = {"Q": rows, "K1": "*bf16", "K2": kv, "V1": "*bf16", "V2": kv, "DO": rows,
+               "Lse": "*fp32", "Delta": "*fp32", "DK2": "*bf16", "DV2": "*bf16", "N": "i32",
+               "w1": "i32", "w2": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
+        consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d,
+                      **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
+        sig.update({k: "constexpr" for k in consts})
+        out.append(CompileConfig(f"dkv2_G{hq // hk}_Hk{hk}_D{d}_N{cfg['BLOCK_N']}",
+                                 _dkv2_ws_kernel, sig, consts, cfg["num_warps"],
+                                 cfg["num_stages"]))
+    return out
+
