@@ -90,8 +90,15 @@ def test_layer_trains_on_cpu(gen):
     (dict(w1=0), ValueError, "w1 must be a positive int"),
     (dict(w2=-3), ValueError, "w2 must be a positive int"),
     (dict(w1=2.5), TypeError, "w1 must be a positive int"),
+    (dict(w2=True), TypeError, "w2 must be a positive int, got bool"),
+    (dict(w1=torch.tensor(2)), TypeError, "w1 must be a positive int, got Tensor"),
+    (dict(q_shape=(1, 5, 128)), ValueError, "q must have rank 4"),
+    (dict(k_shape=(1, 5, 1, 128)), ValueError, r"D \(dim 3\) = 128 but q has 64"),
     (dict(bwd_variant="nope"), ValueError, "unknown variant 'nope' of pass 'bwd'"),
     (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
+    # the CPU runs the reference whatever the name, but a misspelt one still fails here
+    (dict(variant="nope"), ValueError, "unknown variant 'nope'; known: "),
+    (dict(variant="triton", bwd_variant="tlx_ws"), ValueError, "unknown variant 'tlx_ws' of pass"),
     (dict(mixed_dtype=True), TypeError, "share one dtype"),
 ])
 def test_attention_rejects_bad_input(bad, exc, match):
@@ -102,16 +109,21 @@ def test_attention_rejects_bad_input(bad, exc, match):
         k[0] = k[0].double()
     with pytest.raises(exc, match=match):
         sa.attention(q, *k, bad.get("w1", 2), bad.get("w2", 3),
-                     bwd_variant=bad.get("bwd_variant", "auto"))
+                     variant=bad.get("variant", "auto"), bwd_variant=bad.get("bwd_variant", "auto"))
 
 
-@pytest.mark.parametrize("B, N", [(0, 5), (2, 0)])
+@pytest.mark.parametrize("B, N", [(0, 5), (2, 0), (0, 0)])
 def test_empty_batch_or_sequence(B, N):
-    x = [torch.randn(B, N, h, 64, dtype=torch.float64, requires_grad=True) for h in (2, 1, 1, 1, 1)]
-    out, lse = sa.attention(*x, 2, 3)
+    """Empty outputs of the right shapes and dtypes, and empty gradients through out and lse
+    (windows longer than N included), for the inputs that require grad only."""
+    x = [torch.randn(B, N, h, 64, dtype=torch.float64, requires_grad=i != 3)
+         for i, h in enumerate((2, 1, 1, 1, 1))]
+    out, lse = sa.attention(*x, 2, 10**6)
     assert out.shape == (B, N, 2, 64) and lse.shape == (B, 2, N)
-    out.sum().backward()
-    assert all(t.grad.shape == t.shape for t in x)
+    assert out.dtype == lse.dtype == torch.float64
+    (out.sum() + lse.sum()).backward()
+    for i, t in enumerate(x):
+        assert (t.grad is None) if i == 3 else (t.grad.shape == t.shape), i
 
 
 def test_layer_rejects_bad_config():

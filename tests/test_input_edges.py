@@ -1,6 +1,9 @@
 """Input edge cases found in review: window clamping, numpy scalars, sm_scale overflow, grad inputs;
-hostile inputs to `attention` and `backward.backward` (devices; out, lse, dout and dlse). (Grids
-with B * Hk > 65535 are tested on the GPU in test_gpu.py.)"""
+hostile inputs to `attention` and `backward.backward` (devices, incoming gradients, huge windows,
+partial requires_grad, non-finite values). (Grids with B * Hk > 65535 are tested on the GPU in
+test_gpu.py; the layer and empty shapes in test_backward_cpu.py.)"""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -68,6 +71,38 @@ def test_mixed_devices_named_before_dtypes():
         sa.attention(*x, 2, 3)
 
 
+def test_meta_tensors_propagate_shapes():
+    """On 'meta' bf16 tensors `attention` gives meta outputs of the right shapes (the op's fake
+    implementation, as any torch op on meta); other dtypes are refused as on the GPU."""
+    x = [torch.empty_like(t, device="meta", dtype=torch.bfloat16) for t in _f64(B=2, N=7)]
+    out, lse = sa.attention(*x, 2, 3)
+    assert out.device.type == lse.device.type == "meta"
+    assert out.shape == (2, 7, 4, 64) and lse.shape == (2, 4, 7) and lse.dtype == torch.float32
+    with pytest.raises(TypeError, match="q must be torch.bfloat16"):
+        sa.attention(*[t.float() for t in x], 2, 3)
+
+
+def test_wrong_incoming_gradient_through_autograd():
+    """torch's autograd, not our op, checks the incoming gradient of `attention`'s outputs: a
+    wrong shape, a complex dtype or another device is refused naming grad_output; another real
+    dtype (fp32, even int) is cast to the output's, exactly as for any torch op."""
+    x = _f64(requires_grad=True)
+    out, lse = sa.attention(*x, 2, 3)
+    for bad, match in ((torch.ones(1, 6, 4, 32, dtype=torch.float64), "Mismatch in shape"),
+                       (torch.ones(1, 6, 4, 64, dtype=torch.complex128), "complex"),
+                       (torch.ones(1, 6, 4, 64, dtype=torch.float64, device="meta"),
+                        "expected device cpu but got meta")):
+        with pytest.raises(RuntimeError, match=match):
+            torch.autograd.grad(out, x, bad, retain_graph=True)
+    with pytest.raises(RuntimeError, match="Mismatch in shape"):  # [B, N, Hq] for [B, Hq, N]
+        torch.autograd.grad(lse, x, torch.ones(1, 6, 4, dtype=torch.float64), retain_graph=True)
+    want = torch.autograd.grad(out, x, torch.full(out.shape, 2.0, dtype=torch.float64),
+                               retain_graph=True)
+    for g in (torch.full(out.shape, 2.0), torch.full(out.shape, 2, dtype=torch.int64)):
+        got = torch.autograd.grad(out, x, g, retain_graph=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), g.dtype
+
+
 def _bwd_args():
     """A valid `backward.backward` call on CPU bf16 tensors, as a dict (it then fails only on
     the device: the kernels need CUDA)."""
@@ -123,3 +158,66 @@ def test_reference_backward_refuses_transposed_dlse():
         sa.reference_backward(*x, 2, 3, dout, torch.ones(1, 6, 4))
     with pytest.raises(ValueError, match="dout must have shape"):
         sa.reference_backward(*x, 2, 3, dout[:, :5])
+
+
+@pytest.mark.parametrize("w1, w2", [(10**40, 3), (2, 2**63), (10**40, 10**40), (2**62, 1)])
+def test_huge_windows_equal_windows_of_n(w1, w2):
+    """A window past N (even past int64, which the op's schema takes) gives bitwise the outputs
+    and gradients of a window of N, through the differentiable op."""
+    N = 6
+    runs = []
+    for a, b in ((w1, w2), (min(w1, N), min(w2, N))):
+        x = _f64(N=N, requires_grad=True)
+        out, lse = sa.attention(*x, a, b)
+        (out.square().sum() + lse.sum()).backward()
+        runs.append([out, lse, *(t.grad for t in x)])
+    for name, a, b in zip(("out", "lse", "dq", "dk1", "dk2", "dv1", "dv2"), *runs):
+        assert torch.equal(a, b), name
+
+
+SUBSETS = [("q",), ("k1",), ("v2",), ("k1", "v2"), ("q", "k2", "v1"), ("k1", "k2", "v1", "v2")]
+
+
+@pytest.mark.parametrize("subset", SUBSETS, ids=["+".join(s) for s in SUBSETS])
+def test_requires_grad_on_some_inputs_matches_reference(subset):
+    """Gradients for exactly the inputs that require grad, equal to autograd through the fp64
+    reference; None for the others (GQA, w1 > w2, a loss through out and lse)."""
+    names = ("q", "k1", "k2", "v1", "v2")
+    x = _f64(N=7)
+    for n, t in zip(names, x):
+        t.requires_grad_(n in subset)
+    out, lse = sa.attention(*x, 4, 2)
+    (out.square().sum() + lse.sum()).backward()
+    y = [t.detach().clone().requires_grad_() for t in x]
+    o, lse_ = sa.reference(*y, 4, 2)
+    (o.square().sum() + lse_.sum()).backward()
+    for n, t, r in zip(names, x, y):
+        if n in subset:
+            torch.testing.assert_close(t.grad, r.grad, rtol=1e-10, atol=1e-12, msg=n)
+        else:
+            assert t.grad is None, n
+
+
+@pytest.mark.parametrize("poisoned", ["q", "k1", "k2", "v1", "v2"])
+def test_non_finite_input_stays_in_its_window_on_the_reference(poisoned):
+    """The CPU path (the reference): inf at token t of batch 1's `poisoned` makes exactly batch
+    1's outputs at the queries that see t non-finite (q: query t; K1/V1: i in [t, t + w1);
+    K2/V2: i in [t, t + w2)), its LSE at most there (never for V1/V2, which the LSE does not
+    read); batch 0's outputs, LSE and gradients stay finite. (The GPU tests,
+    test_gpu_bounds.py and test_gpu_bwd.py, check that no value crosses batches in the kernels.)"""
+    N, t, w1, w2 = 12, 4, 2, 3
+    names = ("q", "k1", "k2", "v1", "v2")
+    x = _f64(B=2, N=N, requires_grad=False)
+    x[names.index(poisoned)][1, t] = math.inf
+    for v in x:
+        v.requires_grad_()
+    out, lse = sa.attention(*x, w1, w2)
+    seen = {"q": 1, "k1": w1, "v1": w1, "k2": w2, "v2": w2}[poisoned]
+    bad_rows = (~torch.isfinite(out[1])).flatten(1).any(1).nonzero().flatten().tolist()
+    assert bad_rows == list(range(t, t + seen)), bad_rows
+    bad_lse = (~torch.isfinite(lse[1])).any(0).nonzero().flatten().tolist()
+    assert set(bad_lse) <= set(bad_rows) and (poisoned[0] != "v" or not bad_lse), bad_lse
+    assert torch.isfinite(out[0]).all() and torch.isfinite(lse[0]).all()
+    (out[0].sum() + lse[0].sum() + out[1][torch.isfinite(out[1])].sum()).backward()
+    for name, v in zip(names, x):
+        assert torch.isfinite(v.grad[0]).all(), name
