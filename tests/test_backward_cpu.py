@@ -126,11 +126,59 @@ def test_empty_batch_or_sequence(B, N):
         assert (t.grad is None) if i == 3 else (t.grad.shape == t.shape), i
 
 
-def test_layer_rejects_bad_config():
-    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        sa.SimplicialAttention(32, 3, 2, 64, 2, 4)
-    with pytest.raises(ValueError, match="w1 must be a positive int"):
-        sa.SimplicialAttention(32, 4, 2, 64, 0, 4)
+@pytest.mark.parametrize("B, N", [(0, 5), (2, 0)])
+def test_layer_empty_batch_or_sequence(B, N):
+    layer = sa.SimplicialAttention(32, 4, 2, 64, 2, 3)
+    x = torch.randn(B, N, 32, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (B, N, 32)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert all(p.grad is not None and not p.grad.any() for p in layer.parameters())
+
+
+# (positional changes to (dim, n_heads, n_kv_heads, head_dim, w1, w2) = (32, 4, 2, 64, 2, 4), or
+# keyword arguments), exception, message
+LAYER_BAD = {
+    "heads_not_multiple": (dict(n_heads=3), ValueError, "n_heads=3 must be a multiple of "
+                                                        "n_kv_heads=2"),
+    "w1_zero": (dict(w1=0), ValueError, "w1 must be a positive int"),
+    "w2_negative": (dict(w2=-4), ValueError, "w2 must be a positive int"),
+    "w2_float": (dict(w2=2.5), TypeError, "w2 must be a positive int, got float"),
+    "w1_bool": (dict(w1=True), TypeError, "w1 must be a positive int, got bool"),
+    "w1_tensor": (dict(w1=torch.tensor(2)), TypeError, "w1 must be a positive int, got Tensor"),
+    "dim_zero": (dict(dim=0), ValueError, "dim must be a positive int"),
+    "n_kv_heads_str": (dict(n_kv_heads="2"), TypeError, "n_kv_heads must be a positive int"),
+    "head_dim_32": (dict(head_dim=32), ValueError, "head_dim=32 is not supported"),
+    "variant_unknown": (dict(variant="nope"), ValueError, "unknown variant 'nope'"),
+    "bwd_variant_not_str": (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
+}
+
+
+@pytest.mark.parametrize("change, exc, match", LAYER_BAD.values(), ids=LAYER_BAD.keys())
+def test_layer_rejects_bad_config(change, exc, match):
+    """At construction, naming the argument: not at the first forward."""
+    args = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim=64, w1=2, w2=4)
+    kw = {k: change.pop(k) for k in ("variant", "bwd_variant") if k in change}
+    with pytest.raises(exc, match=match):
+        sa.SimplicialAttention(**{**args, **change}, **kw)
+
+
+def test_layer_takes_numpy_ints():
+    import numpy as np
+    layer = sa.SimplicialAttention(np.int64(32), 4, 2, 64, np.int32(2), np.int64(4))
+    assert (layer.dim, layer.w1, layer.w2) == (32, 2, 4) and type(layer.w1) is int
+
+
+@pytest.mark.parametrize("x, exc, match", [
+    ([[0.0] * 32], TypeError, "x must be a torch.Tensor, got list"),
+    (torch.zeros(5, 32), ValueError, r"x must be \[B, N, dim\] with dim = 32, got shape \(5, 32\)"),
+    (torch.zeros(1, 2, 5, 32), ValueError, r"x must be \[B, N, dim\]"),
+    (torch.zeros(1, 5, 16), ValueError, r"with dim = 32, got shape \(1, 5, 16\)"),
+])
+def test_layer_rejects_bad_input(x, exc, match):
+    with pytest.raises(exc, match=match):
+        sa.SimplicialAttention(32, 4, 2, 64, 2, 4)(x)
 
 
 def run_bench_bwd(*args, env=None):
