@@ -1,5 +1,6 @@
 """The backward on the CPU: the fp64 reference's gradients, the differentiable op (gradcheck,
-opcheck, torch.compile) and the layer, all through the reference path (no GPU needed)."""
+opcheck, torch.compile) and the layer, all through the reference path (no GPU needed). The
+backward benchmark CLI is tested in test_bench_cli.py."""
 from __future__ import annotations
 
 import pytest
@@ -179,28 +180,6 @@ def test_layer_takes_numpy_ints():
 def test_layer_rejects_bad_input(x, exc, match):
     with pytest.raises(exc, match=match):
         sa.SimplicialAttention(32, 4, 2, 64, 2, 4)(x)
-
-
-def run_bench_bwd(*args, env=None):
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, str(root / "bench" / "bwd.py"), *args], cwd=root,
-                          capture_output=True, text=True, timeout=120, env=env)
-
-
-def test_bench_bwd_cli():
-    """--help works; a shape or variant it cannot take is refused (exit 2) before the GPU check."""
-    from conftest import no_gpu_env
-    res = run_bench_bwd("--help")
-    assert res.returncode == 0 and "--peers" in res.stdout
-    res = run_bench_bwd("--hq", "3", env=no_gpu_env())
-    assert res.returncode == 2 and "G = Hq/Hk = 3" in res.stderr
-    res = run_bench_bwd("--variant", "nope", env=no_gpu_env())
-    assert res.returncode == 2 and "unknown variant 'nope'" in res.stderr
-    res = run_bench_bwd(env=no_gpu_env())
-    assert res.returncode == 2 and "no CUDA GPU" in res.stderr
 
 
 REDUCE_PROBE = """
