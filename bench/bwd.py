@@ -29,11 +29,12 @@ import torch  # noqa: E402
 
 import simplicial_attn as sa  # noqa: E402
 from bench.common import write_rows  # noqa: E402
-from profiling.common import (gpu_problem, Shape, add_shape_args, check_variants, make_inputs,  # noqa: E402
-                              metadata_line, print_table, run_metadata, shape_from_args)
+from profiling.common import (gpu_problem, Shape, add_shape_args, check_out_path,  # noqa: E402
+                              check_variants, make_inputs, metadata_line, positive_float,
+                              print_table, run_metadata, shape_from_args)
 from profiling.timing import median_ms, tflops  # noqa: E402
 from simplicial_attn import backward as bwd_launcher  # noqa: E402
-from simplicial_attn import registry  # noqa: E402
+from simplicial_attn import launcher, registry  # noqa: E402
 
 PROG = "bench/bwd.py"
 GRAD_REL_TOL = 3e-2   # ||grad - ref||_F / ||ref||_F for each gradient, pre-timing check
@@ -127,25 +128,31 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shape_args(p, "star")
-    p.add_argument("--variant", action="append", metavar="NAME",
-                   help=f"backward variant (repeatable; default: all of "
-                        f"{', '.join(registry.variants('bwd'))})")
+    names = list(registry.variants("bwd"))
+    p.add_argument("--variant", action="append", choices=names + ["auto"], metavar="NAME",
+                   help=f"backward variant, repeatable: one of {', '.join(names)}, or 'auto' "
+                        f"(the one `sa.attention` takes for the shape; default: all of them)")
     p.add_argument("--peers", action="store_true", help="also time cuDNN SDPA and a matmul")
-    p.add_argument("--csv", help="write the rows as CSV")
-    p.add_argument("--json", help="write the rows and run metadata as JSON")
+    p.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
+    p.add_argument("--json", metavar="PATH", help="write the rows and run metadata as JSON")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup-ms", type=float, default=100.0)
-    p.add_argument("--rep-ms", type=float, default=1000.0)
+    p.add_argument("--warmup-ms", type=positive_float, default=100.0, metavar="MS")
+    p.add_argument("--rep-ms", type=positive_float, default=1000.0, metavar="MS")
     return p.parse_args(argv), p
 
 
 def main(argv=None) -> int:
     args, parser = parse_args(argv)
     s = shape_from_args(args)
-    variants = args.variant or list(registry.variants("bwd"))
-    check_variants(parser, "bwd", variants, [s])  # shape and variant errors first, any machine
+    named = args.variant or list(registry.variants("bwd"))
+    check_variants(parser, "bwd", named, [s])  # shape and variant errors first, any machine
+    for flag in ("csv", "json"):
+        check_out_path(parser, f"--{flag}", getattr(args, flag))
     if (status := gpu_problem(PROG)) is not None:
         return status
+    # "auto" times the variant it resolves to on this GPU (a row needs a name and a FLOP count)
+    variants = list(dict.fromkeys(launcher.select(s.spec(), n, "cuda", "bwd").name
+                                  for n in named))
     meta = run_metadata()
     print(metadata_line(meta), flush=True)
     rows = []

@@ -47,12 +47,12 @@ import torch  # noqa: E402
 import simplicial_attn  # noqa: E402
 from bench.common import SWEEP_N, SWEEP_W2, plot_tflops_vs_n, sweep_shapes, write_rows  # noqa: E402
 from profiling.common import (gpu_problem, PRESETS, Shape, add_pass_arg, add_shape_args,  # noqa: E402
-                              check_variants, make_inputs, metadata_line, positive_float,
-                              print_table, run_metadata, shape_from_args, variant_names)
+                              check_out_path, check_variants, make_inputs, metadata_line,
+                              positive_float, print_table, run_metadata, shape_from_args,
+                              variant_names)
 from profiling.timing import (H100_SXM_BF16_DENSE_TFLOPS, median_ms, pct_of_peak,  # noqa: E402
                               tflops)
 from simplicial_attn import launcher, registry  # noqa: E402
-from simplicial_attn.spec import SUPPORTED_HEAD_DIMS  # noqa: E402
 
 PROG = "bench/fwd.py"
 PASSES = ("fwd",)  # the passes this benchmark times (launcher.run: the forward)
@@ -125,14 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
-    if path is None:
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        parser.error(f"{flag} {path}: directory {parent} does not exist")
-
-
 def parse_args(argv: Sequence[str] | None = None
                ) -> tuple[argparse.Namespace, list[Shape], list[str]]:
     """Parse and validate everything that needs no GPU, the variants' shape limits included;
@@ -143,14 +135,10 @@ def parse_args(argv: Sequence[str] | None = None
     if args.sweep and (args.N is not None or args.w2 is not None):
         parser.error("--sweep sets N and w2 itself; drop --N/--w2")
     shape = shape_from_args(args)
-    if shape.Hq % shape.Hk != 0:
-        parser.error(f"--hq {shape.Hq} must be a multiple of --hk {shape.Hk} (grouped-query heads)")
-    if shape.D not in SUPPORTED_HEAD_DIMS:
-        parser.error(f"--d {shape.D}: head dim not supported; supported: "
-                     f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
     shapes = sweep_shapes(shape) if args.sweep else [shape]
     chosen = args.variant or ["all"]
-    # the library's shape checks, then each named variant's limits ("all": some variant takes it)
+    # the shape's checks (--hq/--hk, --d by flag), then each named variant's limits ("all": some
+    # variant takes it)
     check_variants(parser, args.pass_, [n for n in chosen if n != "all"] or ["auto"], shapes)
 
     if args.plot is not None and not args.plot.lower().endswith(".png"):
@@ -158,7 +146,7 @@ def parse_args(argv: Sequence[str] | None = None
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib, which is not installed")
     for flag in ("csv", "json", "plot"):
-        _check_out_path(parser, f"--{flag}", getattr(args, flag))
+        check_out_path(parser, f"--{flag}", getattr(args, flag))
 
     names: list[str] = []
     for n in chosen:

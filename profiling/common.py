@@ -1,6 +1,7 @@
-"""What the command-line tools share (bench/fwd.py, profiling/trace.py): shapes and presets, their
-arguments, the pass and variant checks that come before any GPU work, inputs, run metadata and
-text tables. Installed with the package, so `python -m profiling.trace` needs no checkout."""
+"""What the command-line tools share (bench/fwd.py, bench/bwd.py, profiling/trace.py): shapes and
+presets, their arguments, the pass, shape, variant and output-path checks that come before any GPU
+work, inputs, run metadata and text tables. Installed with the package, so
+`python -m profiling.trace` needs no checkout."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from simplicial_attn import launcher, registry, triton_env
-from simplicial_attn.spec import ProblemSpec, validate_shape
+from simplicial_attn.spec import SUPPORTED_HEAD_DIMS, ProblemSpec, validate_shape
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,14 +111,30 @@ def variant_names() -> list[str]:
     return list(dict.fromkeys(v.name for v in registry.all_variants(None)))
 
 
+def check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
+    """Exit 2 (parser.error) when `path`, given to `flag`, lies in a directory that does not exist:
+    before the run, not after minutes of timing."""
+    if path is None:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        parser.error(f"{flag} {path}: directory {parent} does not exist")
+
+
 def check_variants(parser: argparse.ArgumentParser, pass_: str, names: Sequence[str],
                    shapes: Sequence[Shape]) -> None:
     """Before any GPU work, exit 2 (parser.error) with the launcher's own message unless every
     shape passes the library's checks and each named variant of pass `pass_` takes it ("auto":
-    some variant does)."""
+    some variant does). The two rules that positive overrides (add_shape_args) can still break
+    are named by their flags first; the shape's other checks are the library's, in its words."""
     if not registry.all_variants(pass_):
         parser.error(f"no {pass_} variant is registered")
     for s in shapes:
+        if s.Hq % s.Hk != 0:
+            parser.error(f"--hq {s.Hq} must be a multiple of --hk {s.Hk} (grouped-query heads)")
+        if s.D not in SUPPORTED_HEAD_DIMS:
+            parser.error(f"--d {s.D}: head dim not supported; supported: "
+                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
         try:
             spec = s.spec()
         except (ValueError, TypeError) as e:

@@ -91,27 +91,40 @@ def _backward(ctx, dout, dlse):
 _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+def check_variant_names(variant, bwd_variant) -> None:
+    """TypeError unless both are str; ValueError (naming the known ones) for a name that no
+    variant of its pass has. Checked on every device, though the CPU runs the reference and
+    ignores both: a misspelt name fails on the CPU too, not first on the GPU. `attention` and
+    `SimplicialAttention.__init__` call it."""
+    for name, v in (("variant", variant), ("bwd_variant", bwd_variant)):
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must be a str, got {type(v).__name__}")
+    for v, pass_ in ((variant, "fwd"), (bwd_variant, "bwd")):
+        if v != "auto":
+            registry.get(v, pass_)
+
+
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",
               bwd_variant: str = "auto"):
     """Differentiable 2-simplicial attention.
 
     q: [B, N, Hq, D], k1, k2, v1, v2: [B, N, Hk, D] on one device; CUDA tensors must be bf16 (the
     kernels), CPU tensors may be bf16, fp16, fp32 or fp64 (the fp64 reference runs). w1, w2 >= 1
-    (either may be the larger); sm_scale defaults to 1/sqrt(D). Returns out [B, N, Hq, D] (the
-    inputs' dtype) and lse [B, Hq, N] (natural log; fp32, fp64 for fp64 inputs), both
-    differentiable: gradients flow to every input that
-    requires grad. `variant` / `bwd_variant` name the forward / backward kernels ("auto": the
-    fastest that takes the shape). Bad input raises TypeError / ValueError naming the argument
-    before anything is launched.
+    (either may be the larger; a window longer than N acts as N); sm_scale defaults to
+    1/sqrt(D). Returns out [B, N, Hq, D] (the inputs' dtype) and lse [B, Hq, N] (natural log;
+    fp32, fp64 for fp64 inputs), both differentiable: gradients flow to every input that requires
+    grad (None for the others). B = 0 or N = 0 gives empty outputs and gradients.
+    `variant` / `bwd_variant` name the forward / backward kernels ("auto": the fastest that takes
+    the shape). Bad input raises TypeError / ValueError naming the argument before anything is
+    launched; a wrong-shape or complex incoming gradient is refused by torch's autograd, which
+    casts one of another real dtype to the output's.
     """
-    for name, v in (("variant", variant), ("bwd_variant", bwd_variant)):
-        if not isinstance(v, str):
-            raise TypeError(f"{name} must be a str, got {type(v).__name__}")
+    check_variant_names(variant, bwd_variant)
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=_dtypes_for(q))
-    if not torch.compiler.is_compiling():  # unknown names and shape errors now, not at backward
-        if q.device.type == "cuda":
-            _bwd.check_variant(bwd_variant, spec)
-        elif bwd_variant != "auto":
-            registry.get(bwd_variant, "bwd")  # the CPU runs the reference: the name must exist
-    return torch.ops.simplicial_attn.fwd(q, k1, k2, v1, v2, int(w1), int(w2), spec.sm_scale,
-                                         variant, bwd_variant)
+    if q.device.type == "cuda" and not torch.compiler.is_compiling():
+        _bwd.check_variant(bwd_variant, spec)  # shape errors now, not at backward
+    # the op takes int64 windows: pass the spec's, clamped to N (the same function, and 10**40
+    # fits), in the caller's order
+    w1, w2 = (spec.w2, spec.w1) if spec.swapped else (spec.w1, spec.w2)
+    return torch.ops.simplicial_attn.fwd(q, k1, k2, v1, v2, w1, w2, spec.sm_scale, variant,
+                                         bwd_variant)

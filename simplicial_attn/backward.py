@@ -6,7 +6,7 @@ import torch
 
 from . import registry
 from .launcher import _dense_aligned, pick, select
-from .spec import ProblemSpec, validate
+from .spec import ProblemSpec, validate, validate_aux
 
 
 def check_variant(variant: str, spec: ProblemSpec) -> registry.Variant:
@@ -15,30 +15,29 @@ def check_variant(variant: str, spec: ProblemSpec) -> registry.Variant:
     return pick(spec, variant, True, "bwd")
 
 
-def _grad_input(name: str, g: torch.Tensor, like: torch.Tensor, dtype) -> torch.Tensor:
-    if not isinstance(g, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(g).__name__}")
-    if g.shape != like.shape:
-        raise ValueError(f"{name} must have shape {tuple(like.shape)}, got {tuple(g.shape)}")
-    if g.device != like.device:
-        raise ValueError(f"{name} is on {g.device} but the inputs are on {like.device}")
-    return _dense_aligned(g.to(dtype))
-
-
 def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
              variant: str = "auto", profile: bool = False):
     """Gradients of 2-simplicial attention with respect to q, k1, k2, v1, v2 (bf16, their shapes).
 
-    dout [B, N, Hq, D] (any layout, cast to bf16) and dlse [B, Hq, N] (or None) are the incoming
-    gradients of out and lse; out, lse are what the forward returned for these inputs. Bitwise
-    deterministic (no atomics). profile=True runs the kernels' Proton-scoped copies."""
+    dout [B, N, Hq, D] (any layout and floating dtype, cast to bf16) and dlse [B, Hq, N] (or None)
+    are the incoming gradients of out and lse; out [B, N, Hq, D] and lse [B, Hq, N] are what the
+    forward returned for these inputs (cast to bf16 and fp32). Every argument is checked (shape
+    errors first, then the device) before anything is launched. Bitwise deterministic (no
+    atomics). profile=True runs the kernels' Proton-scoped copies."""
     if not isinstance(variant, str):
         raise TypeError(f"variant must be a str, got {type(variant).__name__}")
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
-    v = select(spec, variant, q.device, "bwd")
-    dout = _grad_input("dout", dout, out, torch.bfloat16)
+    rows, lses = (spec.B, spec.N, spec.Hq, spec.D), (spec.B, spec.Hq, spec.N)
+    aux = [("out", out, rows, "[B, N, Hq, D]"), ("lse", lse, lses, "[B, Hq, N]"),
+           ("dout", dout, rows, "[B, N, Hq, D]")]
     if dlse is not None:
-        dlse = _grad_input("dlse", dlse, lse, torch.float32)
+        aux.append(("dlse", dlse, lses, "[B, Hq, N]"))
+    for name, t, shape, layout in aux:
+        validate_aux(name, t, shape, layout, q.device)
+    v = select(spec, variant, q.device, "bwd")
+    dout = _dense_aligned(dout.to(torch.bfloat16))
+    if dlse is not None:
+        dlse = _dense_aligned(dlse.float())
     grads = [torch.empty(t.shape, dtype=torch.bfloat16, device=q.device)
              for t in (q, k1, k2, v1, v2)]
     if grads[0].numel() == 0 or grads[1].numel() == 0:
@@ -48,7 +47,8 @@ def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
     dq, dk1, dk2, dv1, dv2 = grads
     if spec.swapped:
         dk1, dv1, dk2, dv2 = dk2, dv2, dk1, dv1
-    q, k1, k2, v1, v2, out = (_dense_aligned(t) for t in (q, k1, k2, v1, v2, out))
+    q, k1, k2, v1, v2 = (_dense_aligned(t) for t in (q, k1, k2, v1, v2))
+    out = _dense_aligned(out.to(torch.bfloat16))
     lse = _dense_aligned(lse.float())
     with torch.cuda.device(q.device):
         v.load().launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .autograd import attention
+from .autograd import attention, check_variant_names
+from .spec import SUPPORTED_HEAD_DIMS, positive_int
 
 
 class SimplicialAttention(nn.Module):
@@ -15,18 +16,27 @@ class SimplicialAttention(nn.Module):
     power of two up to 128 for the kernels), each of size head_dim (64 or 128 for the kernels).
     On CUDA the attention runs in bf16 (the kernels' dtype): projections are cast to bf16 and the
     result back to x's dtype; on the CPU it runs the fp64 reference (slow; tests and small runs).
+
+    A configuration no device can run (a size or window that is no positive int, n_heads not a
+    multiple of n_kv_heads, head_dim outside (64, 128), an unknown variant name) raises at
+    construction, naming the argument, not at the first forward. Limits of the kernels alone
+    (the head ratio) are checked at the first CUDA forward, as `attention` does.
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, w1: int, w2: int,
                  *, bias: bool = False, variant: str = "auto", bwd_variant: str = "auto"):
         super().__init__()
-        for name, v in (("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads),
-                        ("head_dim", head_dim), ("w1", w1), ("w2", w2)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        dim, n_heads, n_kv_heads, head_dim, w1, w2 = (
+            positive_int(name, v) for name, v in (
+                ("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads),
+                ("head_dim", head_dim), ("w1", w1), ("w2", w2)))
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        if head_dim not in SUPPORTED_HEAD_DIMS:  # the reference refuses it too: no device runs it
+            raise ValueError(f"head_dim={head_dim} is not supported; supported: "
+                             f"{SUPPORTED_HEAD_DIMS}")
+        check_variant_names(variant, bwd_variant)
+        self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv_heads, head_dim
         self.w1, self.w2 = w1, w2
         self.variant, self.bwd_variant = variant, bwd_variant
         self.q = nn.Linear(dim, n_heads * head_dim, bias=bias)
@@ -35,8 +45,11 @@ class SimplicialAttention(nn.Module):
         self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 3:
-            raise ValueError(f"x must be [B, N, dim], got shape {tuple(x.shape)}")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be [B, N, dim] with dim = {self.dim}, got shape "
+                             f"{tuple(x.shape)}")
         B, N, _ = x.shape
         dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
         q = self.q(x).view(B, N, self.n_heads, self.head_dim).to(dtype)

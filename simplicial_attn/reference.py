@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .spec import REFERENCE_DTYPES, validate
+from .spec import REFERENCE_DTYPES, validate, validate_aux
 
 _CHUNK_ELEMENTS = 1 << 25  # elements of the largest per-chunk intermediate
 
@@ -78,6 +78,9 @@ def reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse=None, *, sm_scale=N
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=REFERENCE_DTYPES)
     B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
     w1, w2, c = spec.w1, spec.w2, spec.sm_scale
+    validate_aux("dout", dout, (B, N, Hq, D), "[B, N, Hq, D]", q.device)
+    if dlse is not None:  # [B, N, Hq] has the right size: the reshape below would take it
+        validate_aux("dlse", dlse, (B, Hq, N), "[B, Hq, N]", q.device)
     if spec.swapped:
         k1, v1, k2, v2 = k2, v2, k1, v1
     q, k1, k2, v1, v2, dout = (t.to(dtype) for t in (q, k1, k2, v1, v2, dout))

@@ -42,21 +42,33 @@ class ProblemSpec:
                 f"w1={self.w1} w2={self.w2}")
 
 
-def _check_window(name: str, w) -> int:
-    if isinstance(w, (bool, torch.Tensor)):
-        raise TypeError(f"{name} must be a positive int, got {type(w).__name__} {w!r}")
+def positive_int(name: str, value, meaning: str = "") -> int:
+    """`value` as an int >= 1, or TypeError (not an integer: float, bool, tensor, str, None) or
+    ValueError (< 1) naming `name`. Python and numpy integers pass; bool and 0-dim tensors do not,
+    though `operator.index` takes them: True is no window size, and a tensor would be read on
+    the host at every call. `meaning` (e.g. "a window of at least one token") goes into the
+    ValueError."""
+    if isinstance(value, (bool, torch.Tensor)):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
     try:
-        w = operator.index(w)  # int and numpy integers
+        value = operator.index(value)  # int and numpy integers
     except TypeError:
-        raise TypeError(f"{name} must be a positive int, got {type(w).__name__} {w!r}") from None
-    if w < 1:
-        raise ValueError(f"{name} must be a positive int (a window of at least one token), got {w}")
-    return w
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int{f' ({meaning})' if meaning else ''}, "
+                         f"got {value}")
+    return value
+
+
+def _check_window(name: str, w) -> int:
+    return positive_int(name, w, "a window of at least one token")
 
 
 def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
              dtypes=SUPPORTED_DTYPES) -> ProblemSpec:
-    """Check arguments, dtypes and shapes (not the device) and return the problem spec.
+    """Check arguments, dtypes and shapes (that the tensors share one device, not which: see
+    `check_device`) and return the problem spec.
 
     q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all of one dtype in `dtypes` (bfloat16 for
     the kernels), on one device.
@@ -66,6 +78,12 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
     for name, t in zip(NAMES, tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    # devices before dtypes: the dtypes a call may use depend on q's device (`dtypes`), so with
+    # q on one device and k1 on another, "k1 must be bf16" would blame the wrong thing
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError("q, k1, k2, v1, v2 must be on one device, got "
+                         + ", ".join(f"{n}:{t.device}" for n, t in zip(NAMES, tensors)))
     for name, t in zip(NAMES, tensors):
         if t.dim() != 4:
             raise ValueError(f"{name} must have rank 4 [B, N, H, D], got shape {tuple(t.shape)}")
@@ -108,10 +126,6 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
             raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}") from None
         if not math.isfinite(sm_scale) or sm_scale <= 0:
             raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}")
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        raise ValueError("q, k1, k2, v1, v2 must be on one device, got "
-                         + ", ".join(f"{n}:{t.device}" for n, t in zip(NAMES, tensors)))
     # a window longer than the sequence sees the same keys as one of length N: clamp (same function,
     # 32-bit kernel arguments, bounded reference memory)
     w1, w2 = min(w1, max(N, 1)), min(w2, max(N, 1))
@@ -119,6 +133,21 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
     if swapped:
         w1, w2 = w2, w1
     return ProblemSpec(B, N, Hq, Hk, D, w1, w2, sm_scale, swapped)
+
+
+def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device) -> None:
+    """Check a tensor that comes with q, k1, k2, v1, v2 (the forward's out and lse, the incoming
+    gradients dout and dlse): a floating-point torch.Tensor of `shape` (`layout` names its dims,
+    e.g. "[B, Hq, N]") on `device`. Its dtype is the caller's to cast; a shape that only has the
+    right element count (dlse as [B, N, Hq]) is refused, since a reshape would take it silently."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q, k1, k2, v1, v2 are on {device}")
 
 
 def validate_shape(B, N, Hq, Hk, D, w1, w2, sm_scale=None) -> ProblemSpec:

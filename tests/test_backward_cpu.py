@@ -1,5 +1,6 @@
 """The backward on the CPU: the fp64 reference's gradients, the differentiable op (gradcheck,
-opcheck, torch.compile) and the layer, all through the reference path (no GPU needed)."""
+opcheck, torch.compile) and the layer, all through the reference path (no GPU needed). The
+backward benchmark CLI is tested in test_bench_cli.py."""
 from __future__ import annotations
 
 import pytest
@@ -90,8 +91,15 @@ def test_layer_trains_on_cpu(gen):
     (dict(w1=0), ValueError, "w1 must be a positive int"),
     (dict(w2=-3), ValueError, "w2 must be a positive int"),
     (dict(w1=2.5), TypeError, "w1 must be a positive int"),
+    (dict(w2=True), TypeError, "w2 must be a positive int, got bool"),
+    (dict(w1=torch.tensor(2)), TypeError, "w1 must be a positive int, got Tensor"),
+    (dict(q_shape=(1, 5, 128)), ValueError, "q must have rank 4"),
+    (dict(k_shape=(1, 5, 1, 128)), ValueError, r"D \(dim 3\) = 128 but q has 64"),
     (dict(bwd_variant="nope"), ValueError, "unknown variant 'nope' of pass 'bwd'"),
     (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
+    # the CPU runs the reference whatever the name, but a misspelt one still fails here
+    (dict(variant="nope"), ValueError, "unknown variant 'nope'; known: "),
+    (dict(variant="triton", bwd_variant="tlx_ws"), ValueError, "unknown variant 'tlx_ws' of pass"),
     (dict(mixed_dtype=True), TypeError, "share one dtype"),
 ])
 def test_attention_rejects_bad_input(bad, exc, match):
@@ -102,45 +110,76 @@ def test_attention_rejects_bad_input(bad, exc, match):
         k[0] = k[0].double()
     with pytest.raises(exc, match=match):
         sa.attention(q, *k, bad.get("w1", 2), bad.get("w2", 3),
-                     bwd_variant=bad.get("bwd_variant", "auto"))
+                     variant=bad.get("variant", "auto"), bwd_variant=bad.get("bwd_variant", "auto"))
+
+
+@pytest.mark.parametrize("B, N", [(0, 5), (2, 0), (0, 0)])
+def test_empty_batch_or_sequence(B, N):
+    """Empty outputs of the right shapes and dtypes, and empty gradients through out and lse
+    (windows longer than N included), for the inputs that require grad only."""
+    x = [torch.randn(B, N, h, 64, dtype=torch.float64, requires_grad=i != 3)
+         for i, h in enumerate((2, 1, 1, 1, 1))]
+    out, lse = sa.attention(*x, 2, 10**6)
+    assert out.shape == (B, N, 2, 64) and lse.shape == (B, 2, N)
+    assert out.dtype == lse.dtype == torch.float64
+    (out.sum() + lse.sum()).backward()
+    for i, t in enumerate(x):
+        assert (t.grad is None) if i == 3 else (t.grad.shape == t.shape), i
 
 
 @pytest.mark.parametrize("B, N", [(0, 5), (2, 0)])
-def test_empty_batch_or_sequence(B, N):
-    x = [torch.randn(B, N, h, 64, dtype=torch.float64, requires_grad=True) for h in (2, 1, 1, 1, 1)]
-    out, lse = sa.attention(*x, 2, 3)
-    assert out.shape == (B, N, 2, 64) and lse.shape == (B, 2, N)
-    out.sum().backward()
-    assert all(t.grad.shape == t.shape for t in x)
+def test_layer_empty_batch_or_sequence(B, N):
+    layer = sa.SimplicialAttention(32, 4, 2, 64, 2, 3)
+    x = torch.randn(B, N, 32, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (B, N, 32)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert all(p.grad is not None and not p.grad.any() for p in layer.parameters())
 
 
-def test_layer_rejects_bad_config():
-    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        sa.SimplicialAttention(32, 3, 2, 64, 2, 4)
-    with pytest.raises(ValueError, match="w1 must be a positive int"):
-        sa.SimplicialAttention(32, 4, 2, 64, 0, 4)
+# (positional changes to (dim, n_heads, n_kv_heads, head_dim, w1, w2) = (32, 4, 2, 64, 2, 4), or
+# keyword arguments), exception, message
+LAYER_BAD = {
+    "heads_not_multiple": (dict(n_heads=3), ValueError, "n_heads=3 must be a multiple of "
+                                                        "n_kv_heads=2"),
+    "w1_zero": (dict(w1=0), ValueError, "w1 must be a positive int"),
+    "w2_negative": (dict(w2=-4), ValueError, "w2 must be a positive int"),
+    "w2_float": (dict(w2=2.5), TypeError, "w2 must be a positive int, got float"),
+    "w1_bool": (dict(w1=True), TypeError, "w1 must be a positive int, got bool"),
+    "w1_tensor": (dict(w1=torch.tensor(2)), TypeError, "w1 must be a positive int, got Tensor"),
+    "dim_zero": (dict(dim=0), ValueError, "dim must be a positive int"),
+    "n_kv_heads_str": (dict(n_kv_heads="2"), TypeError, "n_kv_heads must be a positive int"),
+    "head_dim_32": (dict(head_dim=32), ValueError, "head_dim=32 is not supported"),
+    "variant_unknown": (dict(variant="nope"), ValueError, "unknown variant 'nope'"),
+    "bwd_variant_not_str": (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
+}
 
 
-def run_bench_bwd(*args, env=None):
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, str(root / "bench" / "bwd.py"), *args], cwd=root,
-                          capture_output=True, text=True, timeout=120, env=env)
+@pytest.mark.parametrize("change, exc, match", LAYER_BAD.values(), ids=LAYER_BAD.keys())
+def test_layer_rejects_bad_config(change, exc, match):
+    """At construction, naming the argument: not at the first forward."""
+    args = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim=64, w1=2, w2=4)
+    kw = {k: change.pop(k) for k in ("variant", "bwd_variant") if k in change}
+    with pytest.raises(exc, match=match):
+        sa.SimplicialAttention(**{**args, **change}, **kw)
 
 
-def test_bench_bwd_cli():
-    """--help works; a shape or variant it cannot take is refused (exit 2) before the GPU check."""
-    from conftest import no_gpu_env
-    res = run_bench_bwd("--help")
-    assert res.returncode == 0 and "--peers" in res.stdout
-    res = run_bench_bwd("--hq", "3", env=no_gpu_env())
-    assert res.returncode == 2 and "G = Hq/Hk = 3" in res.stderr
-    res = run_bench_bwd("--variant", "nope", env=no_gpu_env())
-    assert res.returncode == 2 and "unknown variant 'nope'" in res.stderr
-    res = run_bench_bwd(env=no_gpu_env())
-    assert res.returncode == 2 and "no CUDA GPU" in res.stderr
+def test_layer_takes_numpy_ints():
+    import numpy as np
+    layer = sa.SimplicialAttention(np.int64(32), 4, 2, 64, np.int32(2), np.int64(4))
+    assert (layer.dim, layer.w1, layer.w2) == (32, 2, 4) and type(layer.w1) is int
+
+
+@pytest.mark.parametrize("x, exc, match", [
+    ([[0.0] * 32], TypeError, "x must be a torch.Tensor, got list"),
+    (torch.zeros(5, 32), ValueError, r"x must be \[B, N, dim\] with dim = 32, got shape \(5, 32\)"),
+    (torch.zeros(1, 2, 5, 32), ValueError, r"x must be \[B, N, dim\]"),
+    (torch.zeros(1, 5, 16), ValueError, r"with dim = 32, got shape \(1, 5, 16\)"),
+])
+def test_layer_rejects_bad_input(x, exc, match):
+    with pytest.raises(exc, match=match):
+        sa.SimplicialAttention(32, 4, 2, 64, 2, 4)(x)
 
 
 REDUCE_PROBE = """

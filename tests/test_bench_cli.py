@@ -1,5 +1,5 @@
-"""CPU tests of the benchmark CLIs (bench/fwd.py, bench/l2_bandwidth.py) and their helpers
-(bench/common.py, profiling/common.py)."""
+"""CPU tests of the benchmark CLIs (bench/fwd.py, bench/bwd.py, bench/l2_bandwidth.py) and their
+helpers (bench/common.py, profiling/common.py)."""
 from __future__ import annotations
 
 import csv
@@ -53,6 +53,50 @@ def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
     assert needle in res.stderr
     assert "error:" in res.stderr
     assert "no CUDA GPU" not in res.stderr  # argument errors come before the GPU check
+
+
+# bench/bwd.py: every refusal names the flag (or, for a shape the variant cannot take, the shape
+# and the rule), exits 2 and comes before the GPU check
+BWD_BAD = {
+    "variant_unknown": (["--variant", "nope"], "argument --variant: invalid choice: 'nope'"),
+    "variant_of_fwd": (["--variant", "tlx_ws"], "argument --variant: invalid choice: 'tlx_ws'"),
+    "hk_not_divisor": (["--hk", "3", "--hq", "128"], "--hq 128 must be a multiple of --hk 3"),
+    "g_not_power_of_2": (["--hq", "3"], "G = Hq/Hk = 3"),
+    "d96": (["--d", "96"], "--d 96: head dim not supported"),
+    "w1_zero": (["--w1", "0"], "argument --w1: must be a positive integer, got 0"),
+    "w2_negative": (["--w2", "-5"], "argument --w2: must be a positive integer, got -5"),
+    "N_float": (["--N", "1.5"], "argument --N: must be a positive integer, got '1.5'"),
+    "hk_zero": (["--hk", "0"], "argument --hk: must be a positive integer, got 0"),
+    "rep_ms_zero": (["--rep-ms", "0"], "argument --rep-ms: must be a positive number"),
+    "warmup_negative": (["--warmup-ms", "-1"], "argument --warmup-ms: must be a positive number"),
+    "csv_no_dir": (["--csv", os.path.join("no", "such", "dir", "rows.csv")], "--csv"),
+    "json_no_dir": (["--json", os.path.join("no", "such", "dir", "rows.json")], "--json"),
+    "preset_unknown": (["--preset", "huge"], "argument --preset: invalid choice"),
+}
+
+
+@pytest.mark.parametrize("args, needle", BWD_BAD.values(), ids=BWD_BAD.keys())
+def test_bwd_bad_arguments_exit_2(args: list[str], needle: str) -> None:
+    res = run_cli(*args, script="bwd.py", env=no_gpu_env())
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr and "error:" in res.stderr, res.stderr
+    assert "no CUDA GPU" not in res.stderr  # argument errors come before the GPU check
+
+
+@pytest.mark.parametrize("args", [[], ["--variant", "auto"], ["--variant", "triton", "--d", "64"],
+                                  ["--preset", "small", "--hk", "2", "--w1", "100000"]])
+def test_bwd_good_arguments_reach_the_gpu_check(args: list[str]) -> None:
+    res = run_cli(*args, script="bwd.py", env=no_gpu_env())
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        "bench/bwd.py: no CUDA GPU found; this benchmark needs one (H100/H200)"], res.stderr
+
+
+def test_bwd_help_exits_0() -> None:
+    res = run_cli("--help", script="bwd.py")
+    assert res.returncode == 0, res.stderr
+    for flag in ("--variant", "--preset", "--peers", "--csv", "--json", "--rep-ms"):
+        assert flag in res.stdout
 
 
 def test_help_exits_0() -> None:
