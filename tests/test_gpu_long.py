@@ -44,10 +44,9 @@ def row_reference(q, k1, k2, v1, v2, dout, i: int):
     return out, lse, dq
 
 
-def close(got, ref, label):
+def close(got, ref, top: float, label: str):
     err = (got.double() - ref).abs().max().item()
-    top = ref.abs().max().item()
-    assert err <= TOL * top, f"{label}: max error {err:.3e} > {TOL} x max|ref| {top:.3e}"
+    assert err <= TOL * top, f"{label}: max error {err:.3e} > {TOL} x {top:.3e}"
 
 
 def test_long_sequence(gen):
@@ -68,11 +67,15 @@ def test_long_sequence(gen):
     grads = [t.grad for t in xs]
     for g in grads:
         assert torch.isfinite(g).all()
-    for i in ROWS:
-        ref_out, ref_lse, ref_dq = row_reference(*x, dout, i)
-        close(out[0, i], ref_out, f"out row {i}")
+    refs = [row_reference(*x, dout, i) for i in ROWS]
+    # (tolerances relative to the largest reference over the sampled rows: row 0's exact dQ is 0,
+    # its single pair's dS = P (dP - Delta) is rounding noise of the bf16 O in Delta)
+    top_out = max(r[0].abs().max().item() for r in refs)
+    top_dq = max(r[2].abs().max().item() for r in refs)
+    for i, (ref_out, ref_lse, ref_dq) in zip(ROWS, refs):
+        close(out[0, i], ref_out, top_out, f"out row {i}")
         assert (lse[0, :, i].double() - ref_lse).abs().max() < 1e-2, f"lse row {i}"
-        close(grads[0][0, i], ref_dq, f"dq row {i}")
+        close(grads[0][0, i], ref_dq, top_dq, f"dq row {i}")
     for s in SLICES:
         e = s + 2048
         part = [t[:, s:e].detach().clone().requires_grad_() for t in x]
