@@ -92,13 +92,7 @@ def key_block_coords(N, w2, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.const
     tensor, and its tile count: SPLIT head halves of every token from kb to the last one whose
     window sees the block. Computed in each warp group (not passed into the partitions through
     shared memory, where ptxas kept one of them spilled across the consumer's loops)."""
-    n_kb = tl.cdiv(N, BLOCK_N)
-    pid = tl.program_id(0)
-    bg = pid // n_kb
-    kb = (pid % n_kb) * BLOCK_N
-    b = bg // HK
-    g = bg % HK
-    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+    b, g, kb, kv_base = triton_bwd.key_block_program(N, HK, D, BLOCK_N)
     t_hi = tl.minimum(N - 1, kb + BLOCK_N + w2 - 2)
     return b, g, kb, kv_base, (t_hi - kb + 1) * SPLIT
 

@@ -204,6 +204,18 @@ def _visible_t(tok, j, kpos, N, w1, w2):
 
 
 @triton.jit
+def key_block_program(N, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A k-owner program's batch b, KV head g, first key kb (grid: key blocks fastest, then
+    B * HK), and kv_base, the offset of token 0 of (b, g) in a [B, N, HK, D] tensor."""
+    n_kb = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    bg = pid // n_kb
+    b = bg // HK
+    g = bg % HK
+    return b, g, (pid % n_kb) * BLOCK_N, b.to(tl.int64) * N * (HK * D) + g * D
+
+
+@triton.jit
 def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scale, sm_scale,
                  HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PROFILE: tl.constexpr = False):
@@ -211,15 +223,9 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
     HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
     T: tl.constexpr = BLOCK_M // HPT
     SPLIT: tl.constexpr = G // HPT
-    n_kb = tl.cdiv(N, BLOCK_N)
-    pid = tl.program_id(0)
-    bg = pid // n_kb
-    kb = (pid % n_kb) * BLOCK_N
-    b = bg // HK
-    g = bg % HK
+    b, g, kb, kv_base = key_block_program(N, HK, D, BLOCK_N)
     offs_d = tl.arange(0, D)
     kpos = kb + tl.arange(0, BLOCK_N)
-    kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)
     enter("load_kv", PROFILE)
     k2 = tl.load(K2 + _kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
     v2 = tl.load(V2 + _kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
