@@ -3,6 +3,7 @@
     python bench/bwd.py                          # `star` shape, every backward variant
     python bench/bwd.py --preset star64 --peers  # + cuDNN SDPA backward on dense equal work
     python bench/bwd.py --d 64 --json out/bwd.json
+    python bench/bwd.py --layer 4096             # + one SimplicialAttention layer's training step
 
 Useful TFLOPS (the "TFLOPS" column): 2.5 x the forward FLOPs of `simplicial_attn.flops` for the
 backward, 3.5 x for forward + backward (FlashAttention's convention, ../shared/docs/BACKWARD.md
@@ -11,6 +12,9 @@ backward, 3.5 x for forward + backward (FlashAttention's convention, ../shared/d
 x F). Each variant's gradients are first checked against an fp32 autograd-free reference on a
 reduced shape (B=1, N = min(N, 2*max(w1, w2) + 37)). --peers times cuDNN SDPA's backward (and
 fwd+bwd) on q [B, Hq, N, D], k/v [B, Hq, w1*w2, D] (the same work, non-causal) and a bf16 matmul.
+--layer DIM times a training step (forward + backward) of one bf16 `SimplicialAttention` of width
+DIM with the shape's heads, per variant: tokens/s and the share of the step the attention's own
+forward + backward (the fwd+bwd row) takes; the rest is the five input and one output projections.
 
 Exit status: 0 done; 1 a correctness check failed; 2 bad arguments or no CUDA GPU.
 """
@@ -31,7 +35,7 @@ import simplicial_attn as sa  # noqa: E402
 from bench.common import write_rows  # noqa: E402
 from profiling.common import (gpu_problem, Shape, add_shape_args, check_out_path,  # noqa: E402
                               check_variants, make_inputs, metadata_line, positive_float,
-                              print_table, run_metadata, shape_from_args)
+                              positive_int, print_table, run_metadata, shape_from_args)
 from profiling.timing import median_ms, tflops  # noqa: E402
 from simplicial_attn import backward as bwd_launcher  # noqa: E402
 from simplicial_attn import launcher, registry  # noqa: E402
@@ -89,6 +93,23 @@ def bench_variant(variant: str, s: Shape, args) -> list[dict]:
     return rows
 
 
+def bench_layer(variant: str, s: Shape, args, attention_ms: float) -> dict:
+    """One SimplicialAttention of width args.layer in bf16, x [B, N, width]: a training step."""
+    layer = sa.SimplicialAttention(args.layer, s.Hq, s.Hk, s.D, s.w1, s.w2,
+                                   bwd_variant=variant).to("cuda", torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    x = torch.randn(s.B, s.N, args.layer, generator=gen, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    dy = torch.randn(x.shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    ms = median_ms(lambda: layer(x).backward(dy), args.warmup_ms, args.rep_ms)
+    tokens_per_s = s.B * s.N / (ms * 1e-3)
+    share = attention_ms / ms
+    return {"kind": "layer", "variant": variant, "shape": s.short(), **s.fields(),
+            "pass": "layer step", "ms": ms, "layer_dim": args.layer,
+            "tokens_per_s": tokens_per_s, "attention_share": share,
+            "note": f"width {args.layer}: {tokens_per_s:,.0f} tokens/s, attention {share:.0%}"}
+
+
 def bench_peers(s: Shape, args) -> list[dict]:
     """cuDNN SDPA backward and fwd+bwd on dense equal work; the bf16 matmul."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -131,8 +152,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     names = list(registry.variants("bwd"))
     p.add_argument("--variant", action="append", choices=names + ["auto"], metavar="NAME",
                    help=f"backward variant, repeatable: one of {', '.join(names)}, or 'auto' "
-                        f"(the one `sa.attention` takes for the shape; default: all of them)")
+                        f"(the one `sa.attention` takes for the shape; default: all that take it)")
     p.add_argument("--peers", action="store_true", help="also time cuDNN SDPA and a matmul")
+    p.add_argument("--layer", type=positive_int, metavar="DIM",
+                   help="also time one SimplicialAttention layer of width DIM (a training step)")
     p.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
     p.add_argument("--json", metavar="PATH", help="write the rows and run metadata as JSON")
     p.add_argument("--seed", type=int, default=0)
@@ -144,8 +167,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
 def main(argv=None) -> int:
     args, parser = parse_args(argv)
     s = shape_from_args(args)
-    named = args.variant or list(registry.variants("bwd"))
-    check_variants(parser, "bwd", named, [s])  # shape and variant errors first, any machine
+    check_variants(parser, "bwd", args.variant or ["auto"], [s])  # errors first, any machine
+    # default: every backward variant that takes the shape (one does: "auto" passed the check)
+    named = args.variant or [v.name for v in registry.all_variants("bwd")
+                             if v.cannot_take(s.spec()) is None]
     for flag in ("csv", "json"):
         check_out_path(parser, f"--{flag}", getattr(args, flag))
     if (status := gpu_problem(PROG)) is not None:
@@ -160,6 +185,8 @@ def main(argv=None) -> int:
     for i, v in enumerate(variants, 1):
         print(f"[{i}/{steps}] {v} on {s.short()} ...", flush=True)
         rows += bench_variant(v, s, args)
+        if args.layer:
+            rows.append(bench_layer(v, s, args, rows[-1]["ms"]))
     if args.peers:
         print(f"[{steps}/{steps}] peers ...", flush=True)
         rows += bench_peers(s, args)

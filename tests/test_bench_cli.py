@@ -59,7 +59,10 @@ def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
 # and the rule), exits 2 and comes before the GPU check
 BWD_BAD = {
     "variant_unknown": (["--variant", "nope"], "argument --variant: invalid choice: 'nope'"),
-    "variant_of_fwd": (["--variant", "tlx_ws"], "argument --variant: invalid choice: 'tlx_ws'"),
+    "variant_of_fwd": (["--variant", "tlx_pipelined_kv"],
+                       "argument --variant: invalid choice: 'tlx_pipelined_kv'"),
+    "shape_variant_refuses": (["--variant", "tlx_ws", "--hq", "16"], "G = Hq/Hk = 16 < 64"),
+    "layer_zero": (["--layer", "0"], "argument --layer: must be a positive integer, got 0"),
     "hk_not_divisor": (["--hk", "3", "--hq", "128"], "--hq 128 must be a multiple of --hk 3"),
     "g_not_power_of_2": (["--hq", "3"], "G = Hq/Hk = 3"),
     "d96": (["--d", "96"], "--d 96: head dim not supported"),
@@ -84,6 +87,7 @@ def test_bwd_bad_arguments_exit_2(args: list[str], needle: str) -> None:
 
 
 @pytest.mark.parametrize("args", [[], ["--variant", "auto"], ["--variant", "triton", "--d", "64"],
+                                  ["--variant", "tlx_ws", "--layer", "4096"],
                                   ["--preset", "small", "--hk", "2", "--w1", "100000"]])
 def test_bwd_good_arguments_reach_the_gpu_check(args: list[str]) -> None:
     res = run_cli(*args, script="bwd.py", env=no_gpu_env())
