@@ -252,8 +252,15 @@ def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2
         PROFILE=profile, **cfg)
 
 
+def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
+    """`triton`'s (kernels_triton.bwd.profiled_kernels), with this file's k-owner in "dkv2": a
+    producer and NUM_CONSUMERS consumer warp groups."""
+    return {**triton_bwd.profiled_kernels(spec),
+            "dkv2": config(spec)["num_warps"] * (1 + NUM_CONSUMERS.value)}
+
+
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
-           profile: bool = False) -> None:
+           profile: bool | str = False) -> None:
     """`kernels_triton.bwd.launch` with this file's k-owner in place of `_dkv2_kernel`."""
     triton_bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
                       profile=profile, dkv2=launch_dkv2)

@@ -405,11 +405,31 @@ def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2
         PROFILE=profile, **cfg)
 
 
+def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
+    """The Proton-scoped kernels at `spec`, by the name `launch(..., profile=name)` takes, with
+    their warps per CTA (Delta and the reduce have no scopes). Proton samples one list of warps
+    per session and a kernel must have every warp named, so profiling/trace_capture.py traces one
+    kernel per session, each with its own warps."""
+    return {"dkv2": dkv2_config(spec)["num_warps"], "dq": dq_config(spec)["num_warps"]}
+
+
+def profiled(profile: bool | str, kernel: str) -> bool:
+    """Whether `kernel` ("dkv2" or "dq") runs its Proton-scoped copy under `launch`'s `profile`:
+    True (both), False, or one kernel's name."""
+    if isinstance(profile, str):
+        if profile not in ("dkv2", "dq"):
+            raise ValueError(f"profile={profile!r}: the scoped kernels are 'dkv2' and 'dq'")
+        return profile == kernel
+    return bool(profile)
+
+
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
-           profile: bool = False, dkv2=None) -> None:
+           profile: bool | str = False, dkv2=None) -> None:
     """Fill dq [B,N,Hq,D] and dk1, dk2, dv1, dv2 [B,N,Hk,D] (bf16) from the forward's inputs, its
     out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32, and the incoming dout (bf16, like out) and dlse
     (fp32 like lse, or None). Every tensor contiguous, pairs already ordered so that w1 <= w2.
+    profile: True runs the Proton-scoped copies of the k-owner and the row-owner; "dkv2" or "dq"
+    that kernel's only (profiled_kernels).
     dkv2: what fills dk2, dv2 (launch_dkv2's signature; default launch_dkv2), for a variant that
     replaces the k-owner (kernels_tlx/bwd_ws.py)."""
     _, _, split = tiling(spec)
@@ -420,10 +440,11 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     _delta_kernel[(triton.cdiv(rows, DELTA_ROWS),)](
         out, dout, dlse if dlse is not None else delta, delta, spec.N, rows, HQ=spec.Hq, D=spec.D,
         ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
-    shape = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile)
+    shape = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profiled(profile, "dq"))
     qk_scale = spec.sm_scale * LOG2E
     dqc = dq_config(spec)
-    (dkv2 or launch_dkv2)(spec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, profile)
+    (dkv2 or launch_dkv2)(spec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
+                          profiled(profile, "dkv2"))
     pk1 = torch.zeros(sc.partial, dtype=torch.float32, device=dev)
     pv1 = torch.zeros(sc.partial, dtype=torch.float32, device=dev)
     k2d, v2d = (kv_descriptor(t, spec, dqc["BLOCK_N"]) for t in (k2, v2))

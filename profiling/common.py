@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from simplicial_attn import launcher, registry, triton_env
+from simplicial_attn import backward, flops, launcher, registry, triton_env
 from simplicial_attn.spec import SUPPORTED_HEAD_DIMS, ProblemSpec, validate_shape
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,6 +185,37 @@ def make_inputs(B: int, N: int, Hq: int, Hk: int, D: int, device: str | torch.de
     q = randn(B, N, Hq, D)
     k1, k2, v1, v2 = (randn(B, N, Hk, D) for _ in range(4))
     return q, k1, k2, v1, v2
+
+
+# FlashAttention's convention: the backward counts 2.5 forward FLOPs (../shared/docs/BACKWARD.md)
+USEFUL_FLOPS_PER_F = {"fwd": 1.0, "bwd": 2.5}
+
+
+def pass_flops(pass_: str, s: Shape) -> float:
+    """Useful FLOPs of one call of pass `pass_` on `s` (simplicial_attn.flops x its factor)."""
+    return USEFUL_FLOPS_PER_F[pass_] * flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)
+
+
+def pass_inputs(pass_: str, s: Shape, seed: int = 0) -> tuple[torch.Tensor | None, ...]:
+    """The tensors one call of pass `pass_` takes on the GPU (run_pass): the forward's
+    (q, k1, k2, v1, v2) from make_inputs; the backward's (dout, dlse, q, k1, k2, v1, v2, out, lse),
+    with out and lse from a plain forward ("auto"), a random dout and dlse None (what autograd
+    passes when LSE is not used)."""
+    x = make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cuda", seed=seed)
+    if pass_ == "fwd":
+        return x
+    out, lse = launcher.run(*x, s.w1, s.w2)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    dout = torch.randn(out.shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    return (dout, None, *x, out, lse)
+
+
+def run_pass(pass_: str, variant: str, inputs: Sequence, s: Shape,
+             profile: bool | str = False) -> tuple[torch.Tensor, ...]:
+    """One call of `variant` of pass `pass_` on pass_inputs' tensors: launcher.run for the
+    forward, backward.backward for the backward; `profile` as they take it."""
+    run = launcher.run if pass_ == "fwd" else backward.backward
+    return run(*inputs, s.w1, s.w2, variant=variant, profile=profile)
 
 
 # ---------------------------------------------------------------------------------------------

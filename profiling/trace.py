@@ -1,20 +1,24 @@
-"""Proton traces of the forward kernels, the command line: capture (GPU), trim, summarize, plot,
-compare (CPU). The work is done in trace_capture.py, trace_summary.py and trace_plot.py.
+"""Proton traces of the forward and backward kernels, the command line: capture (GPU), trim,
+summarize, plot, compare (CPU). The work is done in trace_capture.py, trace_summary.py and
+trace_plot.py.
 
     python profiling/trace.py --variant tlx_ws --out out/trace         # capture + summary + png
+    python profiling/trace.py --variant tlx_ws --pass bwd              # the backward's kernels
     python profiling/trace.py --compare triton tlx_ws --out out/trace  # both, side by side
-    python profiling/trace.py --kernels                                # kernel-level TFLOPS
+    python profiling/trace.py --kernels [--pass bwd]                   # kernel-level TFLOPS
     python profiling/trace.py --summarize out/trace/tlx_ws.chrome_trace [--json]    # CPU only
     python profiling/trace.py --plot out/trace/tlx_ws.chrome_trace --png t.png      # CPU only
 
-Capture: `simplicial_attn.launcher.run(..., profile=True)` runs a copy of the variant's kernel with
-Proton scopes (its registry record's `scopes`: load_kv, wait_kv, qk_gemm, softmax, pv_gemm, v1_mul,
-epilogue, build_b, build_c). Proton's instrumentation
-backend records the cycle counter at every scope entry and exit for the sampled warps (default:
-the first warp of every warp group) of every CTA. A whole grid is hundreds of MB, so the trace is
-trimmed to --ctas CTAs from the middle of the launch (steady state, ordered by start time) and
-written as OUT/<variant>.chrome_trace (Chrome trace JSON: open it in ui.perfetto.dev or
-chrome://tracing).
+Capture: `profiling.common.run_pass(..., profile=...)` runs copies of the variant's kernels with
+Proton scopes (its registry record's `scopes`: load_kv, build_a, build_b, build_c, wait_kv,
+qk_gemm, softmax, pv_gemm, v1_mul, epilogue). Proton's instrumentation backend records the cycle
+counter at every scope entry and exit for the sampled warps (default: the first warp of every
+warp group) of every CTA. A backward call runs several kernels of different widths (Delta,
+k-owner, row-owner, reduce; the k-owner and the row-owner have scopes): one Proton session per
+scoped kernel, each sampling that kernel's warps. A whole grid is hundreds of MB, so the trace
+keeps --ctas CTAs from the middle of each kernel's launch (steady state, ordered by start time)
+and is written as OUT/<variant>.chrome_trace (backward: OUT/<variant>_bwd.chrome_trace; Chrome
+trace JSON: open it in ui.perfetto.dev or chrome://tracing). Summaries are per kernel.
 
 Summary (`summarize`): warps are grouped into warp groups of 4 (warp w -> group w // 4). A group
 that runs a gemm scope is a consumer; one that only loads is the producer (TLX). In each CTA a
@@ -47,10 +51,12 @@ from profiling.common import (PRESETS, add_pass_arg, add_shape_args, check_varia
                               format_table, metadata_line, positive_int, run_metadata,
                               shape_from_args, variant_names)
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS  # noqa: E402
-from profiling.trace_capture import DEFAULT_CTAS, PASSES, capture, kernel_level  # noqa: E402
-from profiling.trace_plot import plot_timeline, plot_timelines  # noqa: E402
-from profiling.trace_summary import (KERNEL_COLUMNS, MAX_TRACE_BYTES,  # noqa: E402
-                                     format_comparison, format_summary, load_trace, summarize)
+from profiling.trace_capture import (DEFAULT_CTAS, PASSES, capture, kernel_level,  # noqa: E402
+                                     sampled_warps, trace_name)
+from profiling.trace_plot import plot_timelines  # noqa: E402
+from profiling.trace_summary import (BREAKDOWN_COLUMNS, KERNEL_COLUMNS,  # noqa: E402
+                                     MAX_TRACE_BYTES, format_comparison, format_summary,
+                                     load_trace, split_kernels, summarize)
 from simplicial_attn import registry  # noqa: E402
 
 PROG = "profiling/trace.py"
@@ -64,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     names = variant_names()
     p = argparse.ArgumentParser(
         prog=PROG,
-        description="Proton traces of the forward kernels. Capture modes (--variant, --compare, "
-                    "--kernels) need a CUDA GPU; --summarize and --plot run anywhere.",
+        description="Proton traces of the forward and backward kernels (--pass). Capture modes "
+                    "(--variant, --compare, --kernels) need a CUDA GPU; --summarize and --plot "
+                    "run anywhere.",
         epilog=f"Default shape: preset {DEFAULT_PRESET} ({PRESETS[DEFAULT_PRESET].short()}). "
                "Numbers: cycles of the SM clock; gemm scopes include the wait for the wgmma "
                "result (an upper bound of tensor-core busy time); instrumentation perturbs "
@@ -75,9 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--compare", nargs=2, metavar=("A", "B"), choices=names,
                       help="capture two variants; summaries side by side, OUT/compare_A_B.png")
     mode.add_argument("--kernels", action="store_true",
-                      help="kernel-level CUPTI table (median of --reps launches, TFLOPS, %% of "
-                           f"{H100_SXM_BF16_DENSE_TFLOPS:.0f}) for the --variant(s), default every "
-                           "variant that takes the shape")
+                      help="kernel-level CUPTI table (median of --reps calls, TFLOPS, %% of "
+                           f"{H100_SXM_BF16_DENSE_TFLOPS:.0f}; backward: also per kernel) for the "
+                           "--variant(s), default every variant that takes the shape")
     mode.add_argument("--summarize", nargs="+", metavar="TRACE",
                       help="summarize .chrome_trace file(s) (no GPU); two or more: side by side")
     mode.add_argument("--plot", nargs="+", metavar="TRACE",
@@ -94,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{MAX_TRACE_BYTES // 1_000_000} MB)")
     p.add_argument("--warps", metavar="LIST",
                    help="warps to sample, e.g. 0,4,8 or 'all' (default: the first warp of every "
-                        "warp group)")
+                        "warp group); each traced kernel must have them (a backward traces "
+                        "kernels of 4, 8 and 12 warps)")
     p.add_argument("--max-ctas", type=positive_int, default=None, metavar="K",
                    help="CTAs per trace in a timeline picture (default: 4, 2 per trace when "
                         "comparing)")
@@ -109,14 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _per_kernel(named: Sequence[tuple[str, list[dict]]]) -> list[tuple[str, list[dict]]]:
+    """(label, events) per kernel of each named trace (trace_summary.split_kernels)."""
+    return [part for name, events in named for part in split_kernels(events, name)]
+
+
 def _summary_text(paths: Sequence[str], as_json: bool) -> str:
-    named = []
-    for p in paths:
-        named.append((os.path.basename(p).replace(".chrome_trace", ""), summarize(load_trace(p))))
+    traces = [(os.path.basename(p).replace(".chrome_trace", ""), load_trace(p)) for p in paths]
+    where = {label: p for p, (name, ev) in zip(paths, traces)
+             for label, _ in split_kernels(ev, name)}
+    named = [(label, summarize(ev)) for label, ev in _per_kernel(traces)]
     if as_json:
-        out = [dict(s, path=p) for p, (_, s) in zip(paths, named)]
+        out = [dict(s, path=where[label], label=label) for label, s in named]
         return json.dumps(out[0] if len(out) == 1 else out, indent=1)
-    parts = [format_summary(s, title=f"trace: {p}") for p, (_, s) in zip(paths, named)]
+    parts = [format_summary(s, title=f"trace: {where[label]} ({label})") for label, s in named]
     if len(named) > 1:
         parts.append("side by side:\n" + format_comparison(named))
     return "\n\n".join(parts)
@@ -135,10 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.png or not args.png.lower().endswith(".png"):
                 parser.error("--plot needs --png OUT.png")
             try:
-                traces = [(os.path.basename(p).replace(".chrome_trace", ""), load_trace(p))
-                          for p in paths]
-                plot_timelines(traces, args.png,
-                               args.max_ctas or (4 if len(paths) == 1 else 2))
+                panels = _per_kernel([(os.path.basename(p).replace(".chrome_trace", ""),
+                                       load_trace(p)) for p in paths])
+                plot_timelines(panels, args.png, args.max_ctas or (4 if len(panels) == 1 else 2))
             except (ValueError, OSError) as e:
                 print(f"{PROG}: {e}", file=sys.stderr)
                 return 1
@@ -167,6 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not names:  # --kernels: every variant that takes the shape
         names = [v.name for v in registry.all_variants(args.pass_)
                  if v.cannot_take(shape.spec()) is None]
+    for n in names if not args.kernels else ():
+        try:  # every traced kernel must have the sampled warps (Proton refuses others)
+            sampled_warps(n, shape, args.pass_, args.warps)
+        except ValueError as e:
+            parser.error(str(e))
+        except ImportError:  # e.g. TLX under upstream Triton: the run itself says so
+            pass
 
     import torch
     if not torch.cuda.is_available():
@@ -177,14 +197,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(metadata_line(run_metadata()), flush=True)
 
     if args.kernels:
-        rows = kernel_level(names, shape, args.out, reps=args.reps, seed=args.seed,
-                            pass_=args.pass_)
+        rows, per_kernel = kernel_level(names, shape, args.out, reps=args.reps, seed=args.seed,
+                                        pass_=args.pass_)
         if args.json:
-            print(json.dumps(rows, indent=1))
+            print(json.dumps({"variants": rows, "kernels": per_kernel}, indent=1))
         else:
             print(format_table(rows, KERNEL_COLUMNS))
-            print(f"CUPTI kernel time per launch (median of {args.reps}, L2 flushed before each); "
-                  f"raw tree: {os.path.join(args.out, 'kernels.hatchet')}")
+            if any(r["kernels"] > 1 for r in rows):
+                print("\nper kernel:\n" + format_table(per_kernel, BREAKDOWN_COLUMNS))
+            print(f"CUPTI kernel time per call (median of {args.reps}, L2 flushed before each; "
+                  f"TFLOPS: useful FLOPs, {args.pass_}); raw tree: "
+                  f"{os.path.join(args.out, 'kernels.hatchet')}")
         return 0
 
     captured = []
@@ -204,24 +227,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"warning: {n}: scopes missing from the trace: {', '.join(sorted(missing))}",
                   file=sys.stderr)
         captured.append((n, path, events))
-    summaries = [(n, summarize(ev)) for n, _, ev in captured]
+    panels = _per_kernel([(n, ev) for n, _, ev in captured])
+    where = {label: p for n, p, ev in captured for label, _ in split_kernels(ev, n)}
+    summaries = [(label, summarize(ev)) for label, ev in panels]
     if args.json:
-        print(json.dumps([dict(s, variant=n, path=p) for (n, s), (_, p, _) in
-                          zip(summaries, captured)], indent=1))
+        print(json.dumps([dict(s, variant=label, path=where[label]) for label, s in summaries],
+                         indent=1))
     else:
-        for (n, s), (_, p, _) in zip(summaries, captured):
+        for label, s in summaries:
             print()
-            print(format_summary(s, title=f"{n}: {p}"))
-        if args.compare:
+            print(format_summary(s, title=f"{label}: {where[label]}"))
+        if len(summaries) > 1:
             print("\nside by side:\n" + format_comparison(summaries))
     if args.compare:
-        png = os.path.join(args.out, f"compare_{names[0]}_{names[1]}.png")
-        plot_timelines([(n, ev) for n, _, ev in captured], png, args.max_ctas or 2)
+        stem = trace_name(f"compare_{names[0]}_{names[1]}", args.pass_)
+        png = os.path.join(args.out, f"{stem}.png")
+        plot_timelines(panels, png, args.max_ctas or 2)
         print(f"wrote {png}")
     else:
         for n, _, ev in captured:
-            png = os.path.join(args.out, f"{n}.png")
-            plot_timeline(ev, png, args.max_ctas or 4, title=n)
+            png = os.path.join(args.out, f"{trace_name(n, args.pass_)}.png")
+            mine = split_kernels(ev, n)
+            plot_timelines(mine, png, args.max_ctas or (4 if len(mine) == 1 else 2))
             print(f"wrote {png}")
     return 0
 

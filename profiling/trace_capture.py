@@ -1,28 +1,37 @@
-"""Proton traces of the forward kernels captured on a GPU: one instrumented launch per variant,
-trimmed to a few CTAs from the middle of the launch and written as a Chrome trace; and the
-kernel-level (CUPTI) times. Every launch goes through `simplicial_attn.launcher.run`; what a trace
-of a variant holds (warps per CTA, scopes) comes from its registry record."""
+"""Proton traces of the forward and backward kernels captured on a GPU: one instrumented call
+per variant, trimmed to a few CTAs from the middle of each kernel's launch and written as a
+Chrome trace; and the kernel-level (CUPTI) times. Every call goes through
+`profiling.common.run_pass` (launcher.run, backward.backward); what a trace of a variant holds
+(its scoped kernels and their warps, its scopes) comes from its registry record."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from profiling.common import Shape, make_inputs
+from profiling.common import Shape, pass_flops, pass_inputs, run_pass
 from profiling.timing import L2_FLUSH_BYTES
-from profiling.trace_summary import (MAX_TRACE_BYTES, WARPS_PER_GROUP, cta_order, kernel_table,
-                                     read_trace_file, write_trimmed)
-from simplicial_attn import launcher, registry
+from profiling.trace_summary import (MAX_TRACE_BYTES, WARPS_PER_GROUP, ctas_per_kernel,
+                                     kernel_breakdown, kernel_table, read_trace_file,
+                                     write_trimmed)
+from simplicial_attn import registry
 
 DEFAULT_CTAS = 8
-PASSES = ("fwd",)  # the passes whose variants can be captured (launcher.run: the forward)
+PASSES = ("fwd", "bwd")  # the passes whose variants can be captured (profiling.common.run_pass)
 
 
 def _check_pass(pass_: str) -> None:
     if pass_ not in PASSES:
         raise ValueError(f"only {', '.join(PASSES)} variants can be captured so far, not {pass_}")
+
+
+def trace_name(variant: str, pass_: str) -> str:
+    """File stem of a capture: the variant's name, with "_bwd" for the backward (both passes
+    have a `triton` and a `tlx_ws`)."""
+    return variant if pass_ == "fwd" else f"{variant}_{pass_}"
 
 
 def default_sampled_warps(total: int) -> list[int]:
@@ -44,11 +53,6 @@ def parse_warps(text: str, total: int) -> list[int]:
     return ws
 
 
-def _inputs(s: Shape, seed: int) -> tuple:
-    """Random inputs of shape `s` on the GPU (profiling.common.make_inputs)."""
-    return make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cuda", seed=seed)
-
-
 def _written_file(folder: str, ext: str) -> str:
     """The file proton wrote into `folder` (a fresh directory): the one ending in `ext`, else the
     only file there."""
@@ -59,74 +63,127 @@ def _written_file(folder: str, ext: str) -> str:
     raise RuntimeError(f"proton wrote no {ext} file in {folder} (found: {files})")
 
 
+@contextlib.contextmanager
+def one_buffer_per_kernel() -> Iterator[None]:
+    """Within it, Proton's instrumentation hook forgets a kernel's profile buffer when the kernel
+    returns. The hook keeps the buffer of the last instrumented kernel and hands it to the parser
+    at the exit of every later launch of the session; for a kernel without scopes (the backward's
+    row-owner and reduce after its traced k-owner) the parser then divides by that kernel's zero
+    scratch size and checks the sampled warps against its warp count. An instrumented kernel gets
+    a fresh buffer from Proton's allocator before it starts. Exit hooks run last-added first, so
+    this one, first in the chain, runs after Proton's has read the buffer."""
+    from triton import knobs
+    from triton.profiler.hooks.hook import HookManager
+    from triton.profiler.hooks.instrumentation import InstrumentationHook
+
+    def forget(metadata) -> None:
+        for hook in HookManager.active_hooks:
+            if isinstance(hook, InstrumentationHook):
+                hook.buffer = None
+
+    knobs.runtime.launch_exit_hook.calls.insert(0, forget)
+    try:
+        yield
+    finally:
+        knobs.runtime.launch_exit_hook.remove(forget)
+
+
+def sampled_warps(variant: str, s: Shape, pass_: str = "fwd",
+                  warps: str | None = None) -> list[tuple[bool | str, int, list[int]]]:
+    """(launch's `profile` argument, warps per CTA, warps to sample) per capture session of
+    `variant` on `s`: one per scoped kernel (registry.Variant.profiled_kernels), each sampling
+    `warps` (parse_warps), default the first warp of every warp group of that kernel. ValueError
+    when `warps` names a warp that one of the kernels lacks (Proton would refuse it)."""
+    _check_pass(pass_)
+    out = []
+    for profile, total in registry.get(variant, pass_).profiled_kernels(s.spec()).items():
+        try:
+            sampled = parse_warps(warps, total) if warps else default_sampled_warps(total)
+        except ValueError as e:
+            kernel = "" if profile is True else f"its kernel {profile!r}: "
+            raise ValueError(f"{variant} ({pass_}): {kernel}{e}") from None
+        out.append((profile, total, sampled))
+    return out
+
+
 def capture(variant: str, s: Shape, out_dir: str, ctas: int = DEFAULT_CTAS,
             warps: str | None = None, seed: int = 0, keep_full: bool = False,
             log=print, pass_: str = "fwd") -> str:
     """Capture one trace of `variant` (of pass `pass_`) on shape `s` and write
-    OUT/<variant>.chrome_trace, trimmed to `ctas` CTAs (fewer if it would pass MAX_TRACE_BYTES).
-    `warps`: the warps to sample (parse_warps), default the first of every warp group. Returns
-    the path."""
+    OUT/<trace_name>.chrome_trace, trimmed to `ctas` CTAs per kernel (fewer if it would pass
+    MAX_TRACE_BYTES). One Proton session per scoped kernel (sampled_warps: its own warps); their
+    events are merged into one file, a kernel per "cat". Returns the path."""
     import torch
     import triton.profiler as proton
     from triton.profiler import mode
 
-    _check_pass(pass_)
-    total = registry.get(variant, pass_).warps
-    inputs = _inputs(s, seed)
-    out, lse = launcher.run(*inputs, s.w1, s.w2, variant=variant)  # compile, warm the plain kernel
+    sessions = sampled_warps(variant, s, pass_, warps)
+    name = trace_name(variant, pass_)
+    inputs = pass_inputs(pass_, s, seed)
+    run_pass(pass_, variant, inputs, s)  # compile and warm the plain kernels
     torch.cuda.synchronize()
-    sampled = parse_warps(warps, total) if warps else default_sampled_warps(total)
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    raw_dir = tempfile.mkdtemp(prefix=f"raw-{variant}-", dir=out_dir)
+    raw_dir = tempfile.mkdtemp(prefix=f"raw-{name}-", dir=out_dir)
+    merged: dict | None = None
     try:
-        proton.start(os.path.join(raw_dir, variant), data="trace", backend="instrumentation",
-                     mode=mode.Default(metric_type="cycle", optimizations="clock32,time_shift",
-                                       sampling_strategy="selective",
-                                       sampling_options=", ".join(map(str, sampled)),
-                                       buffer_type="global"))
-        try:
-            launcher.run(*inputs, s.w1, s.w2, variant=variant, out=out, lse=lse, profile=True)
-            torch.cuda.synchronize()
-        finally:
-            proton.finalize()
-        raw_path = _written_file(raw_dir, ".chrome_trace")
-        size = os.path.getsize(raw_path)
-        trace = read_trace_file(raw_path)
-        n_all = len(cta_order(trace["traceEvents"]))
-        path = os.path.join(out_dir, f"{variant}.chrome_trace")
-        n = write_trimmed(trace, ctas, path)
-        log(f"{variant}: {s.short()}, {total} warps/CTA, sampled {', '.join(map(str, sampled))}; "
-            f"full trace {n_all} CTAs {size / 1e6:.1f} MB -> kept {n} CTAs "
-            f"({os.path.getsize(path) / 1e6:.2f} MB): {path}")
+        for i, (profile, total, sampled) in enumerate(sessions):
+            session_dir = os.path.join(raw_dir, str(i))
+            os.makedirs(session_dir)
+            proton.start(os.path.join(session_dir, name), data="trace", backend="instrumentation",
+                         mode=mode.Default(metric_type="cycle", optimizations="clock32,time_shift",
+                                           sampling_strategy="selective",
+                                           sampling_options=", ".join(map(str, sampled)),
+                                           buffer_type="global"))
+            try:
+                with one_buffer_per_kernel():
+                    run_pass(pass_, variant, inputs, s, profile=profile)
+                    torch.cuda.synchronize()
+            finally:
+                proton.finalize()
+            raw_path = _written_file(session_dir, ".chrome_trace")
+            size = os.path.getsize(raw_path)
+            trace = read_trace_file(raw_path)
+            for kernel, pids in ctas_per_kernel(trace["traceEvents"]).items():
+                log(f"{name}: {kernel} on {s.short()}, {total} warps/CTA, sampled "
+                    f"{', '.join(map(str, sampled))}; full trace {len(pids)} CTAs "
+                    f"{size / 1e6:.1f} MB")
+            if keep_full:
+                kernel = "" if profile is True else f".{profile}"
+                kept = os.path.join(out_dir, f"{name}{kernel}.full.chrome_trace")
+                shutil.move(raw_path, kept)
+                log(f"{name}: full trace kept as {kept}")
+            if merged is None:
+                merged = trace
+            else:
+                merged["traceEvents"] += trace["traceEvents"]
+        path = os.path.join(out_dir, f"{name}.chrome_trace")
+        n = write_trimmed(merged, ctas, path)
+        log(f"{name}: kept {n} CTAs per kernel ({os.path.getsize(path) / 1e6:.2f} MB): {path}")
+        n_all = max(map(len, ctas_per_kernel(merged["traceEvents"]).values()), default=0)
         if n < ctas and n < n_all:
-            log(f"{variant}: kept {n} of the {ctas} CTAs asked for, to stay under "
+            log(f"{name}: kept {n} of the {ctas} CTAs asked for, to stay under "
                 f"{MAX_TRACE_BYTES / 1e6:.0f} MB")
-        if keep_full:
-            kept = os.path.join(out_dir, f"{variant}.full.chrome_trace")
-            shutil.move(raw_path, kept)
-            log(f"{variant}: full trace kept as {kept}")
     finally:
         shutil.rmtree(raw_dir, ignore_errors=True)
     return path
 
 
 def kernel_level(names: Sequence[str], s: Shape, out_dir: str, reps: int = 5,
-                 seed: int = 0, pass_: str = "fwd") -> list[dict]:
-    """CUPTI kernel times of each variant (of pass `pass_`) on `s`: `reps` launches per variant,
-    each in its own proton scope "<variant>#<i>" with the FLOP count, L2 flushed before each
-    launch (as profiling.timing.median_ms does); rows from kernel_table of OUT/kernels.hatchet."""
+                 seed: int = 0, pass_: str = "fwd") -> tuple[list[dict], list[dict]]:
+    """CUPTI kernel times of each variant (of pass `pass_`) on `s`: `reps` calls per variant,
+    each in its own proton scope "<variant>#<i>" with the call's useful FLOPs (pass_flops), L2
+    flushed before each call (as profiling.timing.median_ms does). Returns the rows of
+    kernel_table and of kernel_breakdown (time per kernel of a call) of OUT/kernels.hatchet."""
     import torch
     import triton.profiler as proton
 
-    import simplicial_attn
     _check_pass(pass_)
-    inputs = _inputs(s, seed)
-    out = lse = None
+    inputs = pass_inputs(pass_, s, seed)
     for name in names:  # compile outside the session
-        out, lse = launcher.run(*inputs, s.w1, s.w2, variant=name, out=out, lse=lse)
+        run_pass(pass_, name, inputs, s)
     torch.cuda.synchronize()
-    flops = float(simplicial_attn.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2))
+    flops = pass_flops(pass_, s)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -138,7 +195,7 @@ def kernel_level(names: Sequence[str], s: Shape, out_dir: str, reps: int = 5,
                 for i in range(reps):
                     flush.zero_()
                     with proton.scope(f"{name}#{i}", metrics={"flops": flops}):
-                        launcher.run(*inputs, s.w1, s.w2, variant=name, out=out, lse=lse)
+                        run_pass(pass_, name, inputs, s)
             torch.cuda.synchronize()
         finally:
             proton.finalize()
@@ -147,7 +204,8 @@ def kernel_level(names: Sequence[str], s: Shape, out_dir: str, reps: int = 5,
     finally:
         shutil.rmtree(raw_dir, ignore_errors=True)
     with open(path) as f:
-        rows = kernel_table(json.load(f))
+        hatchet = json.load(f)
+    rows = kernel_table(hatchet)
     for r in rows:
         r.update({"pass": pass_, "shape": s.short()})
-    return rows
+    return rows, kernel_breakdown(hatchet)

@@ -4,9 +4,10 @@ the timeline picture in trace_plot.py, the command line in trace.py (its docstri
 numbers mean).
 
 Trace format (what proton writes): {"displayTimeUnit": "ns", "traceEvents": [{"name": scope,
-"ph": "X", "pid": "<kernel> Core<sm> CTA<id>", "tid": "warp <w> (line 0)", "ts": .., "dur": ..,
-"args": {"Frequency (MHz)": f, ...}}]}; ts and dur are microseconds of an f MHz clock, so
-cycles = value * f.
+"ph": "X", "cat": "<kernel>", "pid": "<kernel> Core<sm> CTA<id>", "tid": "warp <w> (line 0)",
+"ts": .., "dur": .., "args": {"Frequency (MHz)": f, ...}}]}; ts and dur are microseconds of an
+f MHz clock, so cycles = value * f. A backward trace holds several kernels (one capture session
+each, trace_capture.py): trimming keeps CTAs of each, and a summary is per kernel.
 """
 from __future__ import annotations
 
@@ -61,6 +62,12 @@ def read_trace_file(path: str) -> dict:
     return data
 
 
+def kernel_of(raw_event: dict) -> str:
+    """The kernel of a raw event: its "cat" (proton writes the kernel name there), else the start
+    of its pid ("<kernel> Core<sm> CTA<id>")."""
+    return str(raw_event.get("cat") or str(raw_event.get("pid", "")).split(" Core")[0])
+
+
 def events_from_trace(trace: dict | list) -> list[dict]:
     """Proton's complete ("ph": "X") events -> normalized events, sorted by (cta, warp, start):
     {"kernel", "cta" (the pid string), "warp" (int), "name", "start", "end", "dur"} with times in
@@ -76,7 +83,7 @@ def events_from_trace(trace: dict | list) -> list[dict]:
         freq = float((e.get("args") or {}).get("Frequency (MHz)", DEFAULT_FREQUENCY_MHZ))
         start = float(e["ts"]) * freq
         dur = float(e["dur"]) * freq
-        out.append({"kernel": e.get("cat", ""), "cta": str(e.get("pid", "")),
+        out.append({"kernel": kernel_of(e), "cta": str(e.get("pid", "")),
                     "warp": int(m.group(1)), "name": str(e["name"]),
                     "start": start, "end": start + dur, "dur": dur, "freq": freq})
     out.sort(key=lambda e: (e["cta"], e["warp"], e["start"]))
@@ -112,14 +119,24 @@ def middle(items: Sequence, k: int) -> list:
     return list(items[lo:lo + k])
 
 
+def ctas_per_kernel(raw_events: Iterable[dict]) -> dict[str, list[str]]:
+    """CTA ids (pids) of each kernel (kernel_of), each list in cta_order."""
+    raw_events = list(raw_events)
+    kernel = {str(e["pid"]): kernel_of(e) for e in raw_events if "pid" in e}
+    out: dict[str, list[str]] = {}
+    for pid in cta_order(raw_events):
+        out.setdefault(kernel[pid], []).append(pid)
+    return out
+
+
 def trim(trace: dict, ctas: int) -> dict:
-    """A copy of `trace` that keeps the events of `ctas` CTAs from the middle of the launch (CTAs
-    ordered by start time: the steady state, away from the first and last waves). Events without a
-    pid (metadata) are kept; other top-level keys are kept as they are."""
+    """A copy of `trace` that keeps the events of `ctas` CTAs from the middle of each kernel's
+    launch (CTAs ordered by start time: the steady state, away from the first and last waves).
+    Events without a pid (metadata) are kept; other top-level keys are kept as they are."""
     if ctas < 1:
         raise ValueError(f"ctas must be >= 1, got {ctas}")
     raw = trace["traceEvents"]
-    keep = set(middle(cta_order(raw), ctas))
+    keep = {pid for pids in ctas_per_kernel(raw).values() for pid in middle(pids, ctas)}
     out = {k: v for k, v in trace.items() if k != "traceEvents"}
     out["traceEvents"] = [e for e in raw if "pid" not in e or str(e["pid"]) in keep]
     return out
@@ -130,9 +147,10 @@ def dumps_trace(trace: dict) -> str:
 
 
 def write_trimmed(trace: dict, ctas: int, path: str, max_bytes: int = MAX_TRACE_BYTES) -> int:
-    """Trim to `ctas` CTAs and write `path`; when the text exceeds max_bytes, keep fewer CTAs
-    (proportionally, at least 1). Returns the number of CTAs written."""
-    n = max(1, min(ctas, len(cta_order(trace["traceEvents"]))))
+    """Trim to `ctas` CTAs per kernel and write `path`; when the text exceeds max_bytes, keep fewer
+    CTAs (proportionally, at least 1). Returns the number of CTAs written per kernel (at most)."""
+    n = max(1, min(ctas, max(map(len, ctas_per_kernel(trace["traceEvents"]).values()),
+                             default=0)))
     while True:
         text = dumps_trace(trim(trace, n))
         if len(text) <= max_bytes or n == 1:
@@ -185,6 +203,18 @@ def group_labels(events: Iterable[dict]) -> tuple[dict[int, str], dict[int, str]
         labels[g] = f"wg{g} {role}" + (f" {consumers.index(g)}" if role == "consumer"
                                          and len(consumers) > 1 else "")
     return roles, labels
+
+
+def split_kernels(events: list[dict], name: str) -> list[tuple[str, list[dict]]]:
+    """(label, events) per kernel of a trace's events, in kernel-name order; the label is `name`
+    for a one-kernel trace, else "<name> <kernel>". Summaries and pictures are per kernel: the
+    kernels of a backward differ in warps, roles and scopes."""
+    by_kernel: dict[str, list[dict]] = {}
+    for e in events:
+        by_kernel.setdefault(e["kernel"], []).append(e)
+    if len(by_kernel) <= 1:
+        return [(name, events)]
+    return [(f"{name} {k}", by_kernel[k]) for k in sorted(by_kernel)]
 
 
 def ordered_scopes(names: Iterable[str]) -> list[str]:
@@ -408,35 +438,36 @@ def _frames(node: dict) -> Iterable[dict]:
         yield from _frames(c)
 
 
-def _kernel_time_count(node: dict) -> tuple[float, int]:
-    """Sum of "time (ns)" and "count" of the kernel frames under (and at) node."""
-    t, n = 0.0, 0
+def _kernel_times(node: dict) -> dict[str, tuple[float, int]]:
+    """{kernel name: (sum of "time (ns)", sum of "count")} of the kernel frames under node."""
+    out: dict[str, tuple[float, int]] = {}
     for f in _frames(node):
         m = f.get("metrics", {}) or {}
         if "time (ns)" in m:
-            t += float(m["time (ns)"])
-            n += int(m.get("count", 1))
-    return t, n
+            t, n = out.get(f["frame"]["name"], (0.0, 0))
+            out[f["frame"]["name"]] = (t + float(m["time (ns)"]), n + int(m.get("count", 1)))
+    return out
 
 
-def kernel_table(hatchet: list | dict) -> list[dict]:
-    """Rows from a proton CUPTI .hatchet JSON (a list: the tree root, then device info).
-
-    Every frame whose metrics hold "flops" is a measured scope; its kernels are the frames below it
-    with "time (ns)" (and "count"). Scopes named "<variant>" or "<variant>#<rep>" are grouped by
-    variant. Per scope: TFLOPS = flops / time. Row: variant, reps (scopes), launches (kernel count),
-    flops (per launch), ms (median per-launch time: scope time / its kernel count), tflops (median
-    over scopes), pct_peak (of H100_SXM_BF16_DENSE_TFLOPS)."""
+def measured_scopes(hatchet: list | dict) -> list[dict]:
+    """The measured scopes of a proton CUPTI .hatchet JSON (a list: the tree root, then device
+    info), in order: every frame whose metrics hold "flops", with the kernel frames below it.
+    {"variant": the scope name up to "#", "flops", "calls", "kernels": {name: (ns, count)}}. A
+    scope "<variant>#<i>" is one call (profiling/trace_capture.kernel_level enters each once; a
+    backward call runs several kernels); a scope "<variant>" counts one call per launch of its
+    most launched kernel."""
     roots = hatchet if isinstance(hatchet, list) else [hatchet]
-    per: dict[str, list[tuple[float, float, int]]] = {}  # variant -> (flops, ns, kernels), in order
+    out: list[dict] = []
 
     def visit(node: dict) -> None:
         metrics = node.get("metrics", {}) or {}
         name = str(node.get("frame", {}).get("name", ""))
         if "flops" in metrics and name != "ROOT":
-            t, n = _kernel_time_count(node)
-            if n and t > 0:
-                per.setdefault(name.split("#")[0], []).append((float(metrics["flops"]), t, n))
+            kernels = _kernel_times(node)
+            if kernels and sum(t for t, _ in kernels.values()) > 0:
+                calls = 1 if "#" in name else max(n for _, n in kernels.values())
+                out.append({"variant": name.split("#")[0], "flops": float(metrics["flops"]),
+                            "calls": calls, "kernels": kernels})
             return
         for child in node.get("children", []) or []:
             visit(child)
@@ -444,17 +475,52 @@ def kernel_table(hatchet: list | dict) -> list[dict]:
     for r in roots:
         if isinstance(r, dict) and "frame" in r:
             visit(r)
+    return out
+
+
+def _by_variant(scopes: list[dict]) -> dict[str, list[dict]]:
+    per: dict[str, list[dict]] = {}
+    for sc in scopes:
+        per.setdefault(sc["variant"], []).append(sc)
+    return per
+
+
+def kernel_table(hatchet: list | dict) -> list[dict]:
+    """One row per variant of a .hatchet (measured_scopes): variant, reps (scopes), launches
+    (kernel launches), kernels (distinct kernels per call: 1 forward, 4 and more backward), flops
+    (per call), ms (median time per call: a scope's kernel time / its calls), tflops (median over
+    scopes of flops / time), pct_peak (of H100_SXM_BF16_DENSE_TFLOPS)."""
     rows = []
-    for variant, scopes in per.items():
-        tf = statistics.median(f / t / 1e3 for f, t, _ in scopes)  # flops/ns / 1e3 = TFLOP/s
-        launches = sum(n for _, _, n in scopes)
-        rows.append({"variant": variant, "reps": len(scopes), "launches": launches,
-                     "flops": sum(f for f, _, _ in scopes) / launches,
-                     "ms": statistics.median(t / n for _, t, n in scopes) * 1e-6,
-                     "tflops": tf, "pct_peak": pct_of_peak(tf)})
+    for variant, scopes in _by_variant(measured_scopes(hatchet)).items():
+        times = [sum(t for t, _ in sc["kernels"].values()) for sc in scopes]
+        tf = statistics.median(sc["flops"] / t / 1e3 for sc, t in zip(scopes, times))  # TFLOP/s
+        ns = statistics.median(t / sc["calls"] for sc, t in zip(scopes, times))
+        rows.append({"variant": variant, "reps": len(scopes),
+                     "launches": sum(n for sc in scopes for _, n in sc["kernels"].values()),
+                     "kernels": max(len(sc["kernels"]) for sc in scopes),
+                     "flops": sum(sc["flops"] for sc in scopes) / sum(sc["calls"] for sc in scopes),
+                     "ms": ns * 1e-6, "tflops": tf, "pct_peak": pct_of_peak(tf)})
     return rows
 
 
-KERNEL_COLUMNS = [("variant", "variant"), ("shape", "shape"), ("launches", "launches"),
-                  ("ms", "ms (median)"), ("tflops", "TFLOPS"),
+def kernel_breakdown(hatchet: list | dict) -> list[dict]:
+    """One row per (variant, kernel) of a .hatchet: ms (median over the variant's scopes of the
+    kernel's time per call) and pct (of the sum of these medians over the variant's kernels), in
+    launch order. Where a backward call spends its time."""
+    rows = []
+    for variant, scopes in _by_variant(measured_scopes(hatchet)).items():
+        names = list(dict.fromkeys(k for sc in scopes for k in sc["kernels"]))
+        ms = {k: statistics.median(sc["kernels"].get(k, (0.0, 0))[0] / sc["calls"]
+                                   for sc in scopes) * 1e-6 for k in names}
+        total = sum(ms.values())
+        rows.extend({"variant": variant, "kernel": k, "ms": ms[k],
+                     "pct": 100.0 * ms[k] / total if total > 0 else None} for k in names)
+    return rows
+
+
+KERNEL_COLUMNS = [("variant", "variant"), ("pass", "pass"), ("shape", "shape"),
+                  ("launches", "launches"), ("kernels", "kernels/call"),
+                  ("ms", "ms per call (median)"), ("tflops", "TFLOPS"),
                   ("pct_peak", f"% of {H100_SXM_BF16_DENSE_TFLOPS:.0f}")]
+BREAKDOWN_COLUMNS = [("variant", "variant"), ("kernel", "kernel"), ("ms", "ms per call (median)"),
+                     ("pct", "% of the call")]

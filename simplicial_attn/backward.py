@@ -16,14 +16,15 @@ def check_variant(variant: str, spec: ProblemSpec) -> registry.Variant:
 
 
 def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
-             variant: str = "auto", profile: bool = False):
+             variant: str = "auto", profile: bool | str = False):
     """Gradients of 2-simplicial attention with respect to q, k1, k2, v1, v2 (bf16, their shapes).
 
     dout [B, N, Hq, D] (any layout and floating dtype, cast to bf16) and dlse [B, Hq, N] (or None)
     are the incoming gradients of out and lse; out [B, N, Hq, D] and lse [B, Hq, N] are what the
     forward returned for these inputs (cast to bf16 and fp32). Every argument is checked (shape
     errors first, then the device) before anything is launched. Bitwise deterministic (no
-    atomics). profile=True runs the kernels' Proton-scoped copies."""
+    atomics). profile=True runs the kernels' Proton-scoped copies; profile=NAME only that kernel's
+    (a key of the variant's `profiled_kernels`, profiling/trace_capture.py)."""
     if not isinstance(variant, str):
         raise TypeError(f"variant must be a str, got {type(variant).__name__}")
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)

@@ -9,6 +9,9 @@ module, read through the record. A variant module defines:
                                                 # and lse [B,Hq,N] fp32; profile=True: the
                                                 # Proton-scoped copy of the same kernel
     compile_configs() -> list[CompileConfig]    # default configs, compiled by profiling.resources
+and, where its launch runs several Proton-scoped kernels (the backward),
+    profiled_kernels(spec) -> dict[str, int]    # their names for launch(..., profile=name), and
+                                                # their warps per CTA (Variant.profiled_kernels)
 """
 from __future__ import annotations
 
@@ -71,6 +74,14 @@ class Variant:
 
     def compile_configs(self) -> list[CompileConfig]:
         return self.load().compile_configs()
+
+    def profiled_kernels(self, spec: ProblemSpec) -> dict[str | bool, int]:
+        """What a trace of `spec` captures, one Proton session each: {launch's `profile`
+        argument: warps per CTA of the kernel it scopes}. Proton samples one warp list per
+        session, and a kernel must have every warp named. The module's `profiled_kernels` where
+        it has one (several scoped kernels, of different widths), else {True: warps}."""
+        kernels = getattr(self.load(), "profiled_kernels", None)
+        return kernels(spec) if kernels else {True: self.warps}
 
 
 _REGISTRY: dict[tuple[str, str], Variant] = {}

@@ -1,6 +1,7 @@
 """Tests of the trace tool (profiling/trace.py, its CLI, and trace_summary.py, trace_plot.py,
 trace_capture.py): summary, trim, plot and kernel table on CPU (real traces in tests/data and
-hand-built ones), the CLI, and (gpu marker) a capture of every registered variant."""
+hand-built ones, one- and multi-kernel), the CLI of both passes, and (gpu marker) a capture of
+every registered variant of both passes."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import hq_taken_by, no_gpu_env
+from conftest import no_gpu_env
 
 from profiling import trace_capture, trace_plot, trace_summary
 from profiling.common import Shape
@@ -227,6 +228,49 @@ def test_trim_real_trace(k):
     assert s["ctas"] == min(k, 3)
 
 
+def _two_kernels() -> dict:
+    """A backward-like trace: the real triton and tlx_ws traces (3 CTAs each) as two kernels of
+    one file, as trace_capture merges its sessions."""
+    return {"displayTimeUnit": "ns", "traceEvents": [
+        *trace_summary.read_trace_file(TRITON)["traceEvents"],
+        *trace_summary.read_trace_file(TLX_WS)["traceEvents"]]}
+
+
+def test_trim_keeps_ctas_of_every_kernel():
+    raw = _two_kernels()
+    per = trace_summary.ctas_per_kernel(raw["traceEvents"])
+    assert sorted(per) == ["simplicial_fwd_kernel", "simplicial_fwd_ws_kernel"]
+    assert [len(v) for v in per.values()] == [3, 3]
+    out = trace_summary.trim(raw, 2)
+    kept = trace_summary.ctas_per_kernel(out["traceEvents"])
+    assert {k: len(v) for k, v in kept.items()} == {"simplicial_fwd_kernel": 2,
+                                                    "simplicial_fwd_ws_kernel": 2}
+    for k, pids in kept.items():  # the middle of each kernel's own launch order
+        assert pids == trace_summary.middle(per[k], 2)
+
+
+def test_summary_per_kernel_of_a_multi_kernel_trace(tmp_path):
+    events = trace_summary.events_from_trace(_two_kernels())
+    parts = trace_summary.split_kernels(events, "x_bwd")
+    assert [label for label, _ in parts] == ["x_bwd simplicial_fwd_kernel",
+                                            "x_bwd simplicial_fwd_ws_kernel"]
+    for (_, ev), path in zip(parts, (TRITON, TLX_WS)):  # each as summarized on its own
+        alone = trace_summary.summarize(trace_summary.load_trace(path))
+        assert trace_summary.summarize(ev) == alone
+    assert trace_summary.split_kernels(trace_summary.load_trace(TRITON), "t")[0][0] == "t"
+    path = str(tmp_path / "x_bwd.chrome_trace")
+    trace_summary.write_trimmed(_two_kernels(), 8, path)
+    r = run_cli("--summarize", path)
+    assert r.returncode == 0, r.stderr
+    assert "(x_bwd simplicial_fwd_kernel)" in r.stdout
+    assert "(x_bwd simplicial_fwd_ws_kernel)" in r.stdout and "side by side" in r.stdout
+    r = run_cli("--summarize", path, "--json")
+    assert [s["kernel"] for s in json.loads(r.stdout)] == ["simplicial_fwd_kernel",
+                                                           "simplicial_fwd_ws_kernel"]
+    png = str(tmp_path / "x.png")
+    assert run_cli("--plot", path, "--png", png).returncode == 0 and os.path.getsize(png) > 10_000
+
+
 def test_write_trimmed_respects_the_size_limit(tmp_path):
     raw = trace_summary.read_trace_file(TRITON)
     one_cta = len(trace_summary.dumps_trace(trace_summary.trim(raw, 1)))
@@ -300,6 +344,35 @@ def test_kernel_table_on_canned_hatchet():
     assert tlx["ms"] == pytest.approx(1.25) and tlx["reps"] == 3 and tlx["launches"] == 3
 
 
+# A backward: each call (scope "<variant>#<i>") runs 4 Triton kernels and 2 fills (pk1, pv1)
+CANNED_BWD = [
+    {"frame": {"name": "ROOT", "type": "function"}, "metrics": {}, "children": [
+        _scope(f"triton#{i}", 2.5e12, _kernel("_delta_kernel", 1, 0.1e6),
+               _kernel("_dkv2_kernel", 1, 2.0e6 + i * 0.2e6),
+               _kernel("vectorized_elementwise_kernel", 2, 0.1e6), _kernel("_dq_kernel", 1, 2.5e6),
+               _kernel("_dkv1_kernel", 1, 0.3e6))
+        for i in range(3)]},
+    {"CUDA": {"0": {"arch": "90", "num_sms": 132}}},
+]
+
+
+def test_kernel_table_of_multi_kernel_calls():
+    (row,) = trace_summary.kernel_table(CANNED_BWD)
+    # a call: 0.1 + 2.0/2.2/2.4 + 0.1 + 2.5 + 0.3 ms = 5.0/5.2/5.4 ms; median 5.2
+    assert row["variant"] == "triton" and row["reps"] == 3 and row["kernels"] == 5
+    assert row["launches"] == 3 * 6 and row["flops"] == pytest.approx(2.5e12)
+    assert row["ms"] == pytest.approx(5.2)
+    assert row["tflops"] == pytest.approx(2.5e12 / 5.2e6 / 1e3)
+    rows = trace_summary.kernel_breakdown(CANNED_BWD)
+    assert [r["kernel"] for r in rows] == ["_delta_kernel", "_dkv2_kernel",
+                                           "vectorized_elementwise_kernel", "_dq_kernel",
+                                           "_dkv1_kernel"]
+    ms = {r["kernel"]: r["ms"] for r in rows}
+    assert ms["_dkv2_kernel"] == pytest.approx(2.2) and ms["_dq_kernel"] == pytest.approx(2.5)
+    assert sum(r["pct"] for r in rows) == pytest.approx(100.0)
+    assert rows[3]["pct"] == pytest.approx(100 * 2.5 / 5.2)
+
+
 # ---------------------------------------------------------------------------------------------
 # Warps and scopes per variant
 
@@ -311,6 +384,41 @@ def test_sampled_warps():
     assert trace_capture.parse_warps("8, 0,4", 12) == [0, 4, 8]
     with pytest.raises(ValueError):
         trace_capture.parse_warps("0,12", 12)
+
+
+def test_sessions_sample_the_warps_of_each_kernel():
+    """One capture session per scoped kernel, each sampling the first warp of its own warp groups:
+    Proton refuses a sampled warp that a kernel lacks."""
+    small = Shape(B=1, N=2048, Hq=64, Hk=1, D=128, w1=32, w2=256)
+    assert trace_capture.sampled_warps("tlx_ws", small) == [(True, 12, [0, 4, 8])]
+    assert trace_capture.sampled_warps("triton", small, "bwd") == [("dkv2", 8, [0, 4]),
+                                                                  ("dq", 4, [0])]
+    assert trace_capture.sampled_warps("tlx_ws", small, "bwd") == [("dkv2", 12, [0, 4, 8]),
+                                                                  ("dq", 4, [0])]
+    assert trace_capture.sampled_warps("tlx_ws", small, "bwd", warps="0") == [
+        ("dkv2", 12, [0]), ("dq", 4, [0])]
+    with pytest.raises(ValueError, match="'dq'"):
+        trace_capture.sampled_warps("tlx_ws", small, "bwd", warps="0,4,8")
+    assert trace_capture.trace_name("tlx_ws", "bwd") == "tlx_ws_bwd"
+    assert trace_capture.trace_name("tlx_ws", "fwd") == "tlx_ws"
+
+
+def test_profiled_kernels_fit_the_records():
+    """Each scoped kernel's warps are whole warp groups, at most the record's `warps` (its widest
+    kernel's), which one of them reaches."""
+    from simplicial_attn.spec import validate_shape
+    shapes = [validate_shape(1, 512, hq, hk, d, 32, 256) for hq, hk in ((8, 1), (64, 1), (64, 2),
+                                                                       (128, 1), (256, 2))
+              for d in (64, 128)]
+    for v in registry.all_variants(None):
+        widths = []
+        for spec in shapes:
+            if v.cannot_take(spec) is None:
+                kernels = v.profiled_kernels(spec)
+                assert all(w % 4 == 0 and 4 <= w <= v.warps for w in kernels.values()), v.name
+                assert len(kernels) == (1 if v.pass_ == "fwd" else 2)
+                widths += kernels.values()
+        assert max(widths) == v.warps, (v.pass_, v.name)
 
 
 def test_scopes_of_the_real_traces_match_the_records():
@@ -363,8 +471,22 @@ def test_cli_bad_arguments_exit_2(tmp_path):
     assert "GPU" not in r.stderr
 
 
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--variant", "tlx_ws_kv", "--pass", "bwd"], "unknown variant 'tlx_ws_kv' of pass 'bwd'"),
+    (["--variant", "tlx_ws", "--pass", "bwd", "--hq", "32"], "variant 'tlx_ws' cannot take"),
+    (["--variant", "tlx_ws", "--pass", "bwd", "--warps", "0,4,8"], "kernel 'dq'"),
+    (["--variant", "triton", "--warps", "4"], "the kernel has warps 0-3"),
+    (["--compare", "triton", "tlx_ws", "--pass", "bwd", "--warps", "9"], "warps 0-7"),
+])
+def test_cli_pass_and_warps_checked_before_the_gpu(args, needle):
+    r = run_cli(*args, env=no_gpu_env())
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert "GPU" not in r.stderr
+
+
 @pytest.mark.parametrize("args", [["--variant", "triton"], ["--compare", "triton", "tlx_ws"],
-                                  ["--kernels"]])
+                                  ["--kernels"], ["--variant", "tlx_ws", "--pass", "bwd"],
+                                  ["--kernels", "--pass", "bwd"]])
 def test_cli_capture_without_gpu_exits_2(tmp_path, args):
     r = run_cli(*args, "--out", str(tmp_path), env=no_gpu_env())  # also on a GPU machine
     assert r.returncode == 2
@@ -377,28 +499,37 @@ def test_cli_capture_without_gpu_exits_2(tmp_path, args):
 
 
 @pytest.mark.gpu
-def test_capture_every_variant(tmp_path):
-    for v in registry.all_variants():
-        s = Shape(B=1, N=256, Hq=hq_taken_by(v.name, 1, 256, 64, 1, 128, 32, 256), Hk=1, D=128,
-                  w1=32, w2=256)
-        path = trace_capture.capture(v.name, s, str(tmp_path), ctas=2, log=lambda msg: None)
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_capture_every_variant(tmp_path, pass_):
+    for v in registry.all_variants(pass_):
+        hq = next(h for h in (64, 128)
+                  if v.cannot_take(Shape(1, 256, h, 1, 128, 32, 256).spec()) is None)
+        s = Shape(B=1, N=256, Hq=hq, Hk=1, D=128, w1=32, w2=256)
+        path = trace_capture.capture(v.name, s, str(tmp_path), ctas=2, log=lambda msg: None,
+                                     pass_=pass_)
         assert os.path.getsize(path) < trace_summary.MAX_TRACE_BYTES
         events = trace_summary.load_trace(path)
         names = {e["name"] for e in events}
         assert set(v.scopes) <= names, (v.name, names)
-        assert len({e["cta"] for e in events}) == 2
-        summary = trace_summary.summarize(events)
-        assert summary["warnings"] == [], summary["warnings"]
+        parts = trace_summary.split_kernels(events, v.name)
+        assert len(parts) == len(v.profiled_kernels(s.spec())), [k for k, _ in parts]
+        for _, ev in parts:
+            assert len({e["cta"] for e in ev}) == 2
+            summary = trace_summary.summarize(ev)
+            assert summary["warnings"] == [], summary["warnings"]
+            assert any(g["role"] == "consumer" for g in summary["groups"])
 
 
 # ---------------------------------------------------------------------------------------------
 # Capture with proton and the GPU replaced by stand-ins (CPU): file names, sampling, trimming
 
 
-def test_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
+def _stand_ins(monkeypatch, traces: list[str]) -> dict:
+    """proton and the GPU replaced: every call is recorded; the n-th session's finalize writes
+    what proton would, here a copy of traces[n]."""
     import triton.profiler as proton
 
-    from simplicial_attn import launcher
+    from simplicial_attn import backward, launcher
 
     calls = {"launch": [], "start": []}
 
@@ -406,19 +537,26 @@ def test_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
         calls["launch"].append((variant, profile))
         return "out", "lse"
 
-    monkeypatch.setattr(trace_capture, "_inputs", lambda s, seed: ())
+    monkeypatch.setattr(trace_capture, "pass_inputs", lambda pass_, s, seed: ())
     monkeypatch.setattr(launcher, "run", run)
+    monkeypatch.setattr(backward, "backward", run)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
 
     def start(name, **kw):
         calls["start"].append((name, kw))
 
-    def finalize():  # what proton writes: <name>.chrome_trace, here a copy of a real trace
-        with open(TRITON) as src, open(calls["start"][-1][0] + ".chrome_trace", "w") as dst:
-            dst.write(src.read())
+    def finalize():
+        src = traces[len(calls["start"]) - 1]
+        with open(src) as f, open(calls["start"][-1][0] + ".chrome_trace", "w") as dst:
+            dst.write(f.read())
 
     monkeypatch.setattr(proton, "start", start)
     monkeypatch.setattr(proton, "finalize", finalize)
+    return calls
+
+
+def test_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
+    calls = _stand_ins(monkeypatch, [TRITON])
     out = tmp_path / "out"
     path = trace_capture.capture("triton", Shape(1, 256, 64, 1, 128, 32, 256), str(out), ctas=2,
                                  log=lambda msg: None)
@@ -430,6 +568,52 @@ def test_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
     assert "sampling_options=0:" in str(kw["mode"]) and "GLOBAL" in str(kw["mode"])
     assert len({e["cta"] for e in trace_summary.load_trace(path)}) == 2
     assert os.listdir(out) == ["triton.chrome_trace"]  # the raw capture is removed
+
+
+def test_backward_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
+    """A backward capture: one session per scoped kernel, each sampling its own warps, merged into
+    OUT/<variant>_bwd.chrome_trace with --ctas CTAs of each kernel."""
+    calls = _stand_ins(monkeypatch, [TLX_WS, TRITON])  # stand-ins for the k-owner and row-owner
+    out = tmp_path / "out"
+    path = trace_capture.capture("tlx_ws", Shape(1, 2048, 64, 1, 128, 32, 256), str(out),
+                                 ctas=2, log=lambda msg: None, pass_="bwd", keep_full=True)
+    assert path == str(out / "tlx_ws_bwd.chrome_trace")
+    assert calls["launch"] == [("tlx_ws", False), ("tlx_ws", "dkv2"), ("tlx_ws", "dq")]
+    modes = [str(kw["mode"]) for _, kw in calls["start"]]
+    assert "sampling_options=0, 4, 8:" in modes[0] and "sampling_options=0:" in modes[1]
+    per = trace_summary.ctas_per_kernel(trace_summary.read_trace_file(path)["traceEvents"])
+    assert {k: len(v) for k, v in per.items()} == {"simplicial_fwd_ws_kernel": 2,
+                                                   "simplicial_fwd_kernel": 2}
+    assert sorted(os.listdir(out)) == ["tlx_ws_bwd.chrome_trace",
+                                       "tlx_ws_bwd.dkv2.full.chrome_trace",
+                                       "tlx_ws_bwd.dq.full.chrome_trace"]
+
+
+def test_one_buffer_per_kernel_runs_after_protons_exit_hook():
+    """The hook that forgets a kernel's profile buffer must run after Proton's own exit hook (which
+    reads the buffer): exit hooks run last-added first, so it goes first in the chain."""
+    from triton import knobs
+    from triton.profiler.hooks.hook import HookManager
+    from triton.profiler.hooks.instrumentation import InstrumentationHook
+
+    order = []
+
+    def protons_exit(metadata):
+        order.append(("proton", [h.buffer for h in HookManager.active_hooks]))
+
+    hook = InstrumentationHook.__new__(InstrumentationHook)
+    hook.buffer = "buffer of the traced kernel"
+    saved = list(HookManager.active_hooks)
+    HookManager.active_hooks[:] = [hook]
+    knobs.runtime.launch_exit_hook.add(protons_exit)
+    try:
+        with trace_capture.one_buffer_per_kernel():
+            knobs.runtime.launch_exit_hook(None)
+        assert order == [("proton", ["buffer of the traced kernel"])] and hook.buffer is None
+    finally:
+        knobs.runtime.launch_exit_hook.remove(protons_exit)
+        HookManager.active_hooks[:] = saved
+    assert knobs.runtime.launch_exit_hook.calls == []
 
 
 def test_profiling_needs_no_bench():

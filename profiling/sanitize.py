@@ -1,0 +1,349 @@
+"""Compute-sanitizer runs anyone can repeat: memcheck, racecheck and synccheck on every registered
+variant, forward and backward, at two small shapes each, failing on any finding that the
+allow-list (ALLOWED, one entry per explained finding) does not name. docs/sanitizers.md says what
+is allowed and why.
+
+    python3 profiling/sanitize.py                                   # everything (GPU)
+    python3 profiling/sanitize.py --tool racecheck --pass fwd --variant tlx_ws
+    python3 profiling/sanitize.py --dry-run                         # the runs, no GPU needed
+
+Each run is one child process, `compute-sanitizer --tool T --error-exitcode 1 ... python3
+profiling/sanitize.py --worker ...`, that calls one variant of one pass once on one shape
+(profiling.common.run_pass; the backward after a plain forward, whose kernels are excluded from
+the check). Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A finding is what the
+sanitizer's summary counts: memcheck and synccheck "ERROR SUMMARY: N errors", racecheck
+"RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (E + W; racecheck looks at shared
+memory only). A run passes when it finished (the worker printed its last line) with no finding,
+or with findings that its ALLOWED entry covers.
+
+Shapes: for each variant, the first of SMALL_G_OR_HK that it takes (G < 16, else Hk > 1) and the
+first of RAGGED_N (N = 333, not a multiple of any block), chosen with Variant.cannot_take, so
+without a GPU. PyTorch's caching allocator is off in the child (PYTORCH_NO_CUDA_MEMORY_CACHING):
+each tensor is its own allocation, so memcheck sees an access past its end.
+
+Exit status: 0 every run passed; 1 a finding not allowed, or a run that did not finish; 2 bad
+arguments, no compute-sanitizer, no GPU, or a GPU that is not a Hopper.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # `python3 profiling/sanitize.py` from a checkout
+    sys.path.insert(0, REPO_ROOT)
+
+import argparse  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+from profiling.common import (Shape, format_table, gpu_problem, positive_int,  # noqa: E402
+                              variant_names)
+from simplicial_attn import registry  # noqa: E402
+
+PROG = "profiling/sanitize.py"
+SCRIPT = os.path.abspath(__file__)
+TOOLS = ("memcheck", "racecheck", "synccheck")
+# Options of every run, then each tool's. --print-limit: every finding printed, so the summary
+# counts what the log shows. racecheck's "analysis" report (its default) gives one finding per
+# pair of racing accesses, with the count of hazards behind it; "hazard" or "all" print each.
+COMMON_ARGS = ("--error-exitcode", "1", "--print-limit", "10000")
+TOOL_ARGS = {"memcheck": (), "racecheck": ("--racecheck-report", "analysis"), "synccheck": ()}
+# Every forward kernel's name starts with this (tests/test_sanitize.py checks it); a backward run
+# excludes them: its plain forward (out and LSE) is not what it checks.
+FWD_KERNEL_PREFIX = "simplicial_fwd"
+WORKER_DONE = "sanitize worker: done"
+
+# Candidate shapes (B, N, Hq, Hk, D, w1, w2): the first one a variant takes, of each list.
+SMALL_G_OR_HK = (Shape(1, 256, 8, 1, 64, 32, 64),     # G = 8: triton
+                 Shape(1, 256, 64, 2, 128, 32, 64),   # G = 32: tlx_ws, tlx_pingpong
+                 Shape(1, 256, 128, 2, 128, 32, 64),  # G = 64: the tlx_ws backward
+                 Shape(1, 256, 256, 2, 128, 32, 64))  # G = 128 only
+RAGGED_N = (Shape(2, 333, 128, 1, 128, 32, 96),)      # G = 128: every variant today
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """Findings of one (tool, pass, variant) explained in the docs: at most `count` per run (None:
+    any number) and, with `pattern`, only findings whose report line matches it (re.search)."""
+
+    doc: str                    # where the explanation is, e.g. "docs/sanitizers.md#a-section"
+    count: int | None = None
+    pattern: str | None = None
+
+
+# The allow-list, keyed by (tool, pass, variant): the one place that excuses a finding, each
+# entry pointing at the docs section that explains it. Empty: nothing is explained yet.
+ALLOWED: dict[tuple[str, str, str], Allowance] = {
+    # Known, not explained (so it fails until someone explains it): racecheck reports 228
+    # shared-memory hazards in forward tlx_ws at B2 N333 Hq128 Hk1 D128 w 32x96. Once
+    # docs/sanitizers.md says why they are benign, the entry reads
+    # ("racecheck", "fwd", "tlx_ws"): Allowance(count=228, doc="docs/sanitizers.md#<section>"),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    tool: str
+    pass_: str
+    variant: str
+    shape: Shape
+
+    def tag(self) -> str:
+        s = self.shape
+        return (f"{self.tool}-{self.pass_}-{self.variant}-B{s.B}-N{s.N}-H{s.Hq}x{s.Hk}-D{s.D}"
+                f"-w{s.w1}x{s.w2}")
+
+
+@dataclass
+class Report:
+    """What a run's log says: `findings` (None: no summary line, the sanitizer did not finish),
+    the report line of each finding, and whether the worker got to its last line."""
+
+    findings: int | None
+    lines: list[str] = field(default_factory=list)
+    done: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes and runs (no GPU)
+
+
+def shapes_for(v: registry.Variant) -> list[Shape]:
+    """The variant's two shapes: the first it takes of SMALL_G_OR_HK and of RAGGED_N (fewer when
+    it takes none of a list: plan() refuses that)."""
+    return [s for s in (next((c for c in cands if v.cannot_take(c.spec()) is None), None)
+                        for cands in (SMALL_G_OR_HK, RAGGED_N)) if s is not None]
+
+
+def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | None) -> list[Run]:
+    """Every (tool, pass, variant, shape) to run, grouped by variant; `names` None: every
+    registered variant of the passes. ValueError for a name no chosen pass has, or a variant
+    that takes no candidate shape of a list."""
+    variants = [v for p in passes for v in registry.all_variants(p)
+                if names is None or v.name in names]
+    for n in names or ():
+        if not any(v.name == n for v in variants):
+            raise ValueError(f"--variant {n}: not a variant of pass {' or '.join(passes)}")
+    runs = []
+    for v in variants:
+        shapes = shapes_for(v)
+        if len(shapes) < 2:
+            raise ValueError(f"{v.name} ({v.pass_}) takes no shape of SMALL_G_OR_HK or of "
+                             f"RAGGED_N in {PROG}: add one it takes")
+        runs += [Run(t, v.pass_, v.name, s) for s in shapes for t in tools]
+    return runs
+
+
+def find_sanitizer() -> str | None:
+    """compute-sanitizer: $COMPUTE_SANITIZER when set, else on PATH, else in $CUDA_HOME/bin or
+    /usr/local/cuda/bin (the toolkit's place, often not on PATH); None when absent."""
+    if os.environ.get("COMPUTE_SANITIZER"):
+        path = os.environ["COMPUTE_SANITIZER"]
+        return path if os.access(path, os.X_OK) else None
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        path = os.path.join(home, "bin", "compute-sanitizer") if home else ""
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def command(sanitizer: str, run: Run) -> list[str]:
+    """The child process of one run: the sanitizer around this script's --worker."""
+    s = run.shape
+    cmd = [sanitizer, "--tool", run.tool, *COMMON_ARGS, *TOOL_ARGS[run.tool]]
+    if run.pass_ == "bwd":
+        cmd += ["--kernel-name-exclude", f"kns={FWD_KERNEL_PREFIX}"]
+    return cmd + [sys.executable, SCRIPT, "--worker", "--pass", run.pass_, "--variant",
+                  run.variant, "--shape", *map(str, (s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a report, judging it (no GPU)
+
+_ERRORS = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+_RACES = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, "
+                    r"(\d+) warnings?\)")
+# The sanitizer's own lines ("========= " then text; detail lines are indented further) that are
+# not findings.
+_NOT_FINDINGS = re.compile(r"COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|"
+                           r"Target application returned an error|"
+                           r"process didn't terminate successfully")
+
+
+def parse_report(text: str, tool: str) -> Report:
+    """The findings of a sanitizer log: racecheck's errors + warnings from its summary, the other
+    tools' error count; the report line of each finding (the sanitizer's unindented lines); and
+    whether the worker printed WORKER_DONE."""
+    if tool == "racecheck":
+        counts = [int(e) + int(w) for _, e, w in _RACES.findall(text)]
+    else:
+        counts = [int(n) for n in _ERRORS.findall(text)]
+    lines = [m.group(1).rstrip() for m in re.finditer(r"^========= (\S.*)$", text, re.M)
+             if not _NOT_FINDINGS.search(m.group(1))]
+    done = any(line.startswith(WORKER_DONE) for line in text.splitlines())
+    return Report(sum(counts) if counts else None, lines, done)
+
+
+def judge(run: Run, report: Report, returncode: int | None,
+          allowed: dict[tuple[str, str, str], Allowance] | None = None) -> tuple[bool, str]:
+    """(passed, verdict) of a run: its report, the sanitizer's exit status (None: timed out) and
+    the allow-list (default ALLOWED)."""
+    allowed = ALLOWED if allowed is None else allowed
+    if returncode is None:
+        return False, "timed out"
+    n = report.findings
+    if n is None:
+        return False, f"no sanitizer summary (exit {returncode}): read the log"
+    if not report.done:
+        return False, f"{n} findings, the worker did not finish (exit {returncode}): read the log"
+    if n == 0:
+        if returncode != 0:
+            return False, f"exit {returncode} without a counted finding: read the log"
+        return True, "clean"
+    entry = allowed.get((run.tool, run.pass_, run.variant))
+    if entry is None:
+        return False, f"{n} findings, not allowed"
+    if entry.count is not None and n > entry.count:
+        return False, f"{n} findings, {entry.count} allowed ({entry.doc})"
+    if entry.pattern is not None:
+        stray = [line for line in report.lines if not re.search(entry.pattern, line)]
+        if stray:
+            return False, f"{n} findings, {len(stray)} outside the allowed pattern: {stray[0]}"
+    return True, f"{n} findings, allowed ({entry.doc})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Running (GPU)
+
+
+def execute(run: Run, sanitizer: str, out_dir: str, timeout: int) -> tuple[str, int | None]:
+    """Run one child under the sanitizer, its output (after the command line) into its log.
+    Returns (log path, exit status or None when it ran past `timeout` seconds and was killed)."""
+    log = os.path.join(out_dir, f"{run.tag()}.log")
+    cmd = command(sanitizer, run)
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    with open(log, "w") as f:
+        f.write(f"$ {shlex.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
+                                start_new_session=True)
+        try:
+            return log, proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the sanitizer and its python child
+            proc.wait()
+            return log, None
+
+
+def worker(pass_: str, variant: str, s: Shape) -> int:
+    """One call of `variant` of `pass_` on `s` (what a run checks), then WORKER_DONE."""
+    import torch
+
+    from profiling.common import pass_inputs, run_pass
+    problem = gpu_problem(PROG)
+    if problem is not None:
+        return problem
+    inputs = pass_inputs(pass_, s)
+    run_pass(pass_, variant, inputs, s)
+    torch.cuda.synchronize()
+    print(f"{WORKER_DONE}: {pass_} {variant} {s.short()}", flush=True)
+    return 0
+
+
+COLUMNS = [("tool", "tool"), ("pass", "pass"), ("variant", "variant"), ("shape", "shape"),
+           ("findings", "findings"), ("verdict", "verdict"), ("seconds", "s"), ("log", "log")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0 every run passed, 1 a finding not allowed or a run that did not "
+               "finish, 2 bad arguments, no compute-sanitizer ($COMPUTE_SANITIZER, PATH, "
+               "$CUDA_HOME/bin, /usr/local/cuda/bin) or no Hopper GPU.")
+    p.add_argument("--tool", nargs="+", choices=TOOLS, default=list(TOOLS), metavar="TOOL",
+                   help=f"sanitizer tools (default: all of {', '.join(TOOLS)})")
+    p.add_argument("--pass", dest="passes", nargs="+", choices=registry.PASSES,
+                   default=list(registry.PASSES), metavar="PASS",
+                   help=f"passes (default: {' '.join(registry.PASSES)})")
+    p.add_argument("--variant", nargs="+", choices=variant_names(), metavar="NAME",
+                   help="variants (default: every registered variant of the passes): "
+                        f"{', '.join(variant_names())}")
+    p.add_argument("--out", metavar="DIR", default="out/sanitize",
+                   help="directory of the logs and summary.txt (default: out/sanitize; created)")
+    p.add_argument("--timeout", type=positive_int, default=1800, metavar="S",
+                   help="seconds one run may take before it is killed (default: 1800)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the runs and their commands, run nothing (no GPU needed)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--shape", nargs=7, type=positive_int, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.worker:
+        if not args.shape or not args.variant or len(args.variant) != 1 or len(args.passes) != 1:
+            parser.error("--worker needs --shape B N Hq Hk D w1 w2, one --variant and one --pass")
+        return worker(args.passes[0], args.variant[0], Shape(*args.shape))
+    try:
+        runs = plan(args.tool, args.passes, args.variant)
+    except ValueError as e:
+        parser.error(str(e))
+    sanitizer = find_sanitizer()
+    if args.dry_run:
+        for i, r in enumerate(runs, 1):
+            print(f"[{i}/{len(runs)}] {r.tool} {r.pass_} {r.variant} {r.shape.short()}: "
+                  f"{shlex.join(command(sanitizer or 'compute-sanitizer', r))}")
+        return 0
+    if sanitizer is None:
+        print(f"{PROG}: compute-sanitizer not found ($COMPUTE_SANITIZER, PATH, $CUDA_HOME/bin, "
+              f"/usr/local/cuda/bin); it comes with the CUDA toolkit", file=sys.stderr)
+        return 2
+    problem = gpu_problem(PROG)
+    if problem is not None:
+        return problem
+    import torch
+    if any(registry.get(r.variant, r.pass_).needs_hopper for r in runs):
+        major, minor = torch.cuda.get_device_capability()
+        if major != 9:
+            print(f"{PROG}: the variants need a Hopper GPU (sm_90); this one is sm_{major}{minor}",
+                  file=sys.stderr)
+            return 2
+    os.makedirs(args.out, exist_ok=True)
+    print(f"{len(runs)} runs, logs in {args.out}; {sanitizer}", flush=True)
+    rows, failed = [], 0
+    for i, r in enumerate(runs, 1):
+        t0 = time.monotonic()
+        log, rc = execute(r, sanitizer, args.out, args.timeout)
+        with open(log, errors="replace") as f:
+            report = parse_report(f.read(), r.tool)
+        ok, verdict = judge(r, report, rc)
+        failed += not ok
+        secs = time.monotonic() - t0
+        print(f"[{i}/{len(runs)}] {r.tool} {r.pass_} {r.variant} {r.shape.short()}: "
+              f"{'ok' if ok else 'FAIL'}, {verdict} ({secs:.0f} s)", flush=True)
+        rows.append({"tool": r.tool, "pass": r.pass_, "variant": r.variant,
+                     "shape": r.shape.short(), "findings": report.findings,
+                     "verdict": ("ok: " if ok else "FAIL: ") + verdict, "seconds": round(secs),
+                     "log": os.path.relpath(log, args.out)})
+    table = format_table(rows, COLUMNS)
+    summary = f"{table}\n{len(runs) - failed} of {len(runs)} runs passed"
+    print(f"\n{summary}")
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write(summary + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""Tests of profiling/sanitize.py on the CPU: reading sanitizer reports (realistic sample text of
+memcheck, racecheck and synccheck), the allow-list's verdicts, the shapes and runs chosen per
+variant (registry only), the child's command, and the CLI's refusals; (gpu marker) the worker of
+every planned run, without the sanitizer."""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import pytest
+from conftest import no_gpu_env
+
+from profiling import sanitize
+from profiling.sanitize import Allowance, Report, Run, judge, parse_report
+from simplicial_attn import registry
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = sanitize.SMALL_G_OR_HK[0]
+DONE = f"{sanitize.WORKER_DONE}: fwd tlx_ws B2 N333 H128/1 D128 w32x96"
+
+MEMCHECK_CLEAN = f"""$ compute-sanitizer --tool memcheck --error-exitcode 1 ...
+========= COMPUTE-SANITIZER
+{DONE}
+========= ERROR SUMMARY: 0 errors
+"""
+
+MEMCHECK_OOB = """$ compute-sanitizer --tool memcheck --error-exitcode 1 ...
+========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 16 bytes
+=========     at simplicial_fwd_kernel+0x1a40 in /repo/kernels_triton/tiling.py:171
+=========     by thread (32,0,0) in block (5,0,0)
+=========     Address 0x7f3a2c000400 is out of bounds
+=========     and is 1,024 bytes after the nearest allocation at 0x7f3a2bf00000 of size \
+1,048,576 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: [0x2f0e2f] in libcuda.so.1
+=========
+========= Invalid __global__ read of size 16 bytes
+=========     at simplicial_fwd_kernel+0x1a40 in /repo/kernels_triton/tiling.py:171
+=========     by thread (33,0,0) in block (5,0,0)
+=========
+Traceback (most recent call last):
+RuntimeError: CUDA error: unspecified launch failure
+========= Program hit CUDA_ERROR_LAUNCH_FAILED (error 719) due to "unspecified launch failure" on \
+CUDA API call to cuStreamSynchronize.
+=========     Saved host backtrace up to driver entry point at error
+=========
+========= Target application returned an error
+========= ERROR SUMMARY: 3 errors
+"""
+
+RACECHECK = f"""$ compute-sanitizer --tool racecheck --error-exitcode 1 ...
+========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at simplicial_fwd_ws_kernel+0x3b70 in \
+/repo/kernels_tlx/ws.py:131
+=========     and Read access at simplicial_fwd_ws_kernel+0x4c20 in /repo/kernels_tlx/ws.py:140 \
+[512 hazards]
+=========
+========= Warning: Race reported between Read access at simplicial_fwd_ws_kernel+0x51a0 in \
+/repo/kernels_tlx/common.py:50
+=========     and Write access at simplicial_fwd_ws_kernel+0x2210 in /repo/kernels_tlx/ws.py:88 \
+[64 hazards]
+=========
+{DONE}
+========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)
+"""
+
+RACECHECK_CLEAN = f"""========= COMPUTE-SANITIZER
+{DONE}
+========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)
+"""
+
+SYNCCHECK = f"""========= COMPUTE-SANITIZER
+========= Barrier error detected. Divergent thread(s) in warp
+=========     at _dq_kernel+0x9c0 in /repo/kernels_triton/bwd.py:359
+=========     by thread (0,0,0) in block (3,0,0)
+=========
+{DONE}
+========= ERROR SUMMARY: 1 error
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports
+
+
+def test_parse_clean_reports():
+    for text, tool in ((MEMCHECK_CLEAN, "memcheck"), (RACECHECK_CLEAN, "racecheck")):
+        r = parse_report(text, tool)
+        assert r == Report(0, [], True), tool
+
+
+def test_parse_memcheck_findings_and_a_worker_that_died():
+    r = parse_report(MEMCHECK_OOB, "memcheck")
+    assert r.findings == 3 and not r.done
+    hit = ('Program hit CUDA_ERROR_LAUNCH_FAILED (error 719) due to "unspecified launch failure" '
+           "on CUDA API call to cuStreamSynchronize.")
+    assert r.lines == ["Invalid __global__ read of size 16 bytes"] * 2 + [hit]
+
+
+def test_parse_racecheck_counts_errors_and_warnings():
+    r = parse_report(RACECHECK, "racecheck")
+    assert r.findings == 2 and r.done
+    assert [line.split(" at ")[0] for line in r.lines] == [
+        "Error: Race reported between Write access", "Warning: Race reported between Read access"]
+    assert parse_report(RACECHECK.replace("(1 error, 1 warning)", "(228 errors, 0 warnings)")
+                        .replace("2 hazards", "228 hazards"), "racecheck").findings == 228
+
+
+def test_parse_synccheck_and_a_report_without_summary():
+    r = parse_report(SYNCCHECK, "synccheck")
+    assert r.findings == 1 and r.done and r.lines == [
+        "Barrier error detected. Divergent thread(s) in warp"]
+    r = parse_report("========= COMPUTE-SANITIZER\nSegmentation fault\n", "memcheck")
+    assert r.findings is None and not r.done
+    # racecheck's count is its own summary's, not an ERROR SUMMARY
+    assert parse_report("========= ERROR SUMMARY: 0 errors\n", "racecheck").findings is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The allow-list
+
+
+RUN = Run("racecheck", "fwd", "tlx_ws", sanitize.RAGGED_N[0])
+
+
+def test_the_allow_list_starts_empty_and_every_entry_points_at_the_docs():
+    assert sanitize.ALLOWED == {}  # nothing is explained yet (the tlx_ws hazards included)
+    for (tool, pass_, name), entry in sanitize.ALLOWED.items():
+        assert tool in sanitize.TOOLS and registry.get(name, pass_)
+        path, _, anchor = entry.doc.partition("#")
+        with open(os.path.join(REPO_ROOT, path)) as f:
+            assert anchor and anchor in _anchors(f.read()), entry.doc
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of the headings of a markdown text."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", markdown, re.M)}
+
+
+def test_judge_clean_and_unexplained():
+    assert judge(RUN, parse_report(RACECHECK_CLEAN, "racecheck"), 0) == (True, "clean")
+    ok, why = judge(RUN, parse_report(RACECHECK, "racecheck"), 1, allowed={})
+    assert not ok and why == "2 findings, not allowed"
+    ok, why = judge(RUN, parse_report(RACECHECK, "racecheck"), 1)  # ALLOWED itself: empty
+    assert not ok
+
+
+def test_judge_by_count_and_pattern():
+    report = parse_report(RACECHECK, "racecheck")
+    key = ("racecheck", "fwd", "tlx_ws")
+    doc = "docs/sanitizers.md#x"
+    assert judge(RUN, report, 1, {key: Allowance(doc, count=2)}) == (
+        True, f"2 findings, allowed ({doc})")
+    assert judge(RUN, report, 1, {key: Allowance(doc)})[0]  # any number
+    ok, why = judge(RUN, report, 1, {key: Allowance(doc, count=1)})
+    assert not ok and "1 allowed" in why
+    assert judge(RUN, report, 1, {key: Allowance(doc, pattern=r"kernels_tlx/(ws|common)\.py")})[0]
+    ok, why = judge(RUN, report, 1, {key: Allowance(doc, pattern=r"ws\.py:131")})
+    assert not ok and "1 outside the allowed pattern: Warning: Race" in why
+    # the entry is per (tool, pass, variant): another tool or pass is not covered
+    for tool, pass_ in (("memcheck", "fwd"), ("racecheck", "bwd")):
+        other = Run(tool, pass_, "tlx_ws", SMALL)
+        assert not judge(other, Report(2, [], True), 1, {key: Allowance(doc)})[0]
+
+
+def test_judge_runs_that_did_not_finish():
+    assert judge(RUN, Report(0, [], True), None) == (False, "timed out")
+    ok, why = judge(RUN, parse_report(MEMCHECK_OOB, "memcheck"), 1)
+    assert not ok and why.startswith("3 findings, the worker did not finish (exit 1)")
+    ok, why = judge(RUN, Report(None, [], False), -11)
+    assert not ok and why.startswith("no sanitizer summary (exit -11)")
+    ok, why = judge(RUN, Report(0, [], True), 1)  # an exit 1 that no summary counted
+    assert not ok and "without a counted finding" in why
+    # even an allowance does not cover a run that did not finish
+    allow = {("memcheck", "fwd", "tlx_ws"): Allowance("d#x")}
+    assert not judge(Run("memcheck", "fwd", "tlx_ws", SMALL), Report(3, [], False), 1, allow)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes and runs
+
+
+def test_two_shapes_per_variant():
+    """Every registered variant takes its two shapes: one with G < 16 or Hk > 1, one ragged N."""
+    for v in registry.all_variants(None):
+        small, ragged = sanitize.shapes_for(v)
+        assert v.cannot_take(small.spec()) is None and v.cannot_take(ragged.spec()) is None
+        assert small.Hq // small.Hk < 16 or small.Hk > 1, (v.name, small)
+        assert ragged.N % 16 != 0, (v.name, ragged)
+        assert small.B * small.N <= 1024 and ragged.B * ragged.N <= 1024  # small runs
+    expected = {("fwd", "triton"): (8, 1), ("bwd", "triton"): (8, 1), ("fwd", "tlx_ws"): (64, 2),
+                ("fwd", "tlx_pingpong"): (64, 2), ("bwd", "tlx_ws"): (128, 2),
+                ("fwd", "tlx_ws_kv"): (256, 2)}
+    for (pass_, name), (hq, hk) in expected.items():
+        small, ragged = sanitize.shapes_for(registry.get(name, pass_))
+        assert (small.Hq, small.Hk) == (hq, hk), name
+        assert ragged == sanitize.Shape(B=2, N=333, Hq=128, Hk=1, D=128, w1=32, w2=96)
+
+
+def test_plan_of_the_runs():
+    runs = sanitize.plan(sanitize.TOOLS, registry.PASSES, None)
+    n = len(registry.all_variants(None))
+    assert len(runs) == 3 * 2 * n and len(set(runs)) == len(runs)
+    assert {(r.pass_, r.variant) for r in runs} == {(v.pass_, v.name)
+                                                    for v in registry.all_variants(None)}
+    runs = sanitize.plan(["racecheck"], ["fwd", "bwd"], ["tlx_ws"])
+    assert [(r.pass_, r.shape.Hq, r.shape.Hk) for r in runs] == [
+        ("fwd", 64, 2), ("fwd", 128, 1), ("bwd", 128, 2), ("bwd", 128, 1)]
+    with pytest.raises(ValueError, match="tlx_ws_kv: not a variant of pass bwd"):
+        sanitize.plan(["memcheck"], ["bwd"], ["tlx_ws_kv"])
+    assert {r.pass_ for r in sanitize.plan(["memcheck"], ["fwd", "bwd"], ["tlx_ws_kv"])} == {"fwd"}
+
+
+def test_the_childs_command():
+    run = Run("racecheck", "bwd", "tlx_ws", SMALL)
+    cmd = sanitize.command("/cuda/bin/compute-sanitizer", run)
+    assert cmd[:3] == ["/cuda/bin/compute-sanitizer", "--tool", "racecheck"]
+    text = " ".join(cmd)
+    assert "--error-exitcode 1" in text and "--racecheck-report analysis" in text
+    assert f"--kernel-name-exclude kns={sanitize.FWD_KERNEL_PREFIX}" in text
+    i = cmd.index(sys.executable)
+    assert cmd[i + 1:] == [sanitize.SCRIPT, "--worker", "--pass", "bwd", "--variant", "tlx_ws",
+                           "--shape", "1", "256", "8", "1", "64", "32", "64"]
+    fwd = sanitize.command("cs", Run("memcheck", "fwd", "triton", SMALL))
+    assert "--kernel-name-exclude" not in fwd and "--racecheck-report" not in fwd
+    assert run.tag() == "racecheck-bwd-tlx_ws-B1-N256-H8x1-D64-w32x64"
+
+
+def test_the_backward_runs_exclude_every_forward_kernel_and_no_backward_one():
+    """A backward run checks its own kernels, not the plain forward before it: every forward
+    kernel's name has the excluded prefix, no backward kernel's has."""
+    for v, config in registry.compile_configs(None):
+        has = config.fn.__name__.startswith(sanitize.FWD_KERNEL_PREFIX)
+        assert has == (v.pass_ == "fwd"), (v.pass_, v.name, config.fn.__name__)
+    import kernels_triton.bwd as bwd  # the two kernels without a compile config
+    assert not any(sanitize.FWD_KERNEL_PREFIX in k.__name__
+                   for k in (bwd._delta_kernel, bwd._dkv1_kernel))
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join("profiling", "sanitize.py"), *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_dry_run_needs_no_gpu():
+    r = run_cli("--dry-run", "--tool", "memcheck", "--pass", "bwd", env=no_gpu_env())
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2 * len(registry.all_variants("bwd"))
+    assert all("--tool memcheck" in line and "--worker --pass bwd" in line for line in lines)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--tool", "initcheck"], "invalid choice: 'initcheck'"),
+    (["--pass", "sideways"], "invalid choice: 'sideways'"),
+    (["--variant", "nope"], "invalid choice: 'nope'"),
+    (["--pass", "bwd", "--variant", "tlx_ws_kv"], "tlx_ws_kv: not a variant of pass bwd"),
+    (["--timeout", "0"], "--timeout"),
+    (["--worker", "--pass", "fwd", "--variant", "triton"], "--worker needs --shape"),
+])
+def test_bad_arguments_exit_2(args, needle):
+    r = run_cli(*args, env=no_gpu_env())
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+def test_no_compute_sanitizer_exits_2_with_one_line(tmp_path):
+    r = run_cli("--tool", "memcheck", "--out", str(tmp_path / "o"),
+                env=no_gpu_env(COMPUTE_SANITIZER=str(tmp_path / "missing")))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert "compute-sanitizer not found" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_no_gpu_exits_2_with_one_line(tmp_path):
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    r = run_cli("--out", str(tmp_path / "o"), env=no_gpu_env(COMPUTE_SANITIZER=str(fake)))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "GPU" in r.stderr and not (tmp_path / "o").exists()
+    r = run_cli("--worker", "--pass", "fwd", "--variant", "triton", "--shape",
+                *map(str, SMALL.fields().values()), env=no_gpu_env())
+    assert r.returncode == 2 and "GPU" in r.stderr and sanitize.WORKER_DONE not in r.stdout
+
+
+def test_find_sanitizer(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "compute-sanitizer"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("COMPUTE_SANITIZER", str(fake))
+    assert sanitize.find_sanitizer() == str(fake)
+    monkeypatch.setenv("COMPUTE_SANITIZER", str(tmp_path / "nope"))
+    assert sanitize.find_sanitizer() is None
+    monkeypatch.delenv("COMPUTE_SANITIZER")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert sanitize.find_sanitizer() == str(fake)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: what every run launches, without the sanitizer
+
+
+@pytest.mark.gpu
+def test_the_worker_of_every_run(capsys):
+    for r in sanitize.plan(["memcheck"], registry.PASSES, None):
+        assert sanitize.worker(r.pass_, r.variant, r.shape) == 0, r
+        assert sanitize.WORKER_DONE in capsys.readouterr().out
