@@ -99,7 +99,8 @@ def test_layer_trains_on_cpu(gen):
     (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
     # the CPU runs the reference whatever the name, but a misspelt one still fails here
     (dict(variant="nope"), ValueError, "unknown variant 'nope'; known: "),
-    (dict(variant="triton", bwd_variant="tlx_ws"), ValueError, "unknown variant 'tlx_ws' of pass"),
+    (dict(variant="triton", bwd_variant="tlx_pipelined_kv"), ValueError,
+     "unknown variant 'tlx_pipelined_kv' of pass"),
     (dict(mixed_dtype=True), TypeError, "share one dtype"),
 ])
 def test_attention_rejects_bad_input(bad, exc, match):
