@@ -18,7 +18,7 @@ class SimplicialAttention(nn.Module):
     result back to x's dtype; on the CPU it runs the fp64 reference (slow; tests and small runs).
 
     A configuration no device can run (a size or window that is no positive int, n_heads not a
-    multiple of n_kv_heads, head_dim outside (64, 128), an unknown variant name) raises at
+    multiple of n_kv_heads, head_dim not in {64, 128}, an unknown variant name) raises at
     construction, naming the argument, not at the first forward. Limits of the kernels alone
     (the head ratio) are checked at the first CUDA forward, as `attention` does.
     """

@@ -27,14 +27,14 @@ PASSES = ("fwd", "bwd")  # forward, backward: a variant is identified by (pass, 
 # Proton scopes (profiling/trace_capture.py, docs/profiling.md): every name, in kernel order, then
 # the set a full trace of each kind of kernel holds. A consumer step of every kernel is a QK GEMM,
 # the softmax and a PV GEMM.
-SCOPES = ("load_kv", "build_a", "build_b", "build_c", "wait_kv", "qk_gemm", "softmax", "pv_gemm", "v1_mul",
-          "epilogue")
+SCOPES = ("load_kv", "build_a", "build_b", "build_c", "wait_kv", "qk_gemm", "softmax", "pv_gemm",
+          "v1_mul", "epilogue")
 _STEP = ("qk_gemm", "softmax", "pv_gemm")
 TRITON_SCOPES = ("load_kv", *_STEP, "v1_mul", "epilogue")         # one warp group does it all
 WS_SCOPES = ("load_kv", "wait_kv", *_STEP, "v1_mul", "epilogue")  # a producer; consumers wait
 KEYS_SCOPES = ("load_kv", "build_b", *WS_SCOPES[1:])  # the producer builds B_j = K1[j] * K2
 # producers build B_j and C_j = V1[j] * V2: consumers wait for no K2/V2 slot, multiply by no V1 row
-KV_SCOPES = ("load_kv", "build_a", "build_b", "build_c", *_STEP, "epilogue")
+KV_SCOPES = ("load_kv", "build_b", "build_c", *_STEP, "epilogue")
 BWD_SCOPES = ("load_kv", *_STEP, "epilogue")  # backward: recompute S (qk), dS (softmax), dK/dV/X/Z
 BWD_WS_SCOPES = ("load_kv", "build_a", *_STEP, "epilogue")  # a producer builds A_j and dO_j
 
@@ -100,8 +100,8 @@ def register(v: Variant) -> None:
 
 
 # Forward ranks: the speed order at S* (G = 128, D = 128) and Hq = 64 on the lent H100 and H200
-# (docs/perf.md; measured in docs/history/perf-notes.md, session 11). tlx_ws is ahead of triton at 7 of 8 shapes timed with G from
-# 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of tlx_pipelined_kv (450 vs 417 at
+# (docs/perf.md; measured in docs/history/perf-notes.md, session 11). tlx_ws is ahead of triton
+# at 7 of 8 shapes timed with G from 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of tlx_pipelined_kv (450 vs 417 at
 # G = 128).
 # tlx_pipelined_pingpong is on par with tlx_pipelined_kv: it stays below the rest, so "auto" never
 # takes it.

@@ -72,8 +72,8 @@ BWD_BAD = {
     "hk_zero": (["--hk", "0"], "argument --hk: must be a positive integer, got 0"),
     "rep_ms_zero": (["--rep-ms", "0"], "argument --rep-ms: must be a positive number"),
     "warmup_negative": (["--warmup-ms", "-1"], "argument --warmup-ms: must be a positive number"),
-    "csv_no_dir": (["--csv", os.path.join("no", "such", "dir", "rows.csv")], "--csv"),
-    "json_no_dir": (["--json", os.path.join("no", "such", "dir", "rows.json")], "--json"),
+    "csv_no_dir": (["--csv", os.path.join("no", "such", "dir", "rows.csv")], "does not exist"),
+    "json_no_dir": (["--json", os.path.join("no", "such", "dir", "rows.json")], "does not exist"),
     "preset_unknown": (["--preset", "huge"], "argument --preset: invalid choice"),
 }
 
@@ -99,7 +99,7 @@ def test_bwd_good_arguments_reach_the_gpu_check(args: list[str]) -> None:
 def test_bwd_help_exits_0() -> None:
     res = run_cli("--help", script="bwd.py")
     assert res.returncode == 0, res.stderr
-    for flag in ("--variant", "--preset", "--peers", "--csv", "--json", "--rep-ms"):
+    for flag in ("--variant", "--preset", "--peers", "--layer", "--csv", "--json", "--rep-ms"):
         assert flag in res.stdout
 
 

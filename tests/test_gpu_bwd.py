@@ -236,7 +236,8 @@ def seed_from(gen) -> int:
 
 
 # N = 333 is ragged for every tile and key block; the first shape each variant takes
-POISON_SHAPES = {"G16": Shape(2, 333, 16, 1, 64, 32, 96), "G64": Shape(2, 333, 64, 1, 64, 32, 96)}
+POISON_SHAPES = {"G16": Shape(2, 333, 16, 1, 64, 32, 96),
+                 "G64_D128": Shape(2, 333, 64, 1, 128, 32, 96)}
 POISON_CASES = [next(c for c in cases(POISON_SHAPES) if c.values[0] == v.name) for v in VARIANTS]
 
 
