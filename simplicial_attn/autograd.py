@@ -7,7 +7,8 @@ training step through them with no graph break and `torch.library.opcheck` passe
 On CUDA tensors (bf16) they run the kernels: the forward variant `variant`, the backward variant
 `bwd_variant` ("auto": the fastest registered backward that takes the shape). On CPU tensors
 (bf16, fp16, fp32 or fp64) they run the plain-PyTorch reference in fp64 and its closed-form
-backward (`reference_backward`): slow, exact, so CI can check gradients, opcheck and compile without a GPU.
+backward (`reference_backward`): slow, exact, so CI can check gradients, opcheck and compile
+without a GPU.
 
 Saved for backward: q, k1, k2, v1, v2, out and lse (as FlashAttention saves q, k, v, out, lse).
 """

@@ -101,8 +101,8 @@ def register(v: Variant) -> None:
 
 # Forward ranks: the speed order at S* (G = 128, D = 128) and Hq = 64 on the lent H100 and H200
 # (docs/perf.md; measured in docs/history/perf-notes.md, session 11). tlx_ws is ahead of triton
-# at 7 of 8 shapes timed with G from 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of tlx_pipelined_kv (450 vs 417 at
-# G = 128).
+# at 7 of 8 shapes timed with G from 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of
+# tlx_pipelined_kv (450 vs 417 at G = 128).
 # tlx_pipelined_pingpong is on par with tlx_pipelined_kv: it stays below the rest, so "auto" never
 # takes it.
 _G128 = "G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"
