@@ -35,12 +35,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels_tlx.common import NUM_CONSUMERS, opaque
 from kernels_tlx.hadamard import build, row_tile
 from kernels_triton import bwd as triton_bwd
-from kernels_triton.host import kv_descriptor
+from kernels_triton.host import kv_descriptor, q_descriptor
 from kernels_triton.tiling import BF16_BYTES, LOG2E, enter, leave
 from kernels_triton.tiling import supports as tiling_supports
 from simplicial_attn.registry import CompileConfig
@@ -233,19 +232,12 @@ def config(spec: ProblemSpec) -> dict:
     return dict(BLOCK_N=128, NUM_A=2, CH=8, CONSUMER_REGS=232, num_warps=4, num_stages=1)
 
 
-def _row_descriptor(t, spec: ProblemSpec) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, Hq, D] Q or dO as [B*N*Hq, D]; a box is 64 rows, the 64
-    heads of one token a tile holds (G >= 64: never past the token's own heads)."""
-    return TensorDescriptor(t, shape=[spec.B * spec.N * spec.Hq, spec.D], strides=[spec.D, 1],
-                            block_shape=[ROWS, spec.D])
-
-
 def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
                 profile: bool = False) -> None:
     cfg = config(spec)
     half = cfg["BLOCK_N"] // 2
     k2d, v2d = (kv_descriptor(t, spec, half) for t in (k2, v2))
-    qd, dod = (_row_descriptor(t, spec) for t in (q, dout))
+    qd, dod = (q_descriptor(t, spec, ROWS) for t in (q, dout))  # boxes of 64 heads of a token
     _dkv2_ws_kernel[(triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk,)](
         qd, k1, k2d, v1, v2d, dod, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2,
         spec.sm_scale * LOG2E, spec.sm_scale, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
@@ -269,21 +261,13 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
 def compile_configs() -> list[CompileConfig]:
     """The k-owner at every compile shape it supports (the rest is `triton`'s)."""
     out = []
-    for hq, hk, d in triton_bwd.COMPILE_SHAPES_BWD:
-        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+    for spec in triton_bwd.compile_specs():
         if supports(spec) is not None:
             continue
         cfg = config(spec)
-        kv = f"tensordesc<bf16[1,{cfg['BLOCK_N'] // 2},{d}]>"
-        rows = f"tensordesc<bf16[{ROWS},{d}]>"
-        sig = {"Q": rows, "K1": "*bf16", "K2": kv, "V1": "*bf16", "V2": kv, "DO": rows,
-               "Lse": "*fp32", "Delta": "*fp32", "DK2": "*bf16", "DV2": "*bf16", "N": "i32",
-               "w1": "i32", "w2": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
-        consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d,
-                      **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
-        sig.update({k: "constexpr" for k in consts})
-        out.append(CompileConfig(f"dkv2_G{hq // hk}_Hk{hk}_D{d}_N{cfg['BLOCK_N']}",
-                                 _dkv2_ws_kernel, sig, consts, cfg["num_warps"],
-                                 cfg["num_stages"]))
+        kv = f"tensordesc<bf16[1,{cfg['BLOCK_N'] // 2},{spec.D}]>"
+        rows = f"tensordesc<bf16[{ROWS},{spec.D}]>"
+        out.append(triton_bwd.kernel_config("dkv2", _dkv2_ws_kernel, spec, cfg, {
+            **triton_bwd.SIGNATURE, "Q": rows, "K2": kv, "V2": kv, "DO": rows, "DK2": "*bf16",
+            "DV2": "*bf16", **triton_bwd.SCALARS}))
     return out
-

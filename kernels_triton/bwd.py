@@ -463,26 +463,37 @@ COMPILE_SHAPES_BWD = tuple((2, 2, d) if (hq, hk) == (1, 1) else (hq, hk, d)
                            for hq, hk, d in COMPILE_SHAPES)
 
 
+SIGNATURE = dict(Q="*bf16", K1="*bf16", K2="*bf16", V1="*bf16", V2="*bf16", DO="*bf16",
+                 Lse="*fp32", Delta="*fp32")  # the GEMM kernels' first arguments, in order
+SCALARS = dict(N="i32", w1="i32", w2="i32", qk_scale="fp32", sm_scale="fp32")
+
+
+def compile_specs() -> list[ProblemSpec]:
+    """One spec per COMPILE_SHAPES_BWD shape, at the resource report's N and windows."""
+    return [ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+            for hq, hk, d in COMPILE_SHAPES_BWD]
+
+
+def kernel_config(kern: str, fn, spec: ProblemSpec, cfg: dict, sig: dict) -> CompileConfig:
+    """The CompileConfig of backward kernel `fn` (`kern`: "dkv2" or "dq") at `spec` with config
+    `cfg` (its constexprs + num_warps/num_stages) and runtime signature `sig`, named by its tile."""
+    consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
+                  **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
+    tile = "".join(f"_{k[-1]}{cfg[k]}" for k in ("BLOCK_M", "BLOCK_N") if k in cfg)
+    return CompileConfig(f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{tile}", fn,
+                         {**sig, **{k: "constexpr" for k in consts}}, consts, cfg["num_warps"],
+                         cfg["num_stages"])
+
+
 def compile_configs() -> list[CompileConfig]:
     """The two GEMM kernels at every compile shape (the Delta and reduce kernels are small)."""
     out = []
-    ptrs = dict(Q="*bf16", K1="*bf16", K2="*bf16", V1="*bf16", V2="*bf16", DO="*bf16",
-                Lse="*fp32", Delta="*fp32")
-    scal = dict(N="i32", w1="i32", w2="i32", qk_scale="fp32", sm_scale="fp32")
-    for hq, hk, d in COMPILE_SHAPES_BWD:
-        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
-        for kern, fn, cfg in (("dkv2", _dkv2_kernel, dkv2_config(spec)),
-                              ("dq", _dq_kernel, dq_config(spec))):
-            if kern == "dkv2":
-                sig = {**ptrs, "DK2": "*bf16", "DV2": "*bf16", **scal}
-            else:
-                kv = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{d}]>"
-                sig = {**ptrs, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32",
-                       "PK1": "*fp32", "PV1": "*fp32", **scal, "L": "i32", "n_chunks": "i32"}
-            consts = dict(HQ=hq, HK=hk, G=hq // hk, D=d,
-                          **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
-            sig.update({k: "constexpr" for k in consts})
-            out.append(CompileConfig(f"{kern}_G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}"
-                                     f"_N{cfg['BLOCK_N']}", fn, sig, consts, cfg["num_warps"],
-                                     cfg["num_stages"]))
+    for spec in compile_specs():
+        out.append(kernel_config("dkv2", _dkv2_kernel, spec, dkv2_config(spec),
+                                 {**SIGNATURE, "DK2": "*bf16", "DV2": "*bf16", **SCALARS}))
+        cfg = dq_config(spec)
+        kv = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{spec.D}]>"
+        out.append(kernel_config("dq", _dq_kernel, spec, cfg, {
+            **SIGNATURE, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32", "PK1": "*fp32",
+            "PV1": "*fp32", **SCALARS, "L": "i32", "n_chunks": "i32"}))
     return out
