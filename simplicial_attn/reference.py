@@ -25,13 +25,33 @@ def _window(x: torch.Tensor, i0: int, i1: int, w: int) -> tuple[torch.Tensor, to
     return x[:, pos.clamp(min=0)], valid
 
 
+def _chunk(q, k1, k2, v1, v2, i0: int, i1: int, spec):
+    """Queries i0 .. i1-1 (C of them), pairs already ordered (spec.w1 <= spec.w2): their q
+    [B, C, Hk, G, D], windows k1w, k2w, v1w, v2w [B, C, w, Hk, D], softmax p [B, C, Hk, G, w1, w2]
+    (0 on invisible pairs), lse [B, C, Hk, G] and output o [B, C, Hk, G, D]."""
+    B, C = q.shape[0], i1 - i0
+    qc = q[:, i0:i1].reshape(B, C, spec.Hk, spec.G, spec.D)
+    k1w, ok1 = _window(k1, i0, i1, spec.w1)
+    v1w, _ = _window(v1, i0, i1, spec.w1)
+    k2w, ok2 = _window(k2, i0, i1, spec.w2)
+    v2w, _ = _window(v2, i0, i1, spec.w2)
+    # s[b,c,g,h,j,k] = scale * sum_d q[b,c,g,h,d] k1[b,c,j,g,d] k2[b,c,k,g,d]
+    s = torch.einsum("bcghd,bcjgd,bckgd->bcghjk", qc, k1w, k2w) * spec.sm_scale
+    valid = ok1[:, :, None] & ok2[:, None, :]  # [C, w1, w2]
+    s = s.masked_fill(~valid[None, :, None, None], float("-inf"))
+    lse = torch.logsumexp(s.flatten(-2), dim=-1)  # every query sees at least (j, k) = (i, i)
+    p = torch.exp(s - lse[..., None, None])
+    o = torch.einsum("bcghjk,bcjgd,bckgd->bcghd", p, v1w, v2w)
+    return qc, k1w, k2w, v1w, v2w, p, lse, o
+
+
 def reference(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, dtype=torch.float64):
     """Forward pass in `dtype` (fp64 by default) on the inputs' device. Returns (out [B,N,Hq,D] in
     `dtype`, lse [B,Hq,N] natural log in `dtype`). Same argument checks as `forward`, any device;
     inputs may be bf16, fp16, fp32 or fp64. Differentiable: with fp64 inputs that require grad,
     autograd gives the exact gradients of out and lse (the fp64 backward reference)."""
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=REFERENCE_DTYPES)
-    B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
+    B, N, Hq, Hk, D = spec.B, spec.N, spec.Hq, spec.Hk, spec.D
     w1, w2 = spec.w1, spec.w2
     if spec.swapped:  # the form is symmetric in (K1, V1, w1) <-> (K2, V2, w2)
         k1, v1, k2, v2 = k2, v2, k1, v1
@@ -43,19 +63,7 @@ def reference(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, dtype=torch.float64):
     for i0 in range(0, N, chunk):
         i1 = min(N, i0 + chunk)
         C = i1 - i0
-        qc = q[:, i0:i1].reshape(B, C, Hk, G, D)
-        k1w, ok1 = _window(k1, i0, i1, w1)  # [B, C, w1, Hk, D]
-        v1w, _ = _window(v1, i0, i1, w1)
-        k2w, ok2 = _window(k2, i0, i1, w2)  # [B, C, w2, Hk, D]
-        v2w, _ = _window(v2, i0, i1, w2)
-        # s[b,c,g,h,j,k] = scale * sum_d q[b,c,g,h,d] k1[b,c,j,g,d] k2[b,c,k,g,d]
-        s = torch.einsum("bcghd,bcjgd,bckgd->bcghjk", qc, k1w, k2w) * spec.sm_scale
-        valid = ok1[:, :, None] & ok2[:, None, :]  # [C, w1, w2]
-        s = s.masked_fill(~valid[None, :, None, None], float("-inf"))
-        s = s.reshape(B, C, Hk, G, w1 * w2)
-        lse_c = torch.logsumexp(s, dim=-1)  # every query sees at least (j, k) = (i, i)
-        p = torch.exp(s - lse_c[..., None]).reshape(B, C, Hk, G, w1, w2)
-        o = torch.einsum("bcghjk,bcjgd,bckgd->bcghd", p, v1w, v2w)
+        _, _, _, _, _, _, lse_c, o = _chunk(q, k1, k2, v1, v2, i0, i1, spec)
         outs.append(o.reshape(B, C, Hq, D))
         lses.append(lse_c.reshape(B, C, Hq).transpose(1, 2))
     if not outs:  # N = 0
@@ -91,18 +99,8 @@ def reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse=None, *, sm_scale=N
     for i0 in range(0, N, chunk):
         i1 = min(N, i0 + chunk)
         C = i1 - i0
-        qc = q[:, i0:i1].reshape(B, C, Hk, G, D)
+        qc, k1w, k2w, v1w, v2w, p, _, o = _chunk(q, k1, k2, v1, v2, i0, i1, spec)
         do = dout[:, i0:i1].reshape(B, C, Hk, G, D)
-        k1w, ok1 = _window(k1, i0, i1, w1)  # [B, C, w1, Hk, D]
-        v1w, _ = _window(v1, i0, i1, w1)
-        k2w, ok2 = _window(k2, i0, i1, w2)  # [B, C, w2, Hk, D]
-        v2w, _ = _window(v2, i0, i1, w2)
-        s = torch.einsum("bcghd,bcjgd,bckgd->bcghjk", qc, k1w, k2w) * c
-        valid = ok1[:, :, None] & ok2[:, None, :]  # [C, w1, w2]
-        s = s.masked_fill(~valid[None, :, None, None], float("-inf"))
-        lse = torch.logsumexp(s.flatten(-2), dim=-1)  # [B, C, Hk, G]
-        p = torch.exp(s - lse[..., None, None])
-        o = torch.einsum("bcghjk,bcjgd,bckgd->bcghd", p, v1w, v2w)
         delta = (do * o).sum(-1)
         if dlse is not None:
             delta = delta - dlse.to(dtype)[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
