@@ -1,0 +1,128 @@
+"""The warp-specialization probe: a TLX kernel with the task layout of our TLX kernels and no shared
+memory of its own, so that a sanitizer finding in it belongs to the compiler's warp-specialization
+code, not to our rings (issue 23, docs/sanitizers.md).
+
+`ws_probe_kernel` has what `kernels_tlx/bwd_ws.py` and `kernels_tlx/ws.py` have around their work:
+`tlx.async_tasks()` with a "default" task (the launch's 4 warps) and one task of 4 warps,
+`registers=232`, `replicate=2` (12 warps, setmaxnreg), and one value loaded from global memory
+before the tasks and used in all of them (the compiler passes such a value to the other warp
+groups through shared memory, as it does in the forward `tlx_ws`). Each task then spins
+`(task + 1) * iters` steps of a 32-bit LCG and writes its own 128-int32 slice of `out`: global
+memory only; no local_alloc, barrier or TMA.
+
+What shared memory the compiled kernel touches is then the compiler's own: the per-warp dispatch
+bytes (written by the default warp group at its start and, with the exit code, at its end; read by
+the other warps after `barrier.sync 1`) and the captured value. profiling/ws_dispatch.py lists those
+instructions in SASS and checks that barrier 1 orders them, for the probe and for each of our
+warp-specialized kernels (tests/test_ws_dispatch.py compares the two).
+
+    python3 -m profiling.ws_probe            # the probe's dispatch, checked (sm_90a, no GPU)
+    python3 -m profiling.ws_probe --run      # one launch on the GPU, checked against the host
+profiling/sanitize.py runs it under the sanitizers with `--pass probe`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from simplicial_attn.registry import CompileConfig
+
+KERNEL_NAME = "ws_probe_kernel"
+LANES = 128             # one int32 per thread of a 4-warp task
+TASKS = 3               # default + 2 replicas
+CONSUMER_REGS = 232     # as the tlx_ws backward's consumers (the forward's take 240)
+GRID = 264              # two CTAs per SM of an H100 SXM (132 SMs): two waves
+ITERS = 2048            # LCG steps of the default task; replica r spins (r + 2) * ITERS
+LCG_A, LCG_C = 1664525, 1013904223
+
+
+@triton.jit
+def _spin(x, n):
+    for _ in range(n):
+        x = x * 1664525 + 1013904223
+    return x
+
+
+@triton.jit
+def ws_probe_kernel(Out, Seed, iters, CONSUMER_REGS: tl.constexpr):
+    pid = tl.program_id(0)
+    seed = tl.load(Seed + pid)  # not recomputable in a task: passed to them through shared memory
+    with tlx.async_tasks():
+        with tlx.async_task("default"):
+            lanes = tl.arange(0, 128)
+            x = _spin(seed + lanes, iters)
+            tl.store(Out + (pid * 3) * 128 + lanes, x)
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
+            r = tlx.async_task_replica_id()
+            lanes = tl.arange(0, 128)
+            x = _spin(seed + lanes + 1000 * (r + 1), iters * (r + 2))
+            tl.store(Out + (pid * 3 + 1 + r) * 128 + lanes, x)
+
+
+def compile_config() -> CompileConfig:
+    """The probe as profiling.resources compiles our kernels (sm_90a, no GPU)."""
+    return CompileConfig(name="ws_probe", fn=ws_probe_kernel,
+                         signature={"Out": "*i32", "Seed": "*i32", "iters": "i32",
+                                    "CONSUMER_REGS": "constexpr"},
+                         constexprs={"CONSUMER_REGS": CONSUMER_REGS}, num_warps=4, num_stages=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Expected values (host) and one launch (GPU)
+
+
+def expected(seeds: Sequence[int], iters: int):
+    """[cta, task, lane] int32 tensor (CPU) of what the kernel writes for these CTAs' seeds,
+    computed on the host with the same 32-bit wrap-around."""
+    import torch
+
+    seed = torch.tensor(list(seeds), dtype=torch.int64)[:, None]
+    lanes = torch.arange(LANES, dtype=torch.int64)[None, :]
+    out = []
+    for task in range(TASKS):
+        x = (seed + lanes + 1000 * task) & 0xFFFFFFFF
+        for _ in range(iters * (task + 1)):
+            x = (x * LCG_A + LCG_C) & 0xFFFFFFFF
+        out.append(torch.where(x >= 2**31, x - 2**32, x))
+    return torch.stack(out, dim=1).to(torch.int32)
+
+
+def run(grid: int = GRID, iters: int = ITERS, check: int = 4) -> None:
+    """One launch of the probe on the GPU; the first and last `check` CTAs' slices checked against
+    `expected` (AssertionError naming the first wrong one)."""
+    import torch
+
+    seeds = torch.arange(grid, dtype=torch.int32, device="cuda") * 7919 + 11
+    out = torch.zeros(grid, TASKS, LANES, dtype=torch.int32, device="cuda")
+    ws_probe_kernel[(grid,)](out, seeds, iters, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+                             num_stages=1)
+    torch.cuda.synchronize()
+    ctas = sorted({*range(min(check, grid)), *range(max(grid - check, 0), grid)})
+    want = expected(seeds[ctas].tolist(), iters)
+    got = out[ctas].cpu()
+    for i, c in enumerate(ctas):
+        for t in range(TASKS):
+            assert torch.equal(got[i, t], want[i, t]), f"{KERNEL_NAME}: CTA {c} task {t}: wrong"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m profiling.ws_probe",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", action="store_true",
+                   help="launch the probe once on the GPU and check its output")
+    args = p.parse_args(argv)
+    if args.run:
+        run()
+        print(f"{KERNEL_NAME}: {GRID} CTAs, output checked")
+        return 0
+    from profiling import ws_dispatch
+    return ws_dispatch.main(["--pass", "probe", "--listing"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
