@@ -5,6 +5,8 @@ is allowed and why.
 
     python3 profiling/sanitize.py                                   # everything (GPU)
     python3 profiling/sanitize.py --tool racecheck --pass fwd --variant tlx_ws
+    python3 profiling/sanitize.py --jobs 4                          # 4 children at once
+    python3 profiling/sanitize.py --tool racecheck --pass probe     # the warp-specialization probe
     python3 profiling/sanitize.py --dry-run                         # the runs, no GPU needed
 
 Each run is one child process, `compute-sanitizer --tool T --error-exitcode 1 ... python3
@@ -14,7 +16,12 @@ the check). Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A findi
 sanitizer's summary counts: memcheck and synccheck "ERROR SUMMARY: N errors", racecheck
 "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (E + W; racecheck looks at shared
 memory only). A run passes when it finished (the worker printed its last line) with no finding,
-or with findings that its ALLOWED entry covers.
+or with findings that its ALLOWED entry covers. `--jobs N` runs up to N children at once on the
+one GPU; the lines and the table stay in the order of the runs.
+
+The probe (`--pass probe`, not a variant, not in the default passes): profiling/ws_probe.py's
+kernel, which has our TLX kernels' warp-specialized task layout and no shared memory of its own,
+so a finding in it is the compiler's dispatch code's (issue 23), one run per tool.
 
 Shapes: for each variant, the first of SMALL_G_OR_HK that it takes (G < 16, else Hk > 1) and the
 first of RAGGED_N (N = 333, not a multiple of any block), chosen with Variant.cannot_take, so
@@ -39,8 +46,10 @@ import shlex  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
 from profiling.common import (Shape, format_table, gpu_problem, positive_int,  # noqa: E402
@@ -55,6 +64,13 @@ TOOLS = ("memcheck", "racecheck", "synccheck")
 # pair of racing accesses, with the count of hazards behind it; "hazard" or "all" print each.
 COMMON_ARGS = ("--error-exitcode", "1", "--print-limit", "10000")
 TOOL_ARGS = {"memcheck": (), "racecheck": ("--racecheck-report", "analysis"), "synccheck": ()}
+RACECHECK_REPORTS = ("analysis", "hazard", "all")  # --racecheck-report: its first is the default
+# The probe: a run kind beside the passes, not a registered variant (profiling/ws_probe.py).
+PROBE = "probe"
+PROBE_NAME = "ws_probe"
+PROBE_KERNEL = "ws_probe_kernel"   # its one kernel; the probe's runs check only it
+PASSES = (*registry.PASSES, PROBE)
+SHAPE_SETS = ("small", "ragged")
 # Every forward kernel's name starts with this (tests/test_sanitize.py checks it); a backward run
 # excludes them: its plain forward (out and LSE) is not what it checks.
 FWD_KERNEL_PREFIX = "simplicial_fwd"
@@ -91,14 +107,19 @@ ALLOWED: dict[tuple[str, str, str], Allowance] = {
 @dataclass(frozen=True)
 class Run:
     tool: str
-    pass_: str
-    variant: str
-    shape: Shape
+    pass_: str           # "fwd", "bwd" or PROBE
+    variant: str         # a registered variant, or PROBE_NAME
+    shape: Shape | None  # None for the probe (its launch is its own)
 
     def tag(self) -> str:
         s = self.shape
+        if s is None:
+            return f"{self.tool}-{self.pass_}-{self.variant}"
         return (f"{self.tool}-{self.pass_}-{self.variant}-B{s.B}-N{s.N}-H{s.Hq}x{s.Hk}-D{s.D}"
                 f"-w{s.w1}x{s.w2}")
+
+    def shape_text(self) -> str:
+        return self.shape.short() if self.shape is not None else "probe launch"
 
 
 @dataclass
@@ -122,21 +143,26 @@ def shapes_for(v: registry.Variant) -> list[Shape]:
                         for cands in (SMALL_G_OR_HK, RAGGED_N)) if s is not None]
 
 
-def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | None) -> list[Run]:
-    """Every (tool, pass, variant, shape) to run, grouped by variant; `names` None: every
-    registered variant of the passes. ValueError for a name no chosen pass has, or a variant
-    that takes no candidate shape of a list."""
-    variants = [v for p in passes for v in registry.all_variants(p)
+def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | None,
+         shape_sets: Sequence[str] = SHAPE_SETS) -> list[Run]:
+    """Every (tool, pass, variant, shape) to run: the probe's first (one per tool, when PROBE is
+    among `passes`), then grouped by variant; `names` None: every registered variant of the
+    passes; `shape_sets`: which of each variant's two shapes ("small": of SMALL_G_OR_HK,
+    "ragged": of RAGGED_N). ValueError for a name no chosen pass has, or a variant that takes no
+    candidate shape of a list."""
+    runs = [Run(t, PROBE, PROBE_NAME, None) for t in tools] if PROBE in passes else []
+    variants = [v for p in passes if p != PROBE for v in registry.all_variants(p)
                 if names is None or v.name in names]
     for n in names or ():
         if not any(v.name == n for v in variants):
-            raise ValueError(f"--variant {n}: not a variant of pass {' or '.join(passes)}")
-    runs = []
+            real = [p for p in passes if p != PROBE] or [PROBE]
+            raise ValueError(f"--variant {n}: not a variant of pass {' or '.join(real)}")
     for v in variants:
         shapes = shapes_for(v)
         if len(shapes) < 2:
             raise ValueError(f"{v.name} ({v.pass_}) takes no shape of SMALL_G_OR_HK or of "
                              f"RAGGED_N in {PROG}: add one it takes")
+        shapes = [s for s, name in zip(shapes, SHAPE_SETS) if name in shape_sets]
         runs += [Run(t, v.pass_, v.name, s) for s in shapes for t in tools]
     return runs
 
@@ -157,10 +183,16 @@ def find_sanitizer() -> str | None:
     return None
 
 
-def command(sanitizer: str, run: Run) -> list[str]:
-    """The child process of one run: the sanitizer around this script's --worker."""
+def command(sanitizer: str, run: Run, racecheck_report: str = "analysis") -> list[str]:
+    """The child process of one run: the sanitizer around this script's --worker; racecheck
+    with `racecheck_report` (RACECHECK_REPORTS)."""
     s = run.shape
-    cmd = [sanitizer, "--tool", run.tool, *COMMON_ARGS, *TOOL_ARGS[run.tool]]
+    tool_args = (("--racecheck-report", racecheck_report) if run.tool == "racecheck"
+                 else TOOL_ARGS[run.tool])
+    cmd = [sanitizer, "--tool", run.tool, *COMMON_ARGS, *tool_args]
+    if run.pass_ == PROBE:
+        return cmd + ["--kernel-name", f"kns={PROBE_KERNEL}", sys.executable, SCRIPT,
+                      "--worker", "--pass", PROBE]
     if run.pass_ == "bwd":
         cmd += ["--kernel-name-exclude", f"kns={FWD_KERNEL_PREFIX}"]
     return cmd + [sys.executable, SCRIPT, "--worker", "--pass", run.pass_, "--variant",
@@ -226,33 +258,106 @@ def judge(run: Run, report: Report, returncode: int | None,
 # Running (GPU)
 
 
-def execute(run: Run, sanitizer: str, out_dir: str, timeout: int) -> tuple[str, int | None]:
+# The children running now, so that an interrupted run (Ctrl-C) can end them: each runs in its
+# own session (start_new_session), where the terminal's SIGINT does not reach it.
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+_STOP = threading.Event()
+
+
+def execute(run: Run, sanitizer: str, out_dir: str, timeout: int,
+            racecheck_report: str = "analysis") -> tuple[str, int | None]:
     """Run one child under the sanitizer, its output (after the command line) into its log.
-    Returns (log path, exit status or None when it ran past `timeout` seconds and was killed)."""
+    Returns (log path, exit status or None when it ran past `timeout` seconds and was killed, or
+    was not started because the whole run is being stopped)."""
     log = os.path.join(out_dir, f"{run.tag()}.log")
-    cmd = command(sanitizer, run)
+    cmd = command(sanitizer, run, racecheck_report)
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     with open(log, "w") as f:
         f.write(f"$ {shlex.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
-                                start_new_session=True)
+        with _LIVE_LOCK:
+            if _STOP.is_set():
+                return log, None
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                    env=env, start_new_session=True)
+            _LIVE.add(proc)
         try:
             return log, proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the sanitizer and its python child
+            _kill(proc)  # the sanitizer and its python child
             proc.wait()
             return log, None
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
 
 
-def worker(pass_: str, variant: str, s: Shape) -> int:
-    """One call of `variant` of `pass_` on `s` (what a run checks), then WORKER_DONE."""
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
+
+
+def stop_all() -> None:
+    """Start no more children and kill the running ones (their process groups)."""
+    with _LIVE_LOCK:
+        _STOP.set()
+        live = list(_LIVE)
+    for proc in live:
+        _kill(proc)
+
+
+def run_all(runs: Sequence[Run], sanitizer: str, out_dir: str, timeout: int, jobs: int = 1,
+            racecheck_report: str = "analysis", report=None) -> list[dict]:
+    """Every run, up to `jobs` children at once, each judged when its child ends; `report(i, row)`
+    is called in the order of `runs` (run i's line waits for runs 1 .. i - 1). Returns the rows
+    of the table, in that order. Ctrl-C kills the running children and re-raises."""
+    def one(r: Run) -> tuple[str, int | None, float]:
+        t0 = time.monotonic()
+        log, rc = execute(r, sanitizer, out_dir, timeout, racecheck_report)
+        return log, rc, time.monotonic() - t0
+
+    rows = []
+    _STOP.clear()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(one, r) for r in runs]
+        try:
+            for i, (r, fut) in enumerate(zip(runs, futures), 1):
+                log, rc, secs = fut.result()
+                with open(log, errors="replace") as f:
+                    rep = parse_report(f.read(), r.tool)
+                ok, verdict = judge(r, rep, rc)
+                row = {"tool": r.tool, "pass": r.pass_, "variant": r.variant,
+                       "shape": r.shape_text(), "findings": rep.findings,
+                       "verdict": ("ok: " if ok else "FAIL: ") + verdict,
+                       "seconds": round(secs), "log": os.path.relpath(log, out_dir), "ok": ok}
+                rows.append(row)
+                if report is not None:
+                    report(i, row)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            stop_all()
+            raise
+    return rows
+
+
+def worker(pass_: str, variant: str | None, s: Shape | None) -> int:
+    """One call of `variant` of `pass_` on `s` (what a run checks), or the probe's one launch
+    (pass_ PROBE), then WORKER_DONE."""
     import torch
 
     from profiling.common import pass_inputs, run_pass
     problem = gpu_problem(PROG)
     if problem is not None:
         return problem
+    if pass_ == PROBE:
+        from profiling import ws_probe
+        ws_probe.run()
+        print(f"{WORKER_DONE}: {PROBE} {PROBE_NAME} {ws_probe.GRID} CTAs", flush=True)
+        return 0
     inputs = pass_inputs(pass_, s)
     run_pass(pass_, variant, inputs, s)
     torch.cuda.synchronize()
@@ -272,14 +377,26 @@ def build_parser() -> argparse.ArgumentParser:
                "$CUDA_HOME/bin, /usr/local/cuda/bin) or no Hopper GPU.")
     p.add_argument("--tool", nargs="+", choices=TOOLS, default=list(TOOLS), metavar="TOOL",
                    help=f"sanitizer tools (default: all of {', '.join(TOOLS)})")
-    p.add_argument("--pass", dest="passes", nargs="+", choices=registry.PASSES,
+    p.add_argument("--pass", dest="passes", nargs="+", choices=PASSES,
                    default=list(registry.PASSES), metavar="PASS",
-                   help=f"passes (default: {' '.join(registry.PASSES)})")
+                   help=f"passes (default: {' '.join(registry.PASSES)}); '{PROBE}' adds the "
+                        "warp-specialization probe (profiling/ws_probe.py, not a variant: one "
+                        "run per tool)")
     p.add_argument("--variant", nargs="+", choices=variant_names(), metavar="NAME",
                    help="variants (default: every registered variant of the passes): "
                         f"{', '.join(variant_names())}")
     p.add_argument("--out", metavar="DIR", default="out/sanitize",
                    help="directory of the logs and summary.txt (default: out/sanitize; created)")
+    p.add_argument("--shapes", nargs="+", choices=SHAPE_SETS, default=list(SHAPE_SETS),
+                   metavar="SET", help="which of each variant's shapes: small (of SMALL_G_OR_HK), "
+                                       "ragged (of RAGGED_N) (default: both)")
+    p.add_argument("--racecheck-report", choices=RACECHECK_REPORTS, default="analysis",
+                   help="racecheck's report: analysis (one finding per pair of racing accesses, "
+                        "the default), hazard (each hazard, with the threads and the address) or "
+                        "all")
+    p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                   help="children run at once on the one GPU (default: 1); lines and table keep "
+                        "the order of the runs")
     p.add_argument("--timeout", type=positive_int, default=1800, metavar="S",
                    help="seconds one run may take before it is killed (default: 1800)")
     p.add_argument("--dry-run", action="store_true",
@@ -293,18 +410,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.worker:
+        if args.passes == [PROBE]:
+            return worker(PROBE, None, None)
         if not args.shape or not args.variant or len(args.variant) != 1 or len(args.passes) != 1:
             parser.error("--worker needs --shape B N Hq Hk D w1 w2, one --variant and one --pass")
         return worker(args.passes[0], args.variant[0], Shape(*args.shape))
     try:
-        runs = plan(args.tool, args.passes, args.variant)
+        runs = plan(args.tool, args.passes, args.variant, args.shapes)
     except ValueError as e:
         parser.error(str(e))
     sanitizer = find_sanitizer()
     if args.dry_run:
         for i, r in enumerate(runs, 1):
-            print(f"[{i}/{len(runs)}] {r.tool} {r.pass_} {r.variant} {r.shape.short()}: "
-                  f"{shlex.join(command(sanitizer or 'compute-sanitizer', r))}")
+            cmd = command(sanitizer or "compute-sanitizer", r, args.racecheck_report)
+            print(f"[{i}/{len(runs)}] {r.tool} {r.pass_} {r.variant} {r.shape_text()}: "
+                  f"{shlex.join(cmd)}")
         return 0
     if sanitizer is None:
         print(f"{PROG}: compute-sanitizer not found ($COMPUTE_SANITIZER, PATH, $CUDA_HOME/bin, "
@@ -314,31 +434,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         return problem
     import torch
-    if any(registry.get(r.variant, r.pass_).needs_hopper for r in runs):
+    if any(r.pass_ == PROBE or registry.get(r.variant, r.pass_).needs_hopper for r in runs):
         major, minor = torch.cuda.get_device_capability()
         if major != 9:
             print(f"{PROG}: the variants need a Hopper GPU (sm_90); this one is sm_{major}{minor}",
                   file=sys.stderr)
             return 2
     os.makedirs(args.out, exist_ok=True)
-    print(f"{len(runs)} runs, logs in {args.out}; {sanitizer}", flush=True)
-    rows, failed = [], 0
-    for i, r in enumerate(runs, 1):
-        t0 = time.monotonic()
-        log, rc = execute(r, sanitizer, args.out, args.timeout)
-        with open(log, errors="replace") as f:
-            report = parse_report(f.read(), r.tool)
-        ok, verdict = judge(r, report, rc)
-        failed += not ok
-        secs = time.monotonic() - t0
-        print(f"[{i}/{len(runs)}] {r.tool} {r.pass_} {r.variant} {r.shape.short()}: "
-              f"{'ok' if ok else 'FAIL'}, {verdict} ({secs:.0f} s)", flush=True)
-        rows.append({"tool": r.tool, "pass": r.pass_, "variant": r.variant,
-                     "shape": r.shape.short(), "findings": report.findings,
-                     "verdict": ("ok: " if ok else "FAIL: ") + verdict, "seconds": round(secs),
-                     "log": os.path.relpath(log, args.out)})
+    print(f"{len(runs)} runs, {args.jobs} at a time, logs in {args.out}; {sanitizer}", flush=True)
+
+    def line(i: int, row: dict) -> None:
+        print(f"[{i}/{len(runs)}] {row['tool']} {row['pass']} {row['variant']} {row['shape']}: "
+              f"{'ok' if row['ok'] else 'FAIL'}, {row['verdict'].split(': ', 1)[1]} "
+              f"({row['seconds']} s)", flush=True)
+
+    t0 = time.monotonic()
+    try:
+        rows = run_all(runs, sanitizer, args.out, args.timeout, args.jobs,
+                       args.racecheck_report, line)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; the running children were killed", file=sys.stderr)
+        return 130
+    failed = sum(not r["ok"] for r in rows)
     table = format_table(rows, COLUMNS)
-    summary = f"{table}\n{len(runs) - failed} of {len(runs)} runs passed"
+    summary = (f"{table}\n{len(runs) - failed} of {len(runs)} runs passed "
+               f"({time.monotonic() - t0:.0f} s, --jobs {args.jobs})")
     print(f"\n{summary}")
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
         f.write(summary + "\n")

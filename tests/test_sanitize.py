@@ -1,7 +1,8 @@
 """Tests of profiling/sanitize.py on the CPU: reading sanitizer reports (realistic sample text of
 memcheck, racecheck and synccheck), the allow-list's verdicts, the shapes and runs chosen per
-variant (registry only), the child's command, and the CLI's refusals; (gpu marker) the worker of
-every planned run, without the sanitizer."""
+variant (registry only), the probe's runs, the child's command, running children in parallel
+(--jobs, with a stand-in sanitizer script), and the CLI's refusals; (gpu marker) the worker of
+every planned run, the probe's included, without the sanitizer."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,8 @@ import re
 import stat
 import subprocess
 import sys
+import textwrap
+import time
 
 import pytest
 from conftest import no_gpu_env
@@ -216,6 +219,33 @@ def test_plan_of_the_runs():
     assert {r.pass_ for r in sanitize.plan(["memcheck"], ["fwd", "bwd"], ["tlx_ws_kv"])} == {"fwd"}
 
 
+def test_plan_with_the_probe_and_one_shape_set():
+    runs = sanitize.plan(["racecheck", "synccheck"], ["probe", "bwd"], ["tlx_ws"], ["small"])
+    assert [(r.tool, r.pass_, r.variant, r.shape) for r in runs[:2]] == [
+        ("racecheck", "probe", "ws_probe", None), ("synccheck", "probe", "ws_probe", None)]
+    assert [(r.pass_, r.shape.N) for r in runs[2:]] == [("bwd", 256), ("bwd", 256)]
+    assert sanitize.plan(["memcheck"], ["probe"], None) == [
+        Run("memcheck", "probe", "ws_probe", None)]
+    ragged = sanitize.plan(["memcheck"], ["fwd"], ["triton"], ["ragged"])
+    assert [r.shape for r in ragged] == list(sanitize.RAGGED_N)
+    with pytest.raises(ValueError, match="tlx_ws: not a variant of pass probe"):
+        sanitize.plan(["memcheck"], ["probe"], ["tlx_ws"])
+    # the default passes are the registered ones: no probe
+    assert all(r.pass_ != "probe" for r in sanitize.plan(sanitize.TOOLS, registry.PASSES, None))
+
+
+def test_the_probes_command_and_tag():
+    run = Run("racecheck", "probe", "ws_probe", None)
+    cmd = sanitize.command("cs", run, racecheck_report="hazard")
+    text = " ".join(cmd)
+    assert "--racecheck-report hazard" in text
+    assert f"--kernel-name kns={sanitize.PROBE_KERNEL}" in text
+    assert cmd[cmd.index(sys.executable) + 1:] == [sanitize.SCRIPT, "--worker", "--pass", "probe"]
+    assert run.tag() == "racecheck-probe-ws_probe" and run.shape_text() == "probe launch"
+    from profiling import ws_probe
+    assert ws_probe.KERNEL_NAME == sanitize.PROBE_KERNEL == ws_probe.ws_probe_kernel.__name__
+
+
 def test_the_childs_command():
     run = Run("racecheck", "bwd", "tlx_ws", SMALL)
     cmd = sanitize.command("/cuda/bin/compute-sanitizer", run)
@@ -257,6 +287,96 @@ def test_dry_run_needs_no_gpu():
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 2 * len(registry.all_variants("bwd"))
     assert all("--tool memcheck" in line and "--worker --pass bwd" in line for line in lines)
+    r = run_cli("--dry-run", "--tool", "racecheck", "--pass", "probe", "--racecheck-report",
+                "hazard", env=no_gpu_env())
+    assert r.returncode == 0, r.stderr
+    (line,) = r.stdout.strip().splitlines()
+    assert line.startswith("[1/1] racecheck probe ws_probe probe launch: ")
+    assert "--racecheck-report hazard" in line and line.endswith("--worker --pass probe")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running children in parallel (a stand-in sanitizer: a script that sleeps, then prints a report)
+
+FAKE_SANITIZER = textwrap.dedent("""\
+    #!/bin/sh
+    # stand-in compute-sanitizer: --tool T ... --variant V ...; sleeps per variant, then reports
+    tool=""; variant=""; prev=""
+    for a in "$@"; do
+      [ "$prev" = "--tool" ] && tool="$a"
+      [ "$prev" = "--variant" ] && variant="$a"
+      prev="$a"
+    done
+    case "$variant" in
+      triton) sleep 1.5 ;;
+      tlx_ws) sleep 0.2 ;;
+      *) sleep 30 ;;
+    esac
+    echo "========= COMPUTE-SANITIZER"
+    echo "{done}: $variant"
+    if [ "$tool" = racecheck ]; then
+      echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+    else
+      echo "========= ERROR SUMMARY: 0 errors"
+    fi
+    """).format(done=sanitize.WORKER_DONE)
+
+
+@pytest.fixture
+def fake_sanitizer(tmp_path):
+    path = tmp_path / "compute-sanitizer"
+    path.write_text(FAKE_SANITIZER)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_jobs_run_children_at_once_and_keep_the_order(fake_sanitizer, tmp_path):
+    runs = [Run(t, "fwd", v, SMALL) for v in ("triton", "tlx_ws") for t in sanitize.TOOLS]
+    seen = []
+    t0 = time.monotonic()
+    rows = sanitize.run_all(runs, fake_sanitizer, str(tmp_path), timeout=60, jobs=6,
+                            report=lambda i, row: seen.append((i, row["tool"], row["variant"])))
+    wall = time.monotonic() - t0
+    assert seen == [(i, r.tool, r.variant) for i, r in enumerate(runs, 1)]
+    assert [(r["tool"], r["variant"]) for r in rows] == [(r.tool, r.variant) for r in runs]
+    assert all(r["ok"] and r["verdict"] == "ok: clean" and r["findings"] == 0 for r in rows)
+    assert wall < 4.5, wall  # 3 x 1.5 s + 3 x 0.2 s one after another would be 5.1 s
+    for r in runs:  # each log starts with its command
+        with open(tmp_path / f"{r.tag()}.log") as f:
+            assert f.readline().startswith(f"$ {fake_sanitizer} --tool {r.tool}")
+
+
+def test_jobs_keep_the_per_run_timeout(fake_sanitizer, tmp_path):
+    runs = [Run("memcheck", "fwd", "tlx_ws_kv", SMALL),  # sleeps 30 s: killed after 1 s
+            Run("memcheck", "fwd", "tlx_ws", SMALL)]
+    t0 = time.monotonic()
+    rows = sanitize.run_all(runs, fake_sanitizer, str(tmp_path), timeout=1, jobs=2)
+    assert time.monotonic() - t0 < 10
+    assert [r["verdict"] for r in rows] == ["FAIL: timed out", "ok: clean"]
+    assert not sanitize._LIVE  # every child is gone
+
+
+def test_an_interrupt_kills_the_running_children(fake_sanitizer, tmp_path):
+    runs = [Run("memcheck", "fwd", "tlx_ws", SMALL), Run("memcheck", "fwd", "tlx_ws_kv", SMALL),
+            Run("synccheck", "fwd", "tlx_ws_kv", SMALL), Run("racecheck", "fwd", "tlx_ws_kv", SMALL)]
+
+    def interrupt(i, row):
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        sanitize.run_all(runs, fake_sanitizer, str(tmp_path), timeout=60, jobs=2,
+                         report=interrupt)
+    assert time.monotonic() - t0 < 10  # not the 30 s the children sleep
+    assert not sanitize._LIVE
+    assert not (tmp_path / f"{runs[3].tag()}.log").exists()  # never started
+
+
+def test_one_job_runs_one_child_at_a_time(fake_sanitizer, tmp_path):
+    runs = [Run("memcheck", "fwd", "tlx_ws", SMALL), Run("synccheck", "fwd", "tlx_ws", SMALL)]
+    t0 = time.monotonic()
+    rows = sanitize.run_all(runs, fake_sanitizer, str(tmp_path), timeout=60)
+    assert time.monotonic() - t0 >= 0.4 and all(r["ok"] for r in rows)
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -265,6 +385,10 @@ def test_dry_run_needs_no_gpu():
     (["--variant", "nope"], "invalid choice: 'nope'"),
     (["--pass", "bwd", "--variant", "tlx_ws_kv"], "tlx_ws_kv: not a variant of pass bwd"),
     (["--timeout", "0"], "--timeout"),
+    (["--jobs", "0"], "--jobs"),
+    (["--shapes", "huge"], "invalid choice: 'huge'"),
+    (["--racecheck-report", "some"], "invalid choice: 'some'"),
+    (["--pass", "probe", "--variant", "tlx_ws"], "tlx_ws: not a variant of pass probe"),
     (["--worker", "--pass", "fwd", "--variant", "triton"], "--worker needs --shape"),
 ])
 def test_bad_arguments_exit_2(args, needle):
@@ -291,6 +415,8 @@ def test_no_gpu_exits_2_with_one_line(tmp_path):
     r = run_cli("--worker", "--pass", "fwd", "--variant", "triton", "--shape",
                 *map(str, SMALL.fields().values()), env=no_gpu_env())
     assert r.returncode == 2 and "GPU" in r.stderr and sanitize.WORKER_DONE not in r.stdout
+    r = run_cli("--worker", "--pass", "probe", env=no_gpu_env())
+    assert r.returncode == 2 and "GPU" in r.stderr and sanitize.WORKER_DONE not in r.stdout
 
 
 def test_find_sanitizer(tmp_path, monkeypatch):
@@ -314,6 +440,6 @@ def test_find_sanitizer(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_the_worker_of_every_run(capsys):
-    for r in sanitize.plan(["memcheck"], registry.PASSES, None):
+    for r in sanitize.plan(["memcheck"], sanitize.PASSES, None):
         assert sanitize.worker(r.pass_, r.variant, r.shape) == 0, r
         assert sanitize.WORKER_DONE in capsys.readouterr().out
