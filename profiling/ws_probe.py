@@ -117,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="launch the probe once on the GPU and check its output")
     args = p.parse_args(argv)
     if args.run:
+        from profiling.common import gpu_problem
+        problem = gpu_problem("python3 -m profiling.ws_probe")
+        if problem is not None:
+            return problem
         run()
         print(f"{KERNEL_NAME}: {GRID} CTAs, output checked")
         return 0
