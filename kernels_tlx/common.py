@@ -16,8 +16,7 @@ NUM_CONSUMERS = tl.constexpr(2)
 CONSUMER_THREADS = tl.constexpr(NUM_CONSUMERS * 4 * 32)
 # Named barriers (this build's compiler emits ids 0-3 for its own partition syncs; fbtriton's
 # tutorials reserve 0-6; profiling.resources lists the ids each kernel uses):
-MERGE_BARRIER = tl.constexpr(8)    # 8 and 9: the split-j hand-over of (acc, m, l)
-I_READY_BARRIER = tl.constexpr(10)  # tlx_ws: consumer 0 has stored the identity tile (Q @ I)
+MERGE_BARRIER = tl.constexpr(9)    # the split-j hand-over of (acc, m, l): bar.arrive, bar.sync
 TURN_BARRIER = tl.constexpr(11)     # 11 + c: consumer c's turn on the tensor cores (pingpong)
 
 
@@ -83,9 +82,9 @@ def merge_and_store(acc, m_i, l_i, cid, merge_acc, merge_m, Out, Lse, b, g, tok,
         tlx.local_store(merge_acc, acc)
         tlx.local_store(tlx.local_view(merge_m, 0), m_i)
         tlx.local_store(tlx.local_view(merge_m, 1), l_i)
-        tlx.named_barrier_arrive(MERGE_BARRIER + 1, CONSUMER_THREADS)
+        tlx.named_barrier_arrive(MERGE_BARRIER, CONSUMER_THREADS)
     else:
-        tlx.named_barrier_wait(MERGE_BARRIER + 1, CONSUMER_THREADS)
+        tlx.named_barrier_wait(MERGE_BARRIER, CONSUMER_THREADS)
         m_o = tlx.local_load(tlx.local_view(merge_m, 0))
         l_o = tlx.local_load(tlx.local_view(merge_m, 1))
         m_new = tl.maximum(m_i, m_o)

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import (CONSUMER_THREADS, I_READY_BARRIER, MERGE_BARRIER, NUM_CONSUMERS,
+from kernels_tlx.common import (CONSUMER_THREADS, NUM_CONSUMERS,
                                 merge_and_store, opaque, pass_turn, produce_kv, release_layout,
                                 take_turn, v1_layout)
 from kernels_triton.host import entry_points
@@ -170,6 +170,11 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
     empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=NUM_CONSUMERS)
     q_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
+    # consumer 0 has stored I (i_ready), and its Q @ I has read it (i_free: consumer 1 may then
+    # overwrite the tile with its accumulator). mbarriers, not named barriers that the two
+    # consumers would reach at two different bar.sync instructions (docs/sanitizers.md)
+    i_ready = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
+    i_free = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
     win_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
     win_empty = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=NUM_CONSUMERS), 0)
     q_smem = tlx.local_view(q_tile, 0)
@@ -200,13 +205,16 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                 tlx.local_store(i_tile, tl.where(offs_i[:, None] == offs_i[None, :], 1.0,
                                                  0.0).to(tl.bfloat16))
                 tlx.fence_async_shared()
-            tlx.named_barrier_wait(I_READY_BARRIER, CONSUMER_THREADS)
+                tlx.barrier_arrive(i_ready, 1)
+            tlx.barrier_wait(i_ready, 0)
             tlx.barrier_wait(q_full, 0)
             # Q in the wgmma accumulator layout, kept in registers: Q @ I is exact (one product per
             # output). A local_load of Q in that layout is not enough: the compiler moves the
             # product Q * K1[j] to a blocked layout and back through shared memory.
             q = tlx.async_dot(q_smem, i_tile)
             q = tlx.async_dot_wait(0, q).to(tl.bfloat16)
+            if cid == 0:
+                tlx.barrier_arrive(i_free, 1)
 
             j_lo = j_first + cid
             # pingpong: both consumers issue the same number of wgmma (consumer 1's extra step of
@@ -249,8 +257,8 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                     tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
                 tlx.barrier_arrive(win_empty, 1)
             enter("epilogue", PROFILE)
-            # both consumers are past their Q @ I: the I tile carries consumer 1's accumulator
-            tlx.named_barrier_wait(MERGE_BARRIER, CONSUMER_THREADS)
+            if cid == 1:  # consumer 0 is past its Q @ I: the I tile carries this accumulator
+                tlx.barrier_wait(i_free, 0)
             merge_acc = tlx.local_reinterpret(i_view, tl.float32, [BLOCK_M, D])
             # the output rows' coordinates, recomputed from an opaque copy of the row index:
             # otherwise LLVM keeps the Q load's row offsets alive across the loop (spills)
