@@ -49,18 +49,25 @@ def _spin(x, n):
 
 
 @triton.jit
-def ws_probe_kernel(Out, Seed, iters, CONSUMER_REGS: tl.constexpr):
+def ws_probe_kernel(Out, Seed, iters, CONSUMER_REGS: tl.constexpr,
+                    PARTITION_BARRIERS: tl.constexpr = 0):
     pid = tl.program_id(0)
     seed = tl.load(Seed + pid)  # not recomputable in a task: passed to them through shared memory
     with tlx.async_tasks():
         with tlx.async_task("default"):
             lanes = tl.arange(0, 128)
             x = _spin(seed + lanes, iters)
+            if PARTITION_BARRIERS > 0:  # bar.sync of this warp group alone, as in our kernels
+                tl.debug_barrier()
             tl.store(Out + (pid * 3) * 128 + lanes, x)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             r = tlx.async_task_replica_id()
             lanes = tl.arange(0, 128)
             x = _spin(seed + lanes + 1000 * (r + 1), iters * (r + 2))
+            if PARTITION_BARRIERS > 0:
+                tl.debug_barrier()
+            if PARTITION_BARRIERS > 1 and r == 1:  # 2: replica 1 syncs its warp group twice
+                tl.debug_barrier()
             tl.store(Out + (pid * 3 + 1 + r) * 128 + lanes, x)
 
 
@@ -68,8 +75,10 @@ def compile_config() -> CompileConfig:
     """The probe as profiling.resources compiles our kernels (sm_90a, no GPU)."""
     return CompileConfig(name="ws_probe", fn=ws_probe_kernel,
                          signature={"Out": "*i32", "Seed": "*i32", "iters": "i32",
-                                    "CONSUMER_REGS": "constexpr"},
-                         constexprs={"CONSUMER_REGS": CONSUMER_REGS}, num_warps=4, num_stages=1)
+                                    "CONSUMER_REGS": "constexpr",
+                                    "PARTITION_BARRIERS": "constexpr"},
+                         constexprs={"CONSUMER_REGS": CONSUMER_REGS, "PARTITION_BARRIERS": 0},
+                         num_warps=4, num_stages=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,15 +101,19 @@ def expected(seeds: Sequence[int], iters: int):
     return torch.stack(out, dim=1).to(torch.int32)
 
 
-def run(grid: int = GRID, iters: int = ITERS, check: int = 4) -> None:
+def run(grid: int = GRID, iters: int = ITERS, check: int = 4,
+        partition_barriers: int = 0) -> None:
     """One launch of the probe on the GPU; the first and last `check` CTAs' slices checked against
-    `expected` (AssertionError naming the first wrong one)."""
+    `expected` (AssertionError naming the first wrong one). partition_barriers: 1, each task also
+    runs a barrier of its own warp group (`bar.sync id, 128`, as the compiler emits in our
+    kernels' tasks) before its store; 2, replica 1 runs two (the tasks then pass different counts
+    of barriers, as our consumers do when their trip counts differ)."""
     import torch
 
     seeds = torch.arange(grid, dtype=torch.int32, device="cuda") * 7919 + 11
     out = torch.zeros(grid, TASKS, LANES, dtype=torch.int32, device="cuda")
-    ws_probe_kernel[(grid,)](out, seeds, iters, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
-                             num_stages=1)
+    ws_probe_kernel[(grid,)](out, seeds, iters, CONSUMER_REGS=CONSUMER_REGS,
+                             PARTITION_BARRIERS=partition_barriers, num_warps=4, num_stages=1)
     torch.cuda.synchronize()
     ctas = sorted({*range(min(check, grid)), *range(max(grid - check, 0), grid)})
     want = expected(seeds[ctas].tolist(), iters)
@@ -115,13 +128,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--run", action="store_true",
                    help="launch the probe once on the GPU and check its output")
+    p.add_argument("--partition-barriers", type=int, choices=(0, 1, 2), default=0, metavar="K",
+                   help="with --run: 1, each task also syncs its own warp group (bar.sync id, "
+                        "128); 2, one task twice (default 0)")
     args = p.parse_args(argv)
     if args.run:
         from profiling.common import gpu_problem
         problem = gpu_problem("python3 -m profiling.ws_probe")
         if problem is not None:
             return problem
-        run()
+        run(partition_barriers=args.partition_barriers)
         print(f"{KERNEL_NAME}: {GRID} CTAs, output checked")
         return 0
     from profiling import ws_dispatch

@@ -130,8 +130,8 @@ def test_parse_synccheck_and_a_report_without_summary():
 RUN = Run("racecheck", "fwd", "tlx_ws", sanitize.RAGGED_N[0])
 
 
-def test_the_allow_list_starts_empty_and_every_entry_points_at_the_docs():
-    assert sanitize.ALLOWED == {}  # nothing is explained yet (the tlx_ws hazards included)
+def test_every_allow_list_entry_points_at_the_docs():
+    assert sanitize.ALLOWED  # the dispatch and the TMA-init findings
     for (tool, pass_, name), entry in sanitize.ALLOWED.items():
         assert tool in sanitize.TOOLS and registry.get(name, pass_)
         path, _, anchor = entry.doc.partition("#")
@@ -149,8 +149,39 @@ def test_judge_clean_and_unexplained():
     assert judge(RUN, parse_report(RACECHECK_CLEAN, "racecheck"), 0) == (True, "clean")
     ok, why = judge(RUN, parse_report(RACECHECK, "racecheck"), 1, allowed={})
     assert not ok and why == "2 findings, not allowed"
-    ok, why = judge(RUN, parse_report(RACECHECK, "racecheck"), 1)  # ALLOWED itself: empty
+    ok, why = judge(RUN, parse_report(RACECHECK, "racecheck"), 1)  # ALLOWED: not these lines
     assert not ok
+
+
+@pytest.mark.parametrize("key,line,allowed", [
+    (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
+     "simplicial_fwd_ws_kernel+0x9600 in /work/main/kernels_tlx/ws.py:148", True),
+    (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
+     "simplicial_fwd_ws_kernel+0x9640 in ws.py:148", True),   # as the H100's racecheck prints it
+    (("racecheck", "bwd", "tlx_ws"), "Warning: Race reported between Write access at "
+     "_dq_kernel+0x26a0 in bwd.py:343", True),
+    (("racecheck", "fwd", "tlx_pingpong"), "Error: Race reported between Write access at "
+     "simplicial_fwd_ws_kernel+0x9d70 in /r/kernels_tlx/ws.py:148", True),
+    (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
+     "simplicial_fwd_ws_kernel+0x3b70 in /repo/kernels_tlx/ws.py:131", False),   # not the entry
+    (("racecheck", "fwd", "tlx_ws"), "Warning: Race reported between Write access at "
+     "simplicial_fwd_ws_kernel+0x9600 in /repo/kernels_tlx/ws.py:148", False),   # a warning
+    (("racecheck", "fwd", "triton"), "Warning: Race reported between Write access at "
+     "simplicial_fwd_kernel+0x42b0 in /repo/kernels_triton/fwd.py:88", True),
+    (("racecheck", "fwd", "triton"), "Warning: Race reported between Write access at "
+     "simplicial_fwd_kernel+0x42b0 in /repo/kernels_triton/fwd.py:90", False),
+    (("racecheck", "bwd", "triton"), "Warning: Race reported between Write access at "
+     "_dq_kernel+0x1ea0 in /repo/kernels_triton/bwd.py:344", True),
+    (("racecheck", "bwd", "tlx_ws"), "Warning: Race reported between Write access at "
+     "_dq_kernel+0x1ea0 in /repo/kernels_triton/bwd.py:343", True),
+    (("racecheck", "bwd", "tlx_ws"), "Error: Race reported between Write access at "
+     "_dkv2_ws_kernel+0x1ad0 in /repo/kernels_tlx/bwd_ws.py:128", True),
+    (("racecheck", "bwd", "tlx_ws"), "Error: Race reported between Write access at "
+     "_dkv2_ws_kernel+0x2000 in /repo/kernels_tlx/bwd_ws.py:71", False),
+])
+def test_the_allowed_patterns(key, line, allowed):
+    """Each entry admits its explained report line and not a neighbour's."""
+    assert bool(re.search(sanitize.ALLOWED[key].pattern, line)) == allowed
 
 
 def test_judge_by_count_and_pattern():
