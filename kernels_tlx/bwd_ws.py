@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from kernels_tlx import bwd_dq_ws
 from kernels_tlx.common import NUM_CONSUMERS, opaque
 from kernels_tlx.hadamard import build, row_tile
 from kernels_triton import bwd as triton_bwd
@@ -245,21 +246,28 @@ def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
-    """`triton`'s (kernels_triton.bwd.profiled_kernels), with this file's k-owner in "dkv2": a
-    producer and NUM_CONSUMERS consumer warp groups."""
-    return {**triton_bwd.profiled_kernels(spec),
-            "dkv2": config(spec)["num_warps"] * (1 + NUM_CONSUMERS.value)}
+    """`triton`'s (kernels_triton.bwd.profiled_kernels), with this file's k-owner in "dkv2" and,
+    at G = 128, kernels_tlx/bwd_dq_ws.py's row-owner in "dq": a producer and NUM_CONSUMERS
+    consumer warp groups each."""
+    warps = config(spec)["num_warps"] * (1 + NUM_CONSUMERS.value)
+    out = {**triton_bwd.profiled_kernels(spec), "dkv2": warps}
+    if bwd_dq_ws.supports(spec) is None:
+        out["dq"] = bwd_dq_ws.config(spec)["num_warps"] * (1 + NUM_CONSUMERS.value)
+    return out
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False) -> None:
-    """`kernels_triton.bwd.launch` with this file's k-owner in place of `_dkv2_kernel`."""
+    """`kernels_triton.bwd.launch` with this file's k-owner in place of `_dkv2_kernel` and, at
+    G = 128, kernels_tlx/bwd_dq_ws.py's row-owner in place of `_dq_kernel`."""
     triton_bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
-                      profile=profile, dkv2=launch_dkv2)
+                      profile=profile, dkv2=launch_dkv2,
+                      dq_fn=bwd_dq_ws.launch_dq if bwd_dq_ws.supports(spec) is None else None)
 
 
 def compile_configs() -> list[CompileConfig]:
-    """The k-owner at every compile shape it supports (the rest is `triton`'s)."""
+    """The k-owner at every compile shape it supports, and the row-owner of
+    kernels_tlx/bwd_dq_ws.py at its own (the rest is `triton`'s)."""
     out = []
     for spec in triton_bwd.compile_specs():
         if supports(spec) is not None:
@@ -270,4 +278,4 @@ def compile_configs() -> list[CompileConfig]:
         out.append(triton_bwd.kernel_config("dkv2", _dkv2_ws_kernel, spec, cfg, {
             **triton_bwd.SIGNATURE, "Q": rows, "K2": kv, "V2": kv, "DO": rows, "DK2": "*bf16",
             "DV2": "*bf16", **triton_bwd.SCALARS}))
-    return out
+    return out + bwd_dq_ws.compile_configs()

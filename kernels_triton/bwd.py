@@ -424,36 +424,47 @@ def profiled(profile: bool | str, kernel: str) -> bool:
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
-           profile: bool | str = False, dkv2=None) -> None:
+           profile: bool | str = False, dkv2=None, dq_fn=None) -> None:
     """Fill dq [B,N,Hq,D] and dk1, dk2, dv1, dv2 [B,N,Hk,D] (bf16) from the forward's inputs, its
     out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32, and the incoming dout (bf16, like out) and dlse
     (fp32 like lse, or None). Every tensor contiguous, pairs already ordered so that w1 <= w2.
     profile: True runs the Proton-scoped copies of the k-owner and the row-owner; "dkv2" or "dq"
     that kernel's only (profiled_kernels).
-    dkv2: what fills dk2, dv2 (launch_dkv2's signature; default launch_dkv2), for a variant that
-    replaces the k-owner (kernels_tlx/bwd_ws.py)."""
-    _, _, split = tiling(spec)
-    sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    dev = q.device
+    dkv2, dq_fn: what fills dk2, dv2 (launch_dkv2's signature; default launch_dkv2) and dq, dk1,
+    dv1 (launch_dq's; default launch_dq), for a variant that replaces the k-owner or the
+    row-owner (kernels_tlx/bwd_ws.py)."""
     rows = spec.B * spec.N * spec.Hq
-    delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=dev)
+    delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=q.device)
     _delta_kernel[(triton.cdiv(rows, DELTA_ROWS),)](
         out, dout, dlse if dlse is not None else delta, delta, spec.N, rows, HQ=spec.Hq, D=spec.D,
         ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
-    shape = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profiled(profile, "dq"))
-    qk_scale = spec.sm_scale * LOG2E
-    dqc = dq_config(spec)
     (dkv2 or launch_dkv2)(spec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
                           profiled(profile, "dkv2"))
-    pk1 = torch.zeros(sc.partial, dtype=torch.float32, device=dev)
-    pv1 = torch.zeros(sc.partial, dtype=torch.float32, device=dev)
+    (dq_fn or launch_dq)(spec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
+                         profiled(profile, "dq"))
+
+
+def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
+              profile: bool = False) -> None:
+    """`_dq_kernel` then `_dkv1_kernel`: dq, dk1, dv1 from the inputs, dout, lse and Delta."""
+    sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    dqc = dq_config(spec)
+    pk1 = torch.zeros(sc.partial, dtype=torch.float32, device=q.device)
+    pv1 = torch.zeros(sc.partial, dtype=torch.float32, device=q.device)
     k2d, v2d = (kv_descriptor(t, spec, dqc["BLOCK_N"]) for t in (k2, v2))
-    dq_acc = torch.empty(sc.dq_tiles, dtype=torch.float32, device=dev)
+    dq_acc = torch.empty(sc.dq_tiles, dtype=torch.float32, device=q.device)
     _dq_kernel[(sc.n_programs,)](
         q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, pk1, pv1, spec.N, spec.w1, spec.w2,
-        qk_scale, spec.sm_scale, sc.L, sc.n_chunks, **shape, **dqc)
+        spec.sm_scale * LOG2E, spec.sm_scale, sc.L, sc.n_chunks, HQ=spec.Hq, HK=spec.Hk, G=spec.G,
+        D=spec.D, PROFILE=profile, **dqc)
+    launch_dkv1(spec, pk1, pv1, dk1, dv1, sc.L, sc.n_chunks, tiling(spec)[2])
+
+
+def launch_dkv1(spec: ProblemSpec, pk1, pv1, dk1, dv1, L: int, n_chunks: int, split: int) -> None:
+    """`_dkv1_kernel`: dk1, dv1 from the partial slices (split head splits, n_chunks chunks of L
+    tokens) that a row-owner wrote."""
     _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS) * spec.B * spec.Hk,)](
-        pk1, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, sc.L, sc.n_chunks, HK=spec.Hk, D=spec.D,
+        pk1, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk, D=spec.D,
         SPLIT=split, ROWS=DKV1_ROWS, num_warps=4)
 
 

@@ -1,0 +1,350 @@
+"""The `tlx_ws` backward's row-owner (dQ and the dK1/dV1 partials), warp-specialized in TLX.
+
+It replaces `kernels_triton/bwd.py`'s `_dq_kernel` at G = 128 and writes the same dK1/dV1 partial
+slices (two head halves, chunks of L tokens), which that file's `_dkv1_kernel` then sums. One
+program per (batch, KV head, chunk of L tokens); its tile is one token's 128 query heads, and the
+two consumer warp groups own one head half (64 rows) each, so both read the same key blocks.
+
+Warp groups:
+- producer ("default", 4 warps): per (token, j) builds A_j = Q * K1[j] and dO_j = dO * V1[j] for
+  both halves (bf16 products, the roundings of `triton`; Q and dO read from global memory, where
+  the token's rows stay cached) into slot c % NUM_A of a ring (`a_fulls`; `a_empties`, one arrival
+  per consumer, frees a slot), then TMA-loads the token's key blocks (64 keys of K2 and V2) into a
+  ring of NUM_KV stages (`kv_fulls` / `kv_empties`), the same blocks for every j.
+- Two consumers, rows 64c .. 64c + 63 of the tile. Per j, X_j and Z_j (64 x D fp32 each) are
+  register accumulators over the key blocks:
+      S  = A_j K2^T          dP = dO_j V2^T                          (SS-wgmma, 64 rows x 64 keys)
+      P  = exp2(S c log2e - LSE log2e) for keys in the token's w2 window, else 0
+      dS = P (dP - Delta)    (the exp2 runs while dP is still in flight)
+      X_j += dS K2           Z_j += P V2                             (RS-wgmma, 64 rows x D)
+  then the epilogue (`epilogue`): the consumer's fp32 dQ scratch tile += K1[j] * X_j through a
+  TMA reduce-add from its slot (the tile would not fit in registers beside X_j and Z_j), and row
+  j of its dK1/dV1 partial slice gets sum_r q * X_j and sum_r dO * Z_j (read-add-write in
+  program order). At the token's last j the tile is read back and stored to dQ, scaled by
+  sm_scale, in bf16.
+Deterministic: every sum has a fixed order (the reduce-adds into a tile are issued one at a time,
+each after the previous one has landed).
+Executed tensor-core work: the 4 GEMMs of `_dq_kernel`, with 64-key blocks (wgmma N = 64) instead
+of 32, and no edge waste: a token's key blocks start at its first key.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS
+from kernels_tlx.hadamard import mul_bf16x2, row_tile
+from kernels_triton import bwd as triton_bwd
+from kernels_triton.host import kv_descriptor
+from kernels_triton.tiling import BF16_BYTES, LOG2E, enter, leave
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+ROWS = tl.constexpr(64)  # rows per consumer: one head half of a token
+SPLIT = tl.constexpr(2)  # head halves per token (G = 128): the partial slices per chunk
+
+
+@triton.jit
+def dq_program(pid, N, n_chunks, L, HK: tl.constexpr, D: tl.constexpr):
+    """Program pid's batch b, KV head g, chunk, its tokens [t0, t_end) and kv_base (token 0 of
+    (b, g) in a [B, N, HK, D] tensor). Grid: chunks fastest, then B * HK."""
+    chunk = pid % n_chunks
+    bg = pid // n_chunks
+    b = bg // HK
+    g = bg % HK
+    t0 = chunk * L
+    return b, g, bg, chunk, t0, tl.minimum(t0 + L, N), b.to(tl.int64) * N * (HK * D) + g * D
+
+
+@triton.jit
+def build_rows(row, X, row0, j, dst_tile, dst_row: tl.constexpr, D: tl.constexpr,
+               CH: tl.constexpr):
+    """Producer: rows dst_row .. dst_row + ROWS - 1 of dst = row * X[row0 .. row0 + ROWS - 1]
+    (rows of a [*, D] tensor in global memory), CH rows at a time. The addresses are made from
+    an opaque function of j, the loop variable (held across the loops, they spill)."""
+    offs = triton_bwd._fresh_rows(j, CH)[:, None] * D + tl.arange(0, D)[None, :]
+    for ch in tl.static_range(ROWS // CH):
+        x = tl.load(X + (row0 + ch * CH) * D + offs)
+        tlx.local_store(tlx.local_slice(dst_tile, [dst_row + ch * CH, 0], [CH, D]),
+                        mul_bf16x2(x, row))
+
+
+@triton.jit
+def _tile(r, D: tl.constexpr):
+    """Offsets of rows r of a row-major [*, D] tile."""
+    return r[:, None] * D + tl.arange(0, D)[None, :]
+
+
+@triton.jit
+def fresh_program_id(v):
+    """tl.program_id(0), recomputed where it is used (an opaque function of v, a loop variable):
+    what is derived from it is not held in registers across the loop."""
+    return triton_bwd._fresh_rows(v, 1).sum(0) + tl.program_id(0)
+
+
+@triton.jit
+def window_starts(t, w1, w2):
+    """Token t's first key and first j, max(t - w + 1, 0), written as max(t + 1, w) - w: the
+    obvious form gives LLVM a loop invariant 1 - w, which ptxas computes once before the warp
+    groups split and then spills across their register reallocation."""
+    return tl.maximum(t + 1, w2) - w2, tl.maximum(t + 1, w1) - w1
+
+
+@triton.jit
+def bulk_wait_all():
+    """Wait until this thread's bulk (TMA) stores and reduce-adds have completed, their writes to
+    global memory included (`cp.async.bulk.wait_group 0`; tlx.async_descriptor_store_wait(0) is
+    the `.read` form: the shared-memory source has been read). A no-op in a thread that issued
+    none."""
+    tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n mov.b32 $0, 0;", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L, n_chunks, t, j,
+             j_lo, sm_scale, cid, HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
+             D: tl.constexpr, PROFILE: tl.constexpr):
+    """One consumer after the key loop of j (its wgmmas done, so its slot is free), X_j and Z_j
+    (ROWS x D fp32) in registers:
+      dQ scratch tile (rows tile_row ..) += K1[j] * X_j    a TMA store at j = j_lo, a TMA
+                                                          reduce-add after it, in j order
+      PK1[slot] += sum_r q * X_j      PV1[slot] += sum_r dO * Z_j      (read-add-write)
+    X_j and Z_j pass through `ep` (the slot as fp32) to meet q and dO rows loaded in a coalesced
+    layout; K1[j] * X_j is written over X_j in place, for the TMA. The global loads are issued
+    before the shared-memory traffic they wait on. At j = t (the token's last j) the scratch tile,
+    once its last reduce-add has landed, is read back and stored to dQ, scaled, in bf16.
+    The slot goes back to the producer (`a_empty`) once the TMA has read it."""
+    enter("epilogue", PROFILE)
+    # coordinates and addresses made here from an opaque program id, not held over the key loop
+    # (there ptxas spills them)
+    pid = fresh_program_id(j)
+    b, g, bg, chunk, _, _, kv_base = dq_program(pid, N, n_chunks, L, HK, D)
+    rows = ((b.to(tl.int64) * N + t) * HQ + g * G + cid * ROWS) * D  # this half of Q, dO, dQ
+    slot = ((bg * SPLIT + cid).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D \
+        + (j - chunk * L + w1 - 1) * D  # row j of this consumer's dK1/dV1 partial slice
+    tile_row = (pid * SPLIT + cid) * ROWS  # this consumer's dQ scratch tile
+    tile = _tile(triton_bwd._fresh_rows(j, ROWS), D)
+    offs_d = triton_bwd._fresh_rows(j, D)
+    q = tl.load(Q + rows + tile)
+    k1 = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
+    pk1 = tl.load(PK1 + slot + offs_d)
+    pv1 = tl.load(PV1 + slot + offs_d)
+    tlx.local_store(ep, x)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    xs = tlx.local_load(ep)
+    pk1 += tl.sum(q.to(tl.float32) * xs, 0)
+    tlx.local_store(ep, xs * k1[None, :])  # each thread over the elements it read
+    tlx.fence_async_shared()
+    do = tl.load(DO + rows + tile)
+    bulk_wait_all()  # j - 1's reduce-add has landed (in every thread that issued a part of it)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # so the tile's adds are in j order
+    if j == j_lo:
+        tlx.async_descriptor_store(DQtma, ep, [tile_row, 0])
+    else:
+        tlx.async_descriptor_store(DQtma, ep, [tile_row, 0], store_reduce="add")
+    tl.store(PK1 + slot + offs_d, pk1)
+    tlx.async_descriptor_store_wait(0)  # the TMA has read ep: Z_j may go there
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    tlx.local_store(ep, z)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    pv1 += tl.sum(do.to(tl.float32) * tlx.local_load(ep), 0)
+    tl.store(PV1 + slot + offs_d, pv1)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every thread has read ep
+    tlx.barrier_arrive(a_empty, 1)
+    if j == t:
+        bulk_wait_all()
+        tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # the tile's last add has landed
+        # read from L2 (.cg): the TMA writes went there, and L1 may hold the last token's tile
+        acc = tl.load(DQacc + tile_row.to(tl.int64) * D + tile, cache_modifier=".cg")
+        tl.store(DQ + rows + tile, (acc * sm_scale).to(tl.bfloat16))
+    leave("epilogue", PROFILE)
+
+
+@triton.jit
+def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1, N, w1, w2,
+                  qk_scale, sm_scale, L, n_chunks, HQ: tl.constexpr, HK: tl.constexpr,
+                  G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_A: tl.constexpr,
+                  NUM_KV: tl.constexpr, CH: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+                  PROFILE: tl.constexpr = False):
+    tl.static_assert(G == SPLIT * ROWS, "one token's heads fill the two consumers' rows")
+    # a slot per consumer: A_j (rows 0 .. 63) over dO_j (rows 64 .. 127); after the consumer's
+    # key loop of j the same bytes are `ep_tiles`, an fp32 [ROWS, D] tile in the layout of the
+    # dQ scratch's TMA boxes, for the epilogue
+    slots = tlx.storage_alias_spec()
+    ad_tiles = tlx.local_alloc((2 * ROWS, D), tl.bfloat16, NUM_A * NUM_CONSUMERS, reuse=slots)
+    ep_tiles = tlx.local_alloc((ROWS, D), tl.float32, NUM_A * NUM_CONSUMERS, reuse=slots)
+    k2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_KV)
+    v2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_KV)
+    a_fulls = tlx.alloc_barriers(num_barriers=NUM_A, arrive_count=1)
+    a_empties = tlx.alloc_barriers(num_barriers=NUM_A, arrive_count=NUM_CONSUMERS)
+    kv_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
+    kv_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: A_j, dO_j per (token, j), then its key blocks
+            t = dq_program(tl.program_id(0), N, n_chunks, L, HK, D)[4]
+            acnt = 0
+            kcnt = 0
+            more = True
+            # the tokens t0 .. t_end - 1 (t0 < N), with only t and the ring counters carried
+            # from token to token (at the producer's 40 registers more would spill): the loop
+            # ends at the chunk's end or N, and (b, g) is recomputed per token
+            while more:
+                b, g, _, _, _, _, kv_base = dq_program(fresh_program_id(t), N, n_chunks, L, HK, D)
+                k_lo, j_lo = window_starts(t, w1, w2)
+                n_blocks = tl.cdiv(t - k_lo + 1, BLOCK_N)
+                row0 = (b.to(tl.int64) * N + t) * HQ + g * G
+                for j in range(j_lo, t + 1):
+                    sa = acnt % NUM_A
+                    enter("build_a", PROFILE)
+                    kv_row = kv_base + j.to(tl.int64) * (HK * D)
+                    k1 = row_tile(K1, kv_row, D, CH)
+                    v1 = row_tile(V1, kv_row, D, CH)
+                    tlx.barrier_wait(tlx.local_view(a_empties, sa), ((acnt // NUM_A) & 1) ^ 1)
+                    for c in tl.static_range(NUM_CONSUMERS):
+                        ad = tlx.local_view(ad_tiles, sa * NUM_CONSUMERS + c)
+                        build_rows(k1, Q, row0 + c * ROWS, j, ad, 0, D, CH)
+                        build_rows(v1, DO, row0 + c * ROWS, j, ad, ROWS, D, CH)
+                    tlx.fence_async_shared()
+                    tlx.barrier_arrive(tlx.local_view(a_fulls, sa), 1)
+                    leave("build_a", PROFILE)
+                    acnt += 1
+                    for n in range(0, n_blocks):
+                        sk = kcnt % NUM_KV
+                        enter("load_kv", PROFILE)
+                        tlx.barrier_wait(tlx.local_view(kv_empties, sk),
+                                         ((kcnt // NUM_KV) & 1) ^ 1)
+                        full = tlx.local_view(kv_fulls, sk)
+                        tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)
+                        kb = k_lo + n * BLOCK_N  # past N: zeros (host.kv_descriptor)
+                        tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, sk), [b, kb, g * D],
+                                                  full)
+                        tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, sk), [b, kb, g * D],
+                                                  full)
+                        leave("load_kv", PROFILE)
+                        kcnt += 1
+                t += 1
+                more = (t % L != 0) & (t < N)
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid = tlx.async_task_replica_id()
+            t = dq_program(tl.program_id(0), N, n_chunks, L, HK, D)[4]
+            acnt = 0
+            kcnt = 0
+            more = True
+            while more:  # tokens t0 .. t_end - 1, as the producer's
+                b, g, _, _, _, _, _ = dq_program(fresh_program_id(t), N, n_chunks, L, HK, D)
+                k_lo, j_lo = window_starts(t, w1, w2)
+                n_blocks = tl.cdiv(t - k_lo + 1, BLOCK_N)
+                head = g * G + cid * ROWS + triton_bwd._fresh_rows(t, ROWS)  # not held over t
+                row_off = (b.to(tl.int64) * HQ + head) * N + t
+                lse2 = tl.load(Lse + row_off) * 1.4426950408889634  # LSE in log2 units
+                delta = tl.load(Delta + row_off)
+                for j in range(j_lo, t + 1):
+                    sa = acnt % NUM_A
+                    tlx.barrier_wait(tlx.local_view(a_fulls, sa), (acnt // NUM_A) & 1)
+                    ad = tlx.local_view(ad_tiles, sa * NUM_CONSUMERS + cid)
+                    a_tile = tlx.local_slice(ad, [0, 0], [ROWS, D])
+                    doj_tile = tlx.local_slice(ad, [ROWS, 0], [ROWS, D])
+                    x = tl.zeros([ROWS, D], tl.float32)
+                    z = tl.zeros([ROWS, D], tl.float32)
+                    for n in range(0, n_blocks):
+                        sk = kcnt % NUM_KV
+                        enter("qk_gemm", PROFILE)
+                        tlx.barrier_wait(tlx.local_view(kv_fulls, sk), (kcnt // NUM_KV) & 1)
+                        k2_tile = tlx.local_view(k2_tiles, sk)
+                        v2_tile = tlx.local_view(v2_tiles, sk)
+                        s = tlx.async_dot(a_tile, tlx.local_trans(k2_tile))
+                        dp = tlx.async_dot(doj_tile, tlx.local_trans(v2_tile))
+                        s = tlx.async_dot_wait(1, s)  # dP still in flight under the exp2
+                        leave("qk_gemm", PROFILE)
+                        enter("softmax", PROFILE)
+                        kok = k_lo + n * BLOCK_N + tl.arange(0, BLOCK_N) <= t
+                        p = tl.where(kok[None, :], tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
+                        dp = tlx.async_dot_wait(0, dp)
+                        ds = p * (dp - delta[:, None])
+                        leave("softmax", PROFILE)
+                        enter("pv_gemm", PROFILE)
+                        x = tlx.async_dot(ds.to(tl.bfloat16), k2_tile, x)
+                        z = tlx.async_dot(p.to(tl.bfloat16), v2_tile, z)
+                        x = tlx.async_dot_wait(1, x)
+                        z = tlx.async_dot_wait(0, z)
+                        tlx.barrier_arrive(tlx.local_view(kv_empties, sk), 1)
+                        leave("pv_gemm", PROFILE)
+                        kcnt += 1
+                    epilogue(x, z, tlx.local_view(ep_tiles, sa * NUM_CONSUMERS + cid),
+                             tlx.local_view(a_empties, sa), Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1,
+                             N, w1, L, n_chunks, t, j, j_lo, sm_scale, cid, HQ, HK, G, D,
+                             PROFILE)
+                    acnt += 1
+                t += 1
+                more = (t % L != 0) & (t < N)
+
+
+def supports(spec: ProblemSpec) -> str | None:
+    """G = 128 (one token's heads are the two consumers' rows); the rest of `triton`'s shapes."""
+    why = triton_bwd.supports(spec)
+    if why is None and spec.G != SPLIT.value * ROWS.value:
+        why = f"G = Hq/Hk = {spec.G}, not 128 (one token's heads are the two consumers' rows)"
+    return why
+
+
+def config(spec: ProblemSpec) -> dict:
+    """64-key blocks in two stages, two A_j/dO_j slots (both halves: 64 KB each), the producer's
+    build in 8-row chunks; the consumers at 232 registers (as the k-owner's)."""
+    return dict(BLOCK_N=64, NUM_A=2, NUM_KV=2, CH=8, CONSUMER_REGS=232, num_warps=4,
+                num_stages=1)
+
+
+def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
+    """L, tokens per program: the w1 window (so each j's dK1/dV1 sum has <= 2 partials per head
+    half, `_dkv1_kernel`'s rule), fewer when that leaves under four programs per SM."""
+    return max(1, min(spec.w1, spec.B * spec.Hk * spec.N // (4 * n_sm)))
+
+
+def scratch(spec: ProblemSpec, n_sm: int = 132) -> triton_bwd.Scratch:
+    """This row-owner's grid and scratch sizes (elements), in `triton_bwd.Scratch`'s terms."""
+    L = chunk_tokens(spec, n_sm)
+    n_chunks = triton.cdiv(spec.N, L)
+    n_programs = spec.B * spec.Hk * n_chunks
+    return triton_bwd.Scratch(L, n_chunks, n_programs,
+                              n_programs * SPLIT.value * (L + spec.w1 - 1) * spec.D,
+                              n_programs * SPLIT.value * ROWS.value * spec.D)
+
+
+def dq_descriptor(dq_acc, spec: ProblemSpec) -> TensorDescriptor:
+    """TMA view of the fp32 dQ scratch as [tiles * ROWS, D], a box per consumer's tile."""
+    return TensorDescriptor(dq_acc, shape=[dq_acc.numel() // spec.D, spec.D], strides=[spec.D, 1],
+                            block_shape=[ROWS.value, spec.D])
+
+
+def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
+              profile: bool = False) -> None:
+    """dq, and dk1/dv1 through the partials and `triton`'s `_dkv1_kernel`."""
+    import torch
+    cfg = config(spec)
+    sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    pk1, pv1 = (torch.zeros(sc.partial, dtype=torch.float32, device=q.device) for _ in range(2))
+    dq_acc = torch.empty(sc.dq_tiles, dtype=torch.float32, device=q.device)
+    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
+    _dq_ws_kernel[(sc.n_programs,)](
+        q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, dq_descriptor(dq_acc, spec), pk1, pv1,
+        spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E, spec.sm_scale, sc.L, sc.n_chunks,
+        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, **cfg)
+    triton_bwd.launch_dkv1(spec, pk1, pv1, dk1, dv1, sc.L, sc.n_chunks, SPLIT.value)
+
+
+def compile_configs() -> list[CompileConfig]:
+    out = []
+    for spec in triton_bwd.compile_specs():
+        if supports(spec) is not None:
+            continue
+        cfg = config(spec)
+        kv = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{spec.D}]>"
+        out.append(triton_bwd.kernel_config("dq", _dq_ws_kernel, spec, cfg, {
+            **triton_bwd.SIGNATURE, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32",
+            "DQtma": f"tensordesc<fp32[{ROWS.value},{spec.D}]>", "PK1": "*fp32", "PV1": "*fp32",
+            **triton_bwd.SCALARS, "L": "i32", "n_chunks": "i32"}))
+    return out
