@@ -25,7 +25,11 @@ Warp groups:
 Deterministic: every sum has a fixed order (the reduce-adds into a tile are issued one at a time,
 each after the previous one has landed).
 Executed tensor-core work: the 4 GEMMs of `_dq_kernel`, with 64-key blocks (wgmma N = 64) instead
-of 32, and no edge waste: a token's key blocks start at its first key.
+of 32, and little edge waste: a token's key blocks start at its first key (only its last block
+is partial).
+Scratch: `_dq_kernel`'s sizes (`kernels_triton.bwd.scratch`): at S* the two dK1/dV1 partial
+buffers 132 MB each and the fp32 dQ tiles 134 MB (a 64 x D tile per consumer and program).
+Supports D in {64, 128} at G = 128 (`supports`).
 """
 from __future__ import annotations
 
@@ -72,7 +76,7 @@ def build_rows(row, X, row0, j, dst_tile, dst_row: tl.constexpr, D: tl.constexpr
 
 
 @triton.jit
-def _tile(r, D: tl.constexpr):
+def _row_offsets(r, D: tl.constexpr):
     """Offsets of rows r of a row-major [*, D] tile."""
     return r[:, None] * D + tl.arange(0, D)[None, :]
 
@@ -125,7 +129,7 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     slot = ((bg * SPLIT + cid).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D \
         + (j - chunk * L + w1 - 1) * D  # row j of this consumer's dK1/dV1 partial slice
     tile_row = (pid * SPLIT + cid) * ROWS  # this consumer's dQ scratch tile
-    tile = _tile(triton_bwd._fresh_rows(j, ROWS), D)
+    tile = _row_offsets(triton_bwd._fresh_rows(j, ROWS), D)
     offs_d = triton_bwd._fresh_rows(j, D)
     q = tl.load(Q + rows + tile)
     k1 = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
@@ -326,6 +330,8 @@ def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, d
     import torch
     cfg = config(spec)
     sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    if sc.n_programs * SPLIT.value * ROWS.value >= 2 ** 31:  # the scratch tiles' int32 TMA rows
+        raise ValueError(f"{spec}: too many row-owner programs ({sc.n_programs}) for int32 rows")
     pk1, pv1 = (torch.zeros(sc.partial, dtype=torch.float32, device=q.device) for _ in range(2))
     dq_acc = torch.empty(sc.dq_tiles, dtype=torch.float32, device=q.device)
     k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
@@ -337,6 +343,7 @@ def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, d
 
 
 def compile_configs() -> list[CompileConfig]:
+    """The kernel at every compile shape it supports (kernels_triton.bwd.compile_specs)."""
     out = []
     for spec in triton_bwd.compile_specs():
         if supports(spec) is not None:

@@ -1,4 +1,5 @@
-"""`tlx_ws` backward: the `triton` backward with its k-owner (dK2, dV2) warp-specialized in TLX.
+"""`tlx_ws` backward: the `triton` backward with its k-owner (dK2, dV2) warp-specialized in TLX,
+and at G = 128 its row-owner too (kernels_tlx/bwd_dq_ws.py).
 
 The split is `kernels_triton/bwd.py`'s (Delta, k-owner, row-owner, reduce; 8 GEMMs, no atomics,
 bitwise deterministic); this file replaces its `_dkv2_kernel`, half of its time at S*. One

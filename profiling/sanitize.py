@@ -95,7 +95,7 @@ class Allowance:
 
 
 # The allow-list, keyed by (tool, pass, variant): the one place that excuses a finding, each
-# entry pointing at the docs section that explains it. Empty: nothing is explained yet.
+# entry pointing at the docs section that explains it (the first of them, where it covers more).
 DISPATCH_DOC = "docs/sanitizers.md#the-warp-specialization-dispatch-issue-23"
 TMA_INIT_DOC = "docs/sanitizers.md#plain-triton-tma-loads-mbarrier-init-then-arrive-in-one-warp"
 RELEASE_DOC = "docs/sanitizers.md#a-warp-groups-reads-released-by-one-threads-mbarrier-arrive"

@@ -40,7 +40,6 @@ threads storing the same values to the same bytes in one instruction (a write-wr
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import re
 import subprocess
@@ -116,11 +115,21 @@ def shared_access(op: str) -> tuple[str, int, int] | None:
     return m.group(1), int(imm.group(1), 16) if imm else 0, _WIDTH.get(m.group(2), 4)
 
 
+STATE_LOAD_WINDOW = 4  # the workers' LDS.U8 of their byte: this many instructions after the barrier
+
+
 def _state_offset(ins: list[Instr]) -> int:
-    for prev, cur in itertools.pairwise(ins):
-        if _BAR1.match(prev.op) and prev.guard is None and cur.op.startswith("LDS.U8"):
-            return shared_access(cur.op)[1]
-    raise ValueError("no LDS.U8 right after a BAR.SYNC 0x1: not a warp-specialized kernel?")
+    """The dispatch bytes' offset: that of the first unguarded LDS.U8 within STATE_LOAD_WINDOW
+    instructions after an unguarded BAR.SYNC 0x1 (the loop head; ptxas may schedule the address
+    arithmetic between them)."""
+    for i, bar in enumerate(ins):
+        if not (_BAR1.match(bar.op) and bar.guard is None):
+            continue
+        for cur in ins[i + 1:i + 1 + STATE_LOAD_WINDOW]:
+            if cur.op.startswith("LDS.U8") and cur.guard is None:
+                return shared_access(cur.op)[1]
+    raise ValueError(f"no LDS.U8 within {STATE_LOAD_WINDOW} instructions after a BAR.SYNC 0x1: "
+                     "not a warp-specialized kernel?")
 
 
 def _pred_touched(op: str) -> set[str]:

@@ -139,7 +139,8 @@ def compiled():
     return {label: ws_dispatch.compiled_sass(c) for label, c in (
         ("probe", ws_probe.compile_config()),
         ("fwd", _config("fwd", "tlx_ws", "G128_Hk1_D128_M64_N128")),
-        ("bwd", _config("bwd", "tlx_ws", "dkv2_G128_Hk1_D128_N128")))}
+        ("bwd", _config("bwd", "tlx_ws", "dkv2_G128_Hk1_D128_N128")),
+        ("bwd_dq", _config("bwd", "tlx_ws", "dq_G128_Hk1_D128_N64")))}
 
 
 def test_the_probe_has_the_kernels_dispatch(compiled):
@@ -150,6 +151,7 @@ def test_the_probe_has_the_kernels_dispatch(compiled):
     state = {"default STS state": [0, 3], "worker LDS state": [1, 4]}
     captures = {"default STS captures": [0], "worker LDS captures": [1, 4]}
     assert found["bwd"].summary() == state          # the backward passes nothing
+    assert found["bwd_dq"].summary() == state
     assert found["fwd"].summary() == found["probe"].summary() == {**state, **captures}
     for d in found.values():  # a byte per worker warp: 8 workers (two 4-warp replicas)
         assert len(d.state_bytes) == 8 and min(d.state_bytes) == d.state + 4
