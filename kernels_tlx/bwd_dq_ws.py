@@ -1,17 +1,21 @@
 """The `tlx_ws` backward's row-owner (dQ and the dK1/dV1 partials), warp-specialized in TLX.
 
-It replaces `kernels_triton/bwd.py`'s `_dq_kernel` at G = 128 and writes the same dK1/dV1 partial
-slices (two head halves, chunks of L tokens), which that file's `_dkv1_kernel` then sums. One
-program per (batch, KV head, chunk of L tokens); its tile is one token's 128 query heads, and the
-two consumer warp groups own one head half (64 rows) each, so both read the same key blocks.
+It replaces `kernels_triton/bwd.py`'s `_dq_kernel` at G = 128 and G = 64 and writes dK1/dV1
+partial slices (one per consumer, chunks of L tokens) that that file's `_dkv1_kernel` then sums.
+One program per (batch, KV head, chunk of L tokens); the two consumer warp groups own 64 rows
+each: at G = 128 a tile is one token's 128 query heads (a head half per consumer), at G = 64 two
+tokens t, t + 1 (one per consumer). Both consumers read the same key blocks: at G = 64 the tile's
+window covers both tokens' keys (one block more at w2 = 512) and its j range both tokens' j's (one
+more), each consumer masking the keys and j's its token does not see.
 
 Warp groups:
-- producer ("default", 4 warps): per (token, j) builds A_j = Q * K1[j] and dO_j = dO * V1[j] for
-  both halves (bf16 products, the roundings of `triton`; Q and dO read from global memory, where
-  the token's rows stay cached) into slot c % NUM_A of a ring (`a_fulls`; `a_empties`, one arrival
-  per consumer, frees a slot), then TMA-loads the token's key blocks (64 keys of K2 and V2) into a
-  ring of NUM_KV stages (`kv_fulls` / `kv_empties`), the same blocks for every j.
-- Two consumers, rows 64c .. 64c + 63 of the tile. Per j, X_j and Z_j (64 x D fp32 each) are
+- producer ("default", 4 warps): per (tile, j) builds A_j = Q * K1[j] and dO_j = dO * V1[j] for
+  both consumers' rows (bf16 products, the roundings of `triton`; Q and dO read from global
+  memory, where the tile's rows stay cached) into slot c % NUM_A of a ring (`a_fulls`;
+  `a_empties`, one arrival per consumer, frees a slot), then TMA-loads the tile's key blocks (64
+  keys of K2 and V2) into a ring of NUM_KV stages (`kv_fulls` / `kv_empties`), the same blocks
+  for every j.
+- Two consumers, 64 rows each. Per j, X_j and Z_j (64 x D fp32 each) are
   register accumulators over the key blocks:
       S  = A_j K2^T          dP = dO_j V2^T                          (SS-wgmma, 64 rows x 64 keys)
       P  = exp2(S c log2e - LSE log2e) for keys in the token's w2 window, else 0
@@ -29,7 +33,7 @@ of 32, and little edge waste: a token's key blocks start at its first key (only 
 is partial).
 Scratch: `_dq_kernel`'s sizes (`kernels_triton.bwd.scratch`): at S* the two dK1/dV1 partial
 buffers 132 MB each and the fp32 dQ tiles 134 MB (a 64 x D tile per consumer and program).
-Supports D in {64, 128} at G = 128 (`supports`).
+Supports D in {64, 128} at G in {64, 128} (`supports`).
 """
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 ROWS = tl.constexpr(64)  # rows per consumer: one head half of a token
-SPLIT = tl.constexpr(2)  # head halves per token (G = 128): the partial slices per chunk
+SPLIT = tl.constexpr(2)  # dK1/dV1 partial slices per chunk: one per consumer
 
 
 @triton.jit
@@ -63,14 +67,14 @@ def dq_program(pid, N, n_chunks, L, HK: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def build_rows(row, X, row0, j, dst_tile, dst_row: tl.constexpr, D: tl.constexpr,
+def build_rows(row, X, row0, ok, j, dst_tile, dst_row: tl.constexpr, D: tl.constexpr,
                CH: tl.constexpr):
     """Producer: rows dst_row .. dst_row + ROWS - 1 of dst = row * X[row0 .. row0 + ROWS - 1]
     (rows of a [*, D] tensor in global memory), CH rows at a time. The addresses are made from
     an opaque function of j, the loop variable (held across the loops, they spill)."""
     offs = triton_bwd._fresh_rows(j, CH)[:, None] * D + tl.arange(0, D)[None, :]
     for ch in tl.static_range(ROWS // CH):
-        x = tl.load(X + (row0 + ch * CH) * D + offs)
+        x = tl.load(X + (row0 + ch * CH) * D + offs, mask=ok, other=0.0)  # ok: a token < N
         tlx.local_store(tlx.local_slice(dst_tile, [dst_row + ch * CH, 0], [CH, D]),
                         mul_bf16x2(x, row))
 
@@ -107,9 +111,9 @@ def bulk_wait_all():
 
 
 @triton.jit
-def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L, n_chunks, t, j,
-             j_lo, sm_scale, cid, HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
-             D: tl.constexpr, PROFILE: tl.constexpr):
+def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L, n_chunks, tc,
+             ok, j, j_first, j_last, sm_scale, cid, HQ: tl.constexpr, HK: tl.constexpr,
+             G: tl.constexpr, D: tl.constexpr, PROFILE: tl.constexpr):
     """One consumer after the key loop of j (its wgmmas done, so its slot is free), X_j and Z_j
     (ROWS x D fp32) in registers:
       dQ scratch tile (rows tile_row ..) += K1[j] * X_j    a TMA store at j = j_lo, a TMA
@@ -125,13 +129,14 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     # (there ptxas spills them)
     pid = fresh_program_id(j)
     b, g, bg, chunk, _, _, kv_base = dq_program(pid, N, n_chunks, L, HK, D)
-    rows = ((b.to(tl.int64) * N + t) * HQ + g * G + cid * ROWS) * D  # this half of Q, dO, dQ
+    # this consumer's rows of Q, dO, dQ: token tc (< N where ok), heads (cid % HALVES) * ROWS ..
+    rows = ((b.to(tl.int64) * N + tc) * HQ + g * G + (cid % (G // ROWS)) * ROWS) * D
     slot = ((bg * SPLIT + cid).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D \
         + (j - chunk * L + w1 - 1) * D  # row j of this consumer's dK1/dV1 partial slice
     tile_row = (pid * SPLIT + cid) * ROWS  # this consumer's dQ scratch tile
     tile = _row_offsets(triton_bwd._fresh_rows(j, ROWS), D)
     offs_d = triton_bwd._fresh_rows(j, D)
-    q = tl.load(Q + rows + tile)
+    q = tl.load(Q + rows + tile, mask=ok, other=0.0)
     k1 = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
     pk1 = tl.load(PK1 + slot + offs_d)
     pv1 = tl.load(PV1 + slot + offs_d)
@@ -141,10 +146,10 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     pk1 += tl.sum(q.to(tl.float32) * xs, 0)
     tlx.local_store(ep, xs * k1[None, :])  # each thread over the elements it read
     tlx.fence_async_shared()
-    do = tl.load(DO + rows + tile)
+    do = tl.load(DO + rows + tile, mask=ok, other=0.0)
     bulk_wait_all()  # j - 1's reduce-add has landed (in every thread that issued a part of it)
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # so the tile's adds are in j order
-    if j == j_lo:
+    if j == j_first:
         tlx.async_descriptor_store(DQtma, ep, [tile_row, 0])
     else:
         tlx.async_descriptor_store(DQtma, ep, [tile_row, 0], store_reduce="add")
@@ -157,12 +162,12 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     tl.store(PV1 + slot + offs_d, pv1)
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every thread has read ep
     tlx.barrier_arrive(a_empty, 1)
-    if j == t:
+    if j == j_last:
         bulk_wait_all()
         tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # the tile's last add has landed
         # read from L2 (.cg): the TMA writes went there, and L1 may hold the last token's tile
         acc = tl.load(DQacc + tile_row.to(tl.int64) * D + tile, cache_modifier=".cg")
-        tl.store(DQ + rows + tile, (acc * sm_scale).to(tl.bfloat16))
+        tl.store(DQ + rows + tile, (acc * sm_scale).to(tl.bfloat16), mask=ok)
     leave("epilogue", PROFILE)
 
 
@@ -172,7 +177,9 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_A: tl.constexpr,
                   NUM_KV: tl.constexpr, CH: tl.constexpr, CONSUMER_REGS: tl.constexpr,
                   PROFILE: tl.constexpr = False):
-    tl.static_assert(G == SPLIT * ROWS, "one token's heads fill the two consumers' rows")
+    HALVES: tl.constexpr = G // ROWS          # consumers per token: 2 at G = 128, 1 at G = 64
+    T: tl.constexpr = NUM_CONSUMERS // HALVES  # tokens per tile: 1 at G = 128, 2 at G = 64
+    tl.static_assert(HALVES * T == NUM_CONSUMERS, "G = 64 or 128")
     # a slot per consumer: A_j (rows 0 .. 63) over dO_j (rows 64 .. 127); after the consumer's
     # key loop of j the same bytes are `ep_tiles`, an fp32 [ROWS, D] tile in the layout of the
     # dQ scratch's TMA boxes, for the epilogue
@@ -197,10 +204,12 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
             # ends at the chunk's end or N, and (b, g) is recomputed per token
             while more:
                 b, g, _, _, _, _, kv_base = dq_program(fresh_program_id(t), N, n_chunks, L, HK, D)
-                k_lo, j_lo = window_starts(t, w1, w2)
-                n_blocks = tl.cdiv(t - k_lo + 1, BLOCK_N)
-                row0 = (b.to(tl.int64) * N + t) * HQ + g * G
-                for j in range(j_lo, t + 1):
+                # the tile's T tokens t .. t_last share its key blocks and its j range (a token
+                # outside a j or key of the range masks it)
+                k_lo, j_first = window_starts(t, w1, w2)
+                t_last = tl.minimum(t + T - 1, N - 1)
+                n_blocks = tl.cdiv(t_last - k_lo + 1, BLOCK_N)
+                for j in range(j_first, t_last + 1):
                     sa = acnt % NUM_A
                     enter("build_a", PROFILE)
                     kv_row = kv_base + j.to(tl.int64) * (HK * D)
@@ -209,8 +218,10 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                     tlx.barrier_wait(tlx.local_view(a_empties, sa), ((acnt // NUM_A) & 1) ^ 1)
                     for c in tl.static_range(NUM_CONSUMERS):
                         ad = tlx.local_view(ad_tiles, sa * NUM_CONSUMERS + c)
-                        build_rows(k1, Q, row0 + c * ROWS, j, ad, 0, D, CH)
-                        build_rows(v1, DO, row0 + c * ROWS, j, ad, ROWS, D, CH)
+                        tc = t + c // HALVES  # consumer c's token and first head
+                        row0 = (b.to(tl.int64) * N + tc) * HQ + g * G + (c % HALVES) * ROWS
+                        build_rows(k1, Q, row0, tc < N, j, ad, 0, D, CH)
+                        build_rows(v1, DO, row0, tc < N, j, ad, ROWS, D, CH)
                     tlx.fence_async_shared()
                     tlx.barrier_arrive(tlx.local_view(a_fulls, sa), 1)
                     leave("build_a", PROFILE)
@@ -229,7 +240,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                                                   full)
                         leave("load_kv", PROFILE)
                         kcnt += 1
-                t += 1
+                t += T
                 more = (t % L != 0) & (t < N)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
@@ -240,13 +251,17 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
             more = True
             while more:  # tokens t0 .. t_end - 1, as the producer's
                 b, g, _, _, _, _, _ = dq_program(fresh_program_id(t), N, n_chunks, L, HK, D)
-                k_lo, j_lo = window_starts(t, w1, w2)
-                n_blocks = tl.cdiv(t - k_lo + 1, BLOCK_N)
-                head = g * G + cid * ROWS + triton_bwd._fresh_rows(t, ROWS)  # not held over t
-                row_off = (b.to(tl.int64) * HQ + head) * N + t
-                lse2 = tl.load(Lse + row_off) * 1.4426950408889634  # LSE in log2 units
-                delta = tl.load(Delta + row_off)
-                for j in range(j_lo, t + 1):
+                k_lo, j_first = window_starts(t, w1, w2)  # the tile's, as the producer's
+                t_last = tl.minimum(t + T - 1, N - 1)
+                n_blocks = tl.cdiv(t_last - k_lo + 1, BLOCK_N)
+                tc = t + cid // HALVES  # this consumer's token (at G = 64 past N in a last tile
+                ok = tc < N             # of one token: then every score is masked)
+                head = g * G + (cid % HALVES) * ROWS + triton_bwd._fresh_rows(t, ROWS)
+                row_off = (b.to(tl.int64) * HQ + head) * N + tc
+                lse2 = tl.load(Lse + row_off, mask=ok, other=0.0) * 1.4426950408889634  # log2 units
+                delta = tl.load(Delta + row_off, mask=ok, other=0.0)
+                for j in range(j_first, t_last + 1):
+                    sees_j = ok & (j <= tc) & (j > tc - w1)
                     sa = acnt % NUM_A
                     tlx.barrier_wait(tlx.local_view(a_fulls, sa), (acnt // NUM_A) & 1)
                     ad = tlx.local_view(ad_tiles, sa * NUM_CONSUMERS + cid)
@@ -265,7 +280,8 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                         s = tlx.async_dot_wait(1, s)  # dP still in flight under the exp2
                         leave("qk_gemm", PROFILE)
                         enter("softmax", PROFILE)
-                        kok = k_lo + n * BLOCK_N + tl.arange(0, BLOCK_N) <= t
+                        kpos = k_lo + n * BLOCK_N + tl.arange(0, BLOCK_N)
+                        kok = (kpos <= tc) & (kpos > tc - w2) & sees_j
                         p = tl.where(kok[None, :], tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
                         dp = tlx.async_dot_wait(0, dp)
                         ds = p * (dp - delta[:, None])
@@ -280,18 +296,19 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                         kcnt += 1
                     epilogue(x, z, tlx.local_view(ep_tiles, sa * NUM_CONSUMERS + cid),
                              tlx.local_view(a_empties, sa), Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1,
-                             N, w1, L, n_chunks, t, j, j_lo, sm_scale, cid, HQ, HK, G, D,
-                             PROFILE)
+                             N, w1, L, n_chunks, tc, ok, j, j_first, t_last, sm_scale, cid, HQ,
+                             HK, G, D, PROFILE)
                     acnt += 1
-                t += 1
+                t += T
                 more = (t % L != 0) & (t < N)
 
 
 def supports(spec: ProblemSpec) -> str | None:
-    """G = 128 (one token's heads are the two consumers' rows); the rest of `triton`'s shapes."""
+    """G = 128 (a tile is one token, a head half per consumer) or G = 64 (two tokens, one per
+    consumer); the rest of `triton`'s shapes."""
     why = triton_bwd.supports(spec)
-    if why is None and spec.G != SPLIT.value * ROWS.value:
-        why = f"G = Hq/Hk = {spec.G}, not 128 (one token's heads are the two consumers' rows)"
+    if why is None and spec.G not in (64, 128):
+        why = f"G = Hq/Hk = {spec.G}, not 64 or 128 (a consumer's 64 rows are heads of one token)"
     return why
 
 
@@ -305,7 +322,9 @@ def config(spec: ProblemSpec) -> dict:
 def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
     """L, tokens per program: the w1 window (so each j's dK1/dV1 sum has <= 2 partials per head
     half, `_dkv1_kernel`'s rule), fewer when that leaves under four programs per SM."""
-    return max(1, min(spec.w1, spec.B * spec.Hk * spec.N // (4 * n_sm)))
+    per_tile = NUM_CONSUMERS.value * ROWS.value // spec.G  # tokens per tile: 1 or 2
+    L = max(1, min(spec.w1, spec.B * spec.Hk * spec.N // (4 * n_sm)))
+    return per_tile * triton.cdiv(L, per_tile)  # whole tiles
 
 
 def scratch(spec: ProblemSpec, n_sm: int = 132) -> triton_bwd.Scratch:
