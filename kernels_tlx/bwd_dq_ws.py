@@ -24,7 +24,7 @@ Warp groups:
   then the epilogue (`epilogue`): the consumer's fp32 dQ scratch tile += K1[j] * X_j through a
   TMA reduce-add from its slot (the tile would not fit in registers beside X_j and Z_j), and row
   j of its dK1/dV1 partial slice gets sum_r q * X_j and sum_r dO * Z_j (read-add-write in
-  program order). At the token's last j the tile is read back and stored to dQ, scaled by
+  program order). At the tile's last j the tile is read back and stored to dQ, scaled by
   sm_scale, in bf16.
 Deterministic: every sum has a fixed order (the reduce-adds into a tile are issued one at a time,
 each after the previous one has landed).
@@ -116,12 +116,12 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
              G: tl.constexpr, D: tl.constexpr, PROFILE: tl.constexpr):
     """One consumer after the key loop of j (its wgmmas done, so its slot is free), X_j and Z_j
     (ROWS x D fp32) in registers:
-      dQ scratch tile (rows tile_row ..) += K1[j] * X_j    a TMA store at j = j_lo, a TMA
+      dQ scratch tile (rows tile_row ..) += K1[j] * X_j    a TMA store at j = j_first, a TMA
                                                           reduce-add after it, in j order
       PK1[slot] += sum_r q * X_j      PV1[slot] += sum_r dO * Z_j      (read-add-write)
     X_j and Z_j pass through `ep` (the slot as fp32) to meet q and dO rows loaded in a coalesced
     layout; K1[j] * X_j is written over X_j in place, for the TMA. The global loads are issued
-    before the shared-memory traffic they wait on. At j = t (the token's last j) the scratch tile,
+    before the shared-memory traffic they wait on. At j = j_last (the tile's last j) the scratch tile,
     once its last reduce-add has landed, is read back and stored to dQ, scaled, in bf16.
     The slot goes back to the producer (`a_empty`) once the TMA has read it."""
     enter("epilogue", PROFILE)
