@@ -121,8 +121,8 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
       PK1[slot] += sum_r q * X_j      PV1[slot] += sum_r dO * Z_j      (read-add-write)
     X_j and Z_j pass through `ep` (the slot as fp32) to meet q and dO rows loaded in a coalesced
     layout; K1[j] * X_j is written over X_j in place, for the TMA. The global loads are issued
-    before the shared-memory traffic they wait on. At j = j_last (the tile's last j) the scratch tile,
-    once its last reduce-add has landed, is read back and stored to dQ, scaled, in bf16.
+    before the shared-memory traffic they wait on. At j = j_last (the tile's last j) the scratch
+    tile, once its last reduce-add has landed, is read back and stored to dQ, scaled, in bf16.
     The slot goes back to the producer (`a_empty`) once the TMA has read it."""
     enter("epilogue", PROFILE)
     # coordinates and addresses made here from an opaque program id, not held over the key loop
