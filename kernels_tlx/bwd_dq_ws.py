@@ -31,8 +31,9 @@ each after the previous one has landed).
 Executed tensor-core work: the 4 GEMMs of `_dq_kernel`, with 64-key blocks (wgmma N = 64) instead
 of 32, and little edge waste: a token's key blocks start at its first key (only its last block
 is partial).
-Scratch: `_dq_kernel`'s sizes (`kernels_triton.bwd.scratch`): at S* the two dK1/dV1 partial
-buffers 132 MB each and the fp32 dQ tiles 134 MB (a 64 x D tile per consumer and program).
+Scratch (`scratch`): at S* the two dK1/dV1 partial buffers 132 MB each and the fp32 dQ tiles
+134 MB (a 64 x D tile per consumer and program), `_dq_kernel`'s sizes; at G = 64 twice
+`_dq_kernel`'s (a slice and a tile per consumer, where it has one 64-row tile per token).
 Supports D in {64, 128} at G in {64, 128} (`supports`).
 """
 from __future__ import annotations
@@ -50,7 +51,7 @@ from kernels_triton.tiling import BF16_BYTES, LOG2E, enter, leave
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
-ROWS = tl.constexpr(64)  # rows per consumer: one head half of a token
+ROWS = tl.constexpr(64)  # rows per consumer: 64 heads of one token
 SPLIT = tl.constexpr(2)  # dK1/dV1 partial slices per chunk: one per consumer
 
 
@@ -67,14 +68,23 @@ def dq_program(pid, N, n_chunks, L, HK: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
+def _load(ptr, ok, MASKED: tl.constexpr):
+    """tl.load(ptr), masked to 0 where not ok when MASKED (G = 64: a token may be past N); at
+    G = 128 no mask, so that kernel's code is the one measured."""
+    if MASKED:
+        return tl.load(ptr, mask=ok, other=0.0)
+    return tl.load(ptr)
+
+
+@triton.jit
 def build_rows(row, X, row0, ok, j, dst_tile, dst_row: tl.constexpr, D: tl.constexpr,
-               CH: tl.constexpr):
+               CH: tl.constexpr, MASKED: tl.constexpr):
     """Producer: rows dst_row .. dst_row + ROWS - 1 of dst = row * X[row0 .. row0 + ROWS - 1]
     (rows of a [*, D] tensor in global memory), CH rows at a time. The addresses are made from
     an opaque function of j, the loop variable (held across the loops, they spill)."""
     offs = triton_bwd._fresh_rows(j, CH)[:, None] * D + tl.arange(0, D)[None, :]
     for ch in tl.static_range(ROWS // CH):
-        x = tl.load(X + (row0 + ch * CH) * D + offs, mask=ok, other=0.0)  # ok: a token < N
+        x = _load(X + (row0 + ch * CH) * D + offs, ok, MASKED)  # ok: a token < N
         tlx.local_store(tlx.local_slice(dst_tile, [dst_row + ch * CH, 0], [CH, D]),
                         mul_bf16x2(x, row))
 
@@ -114,6 +124,7 @@ def bulk_wait_all():
 def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L, n_chunks, tc,
              ok, j, j_first, j_last, sm_scale, cid, HQ: tl.constexpr, HK: tl.constexpr,
              G: tl.constexpr, D: tl.constexpr, PROFILE: tl.constexpr):
+    MASKED: tl.constexpr = G < NUM_CONSUMERS * ROWS  # two tokens per tile: one may be past N
     """One consumer after the key loop of j (its wgmmas done, so its slot is free), X_j and Z_j
     (ROWS x D fp32) in registers:
       dQ scratch tile (rows tile_row ..) += K1[j] * X_j    a TMA store at j = j_first, a TMA
@@ -136,7 +147,7 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     tile_row = (pid * SPLIT + cid) * ROWS  # this consumer's dQ scratch tile
     tile = _row_offsets(triton_bwd._fresh_rows(j, ROWS), D)
     offs_d = triton_bwd._fresh_rows(j, D)
-    q = tl.load(Q + rows + tile, mask=ok, other=0.0)
+    q = _load(Q + rows + tile, ok, MASKED)
     k1 = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
     pk1 = tl.load(PK1 + slot + offs_d)
     pv1 = tl.load(PV1 + slot + offs_d)
@@ -146,7 +157,7 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     pk1 += tl.sum(q.to(tl.float32) * xs, 0)
     tlx.local_store(ep, xs * k1[None, :])  # each thread over the elements it read
     tlx.fence_async_shared()
-    do = tl.load(DO + rows + tile, mask=ok, other=0.0)
+    do = _load(DO + rows + tile, ok, MASKED)
     bulk_wait_all()  # j - 1's reduce-add has landed (in every thread that issued a part of it)
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # so the tile's adds are in j order
     if j == j_first:
@@ -167,7 +178,10 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
         tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # the tile's last add has landed
         # read from L2 (.cg): the TMA writes went there, and L1 may hold the last token's tile
         acc = tl.load(DQacc + tile_row.to(tl.int64) * D + tile, cache_modifier=".cg")
-        tl.store(DQ + rows + tile, (acc * sm_scale).to(tl.bfloat16), mask=ok)
+        if MASKED:
+            tl.store(DQ + rows + tile, (acc * sm_scale).to(tl.bfloat16), mask=ok)
+        else:
+            tl.store(DQ + rows + tile, (acc * sm_scale).to(tl.bfloat16))
     leave("epilogue", PROFILE)
 
 
@@ -207,7 +221,9 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                 # the tile's T tokens t .. t_last share its key blocks and its j range (a token
                 # outside a j or key of the range masks it)
                 k_lo, j_first = window_starts(t, w1, w2)
-                t_last = tl.minimum(t + T - 1, N - 1)
+                t_last = t
+                if T > 1:
+                    t_last = tl.minimum(t + T - 1, N - 1)
                 n_blocks = tl.cdiv(t_last - k_lo + 1, BLOCK_N)
                 for j in range(j_first, t_last + 1):
                     sa = acnt % NUM_A
@@ -220,8 +236,8 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                         ad = tlx.local_view(ad_tiles, sa * NUM_CONSUMERS + c)
                         tc = t + c // HALVES  # consumer c's token and first head
                         row0 = (b.to(tl.int64) * N + tc) * HQ + g * G + (c % HALVES) * ROWS
-                        build_rows(k1, Q, row0, tc < N, j, ad, 0, D, CH)
-                        build_rows(v1, DO, row0, tc < N, j, ad, ROWS, D, CH)
+                        build_rows(k1, Q, row0, tc < N, j, ad, 0, D, CH, T > 1)
+                        build_rows(v1, DO, row0, tc < N, j, ad, ROWS, D, CH, T > 1)
                     tlx.fence_async_shared()
                     tlx.barrier_arrive(tlx.local_view(a_fulls, sa), 1)
                     leave("build_a", PROFILE)
@@ -252,16 +268,18 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
             while more:  # tokens t0 .. t_end - 1, as the producer's
                 b, g, _, _, _, _, _ = dq_program(fresh_program_id(t), N, n_chunks, L, HK, D)
                 k_lo, j_first = window_starts(t, w1, w2)  # the tile's, as the producer's
-                t_last = tl.minimum(t + T - 1, N - 1)
+                t_last = t
+                if T > 1:
+                    t_last = tl.minimum(t + T - 1, N - 1)
                 n_blocks = tl.cdiv(t_last - k_lo + 1, BLOCK_N)
                 tc = t + cid // HALVES  # this consumer's token (at G = 64 past N in a last tile
                 ok = tc < N             # of one token: then every score is masked)
                 head = g * G + (cid % HALVES) * ROWS + triton_bwd._fresh_rows(t, ROWS)
                 row_off = (b.to(tl.int64) * HQ + head) * N + tc
-                lse2 = tl.load(Lse + row_off, mask=ok, other=0.0) * 1.4426950408889634  # log2 units
-                delta = tl.load(Delta + row_off, mask=ok, other=0.0)
+                lse2 = _load(Lse + row_off, ok, T > 1) * 1.4426950408889634  # LSE in log2 units
+                delta = _load(Delta + row_off, ok, T > 1)
                 for j in range(j_first, t_last + 1):
-                    sees_j = ok & (j <= tc) & (j > tc - w1)
+                    sees_j = ok & (j <= tc) & (j > tc - w1)  # (at G = 128 always true)
                     sa = acnt % NUM_A
                     tlx.barrier_wait(tlx.local_view(a_fulls, sa), (acnt // NUM_A) & 1)
                     ad = tlx.local_view(ad_tiles, sa * NUM_CONSUMERS + cid)
@@ -281,7 +299,10 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                         leave("qk_gemm", PROFILE)
                         enter("softmax", PROFILE)
                         kpos = k_lo + n * BLOCK_N + tl.arange(0, BLOCK_N)
-                        kok = (kpos <= tc) & (kpos > tc - w2) & sees_j
+                        if T > 1:
+                            kok = (kpos <= tc) & (kpos > tc - w2) & sees_j
+                        else:  # one token: the blocks start at its first key
+                            kok = kpos <= tc
                         p = tl.where(kok[None, :], tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
                         dp = tlx.async_dot_wait(0, dp)
                         ds = p * (dp - delta[:, None])
@@ -320,8 +341,9 @@ def config(spec: ProblemSpec) -> dict:
 
 
 def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
-    """L, tokens per program: the w1 window (so each j's dK1/dV1 sum has <= 2 partials per head
-    half, `_dkv1_kernel`'s rule), fewer when that leaves under four programs per SM."""
+    """L, tokens per program: the w1 window (so each j's dK1/dV1 sum has <= 2 partials per slice,
+    `_dkv1_kernel`'s rule), fewer when that leaves under four programs per SM; whole tiles (even
+    at G = 64)."""
     per_tile = NUM_CONSUMERS.value * ROWS.value // spec.G  # tokens per tile: 1 or 2
     L = max(1, min(spec.w1, spec.B * spec.Hk * spec.N // (4 * n_sm)))
     return per_tile * triton.cdiv(L, per_tile)  # whole tiles

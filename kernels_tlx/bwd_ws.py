@@ -1,5 +1,5 @@
 """`tlx_ws` backward: the `triton` backward with its k-owner (dK2, dV2) warp-specialized in TLX,
-and at G = 128 its row-owner too (kernels_tlx/bwd_dq_ws.py).
+and its row-owner too (kernels_tlx/bwd_dq_ws.py).
 
 The split is `kernels_triton/bwd.py`'s (Delta, k-owner, row-owner, reduce; 8 GEMMs, no atomics,
 bitwise deterministic); this file replaces its `_dkv2_kernel`, half of its time at S*. One
@@ -248,7 +248,7 @@ def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
     """`triton`'s (kernels_triton.bwd.profiled_kernels), with this file's k-owner in "dkv2" and,
-    at G = 128, kernels_tlx/bwd_dq_ws.py's row-owner in "dq": a producer and NUM_CONSUMERS
+    where it runs, kernels_tlx/bwd_dq_ws.py's row-owner in "dq": a producer and NUM_CONSUMERS
     consumer warp groups each."""
     warps = config(spec)["num_warps"] * (1 + NUM_CONSUMERS.value)
     out = {**triton_bwd.profiled_kernels(spec), "dkv2": warps}
@@ -260,7 +260,7 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False) -> None:
     """`kernels_triton.bwd.launch` with this file's k-owner in place of `_dkv2_kernel` and, at
-    G = 128, kernels_tlx/bwd_dq_ws.py's row-owner in place of `_dq_kernel`."""
+    G in {64, 128}, kernels_tlx/bwd_dq_ws.py's row-owner in place of `_dq_kernel`."""
     triton_bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
                       profile=profile, dkv2=launch_dkv2,
                       dq_fn=bwd_dq_ws.launch_dq if bwd_dq_ws.supports(spec) is None else None)

@@ -144,8 +144,8 @@ ALLOWED: dict[tuple[str, str, str], Allowance] = {
     # A producer's store into a slot whose last reads (plain loads of a consumer warp group) are
     # released by one thread's mbarrier arrive after the group's barrier (seen once in three runs).
     ("racecheck", "fwd", "tlx_ws_keys"): Allowance(RELEASE_DOC, 1, _race("Error", WS_KEYS_V1)),
-    # tlx_ws's backward: its k-owner's dispatch, the row-owner's slot stores (at G = 128) or, at
-    # G = 64, the triton row-owner's TMA init: one finding per pair of instructions
+    # tlx_ws's backward: its k-owner's dispatch and its row-owner's slot stores (the triton
+    # row-owner's TMA init where that one runs): one finding per pair of instructions
     ("racecheck", "bwd", "tlx_ws"): Allowance(DISPATCH_DOC, None, "|".join((
         _race("Error", WS_BWD_ENTRY), _race("Error", DQ_WS_BUILD), _race("Warning", DQ_TMA_INIT)))),
 }

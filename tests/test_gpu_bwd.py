@@ -52,7 +52,8 @@ SHAPES = {
     "G2_N260": Shape(1, 260, 4, 2, 64, 130, 130),
     "G8_N500": Shape(1, 500, 8, 1, 128, 32, 256),
     "G64_N700_D64": Shape(1, 700, 64, 1, 64, 32, 256),
-    "ragged_N333_G64": Shape(1, 333, 64, 1, 128, 32, 96),  # odd N: a last tile of one token
+    "ragged_N333_G64": Shape(2, 333, 64, 1, 128, 32, 96),  # odd N: a last tile of one token
+    "G64_N1601_Hk2": Shape(1, 1601, 128, 2, 128, 32, 512),  # chunks of 4 tokens, odd N
     "G128_N1100": Shape(1, 1100, 128, 1, 128, 32, 512),
     "w1eq1_G64": Shape(1, 150, 64, 1, 128, 1, 2),
     "B3_Hq16Hk2": Shape(3, 96, 16, 2, 64, 8, 33),
