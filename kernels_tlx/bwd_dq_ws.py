@@ -171,8 +171,7 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     pv1 += tl.sum(do.to(tl.float32) * tlx.local_load(ep), 0)
     tl.store(PV1 + slot + offs_d, pv1)
-    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every thread has read ep
-    tlx.barrier_arrive(a_empty, 1)
+    tlx.barrier_arrive(a_empty, 1)  # this thread has read ep
     if j == j_last:
         bulk_wait_all()
         tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # the tile's last add has landed
@@ -202,10 +201,12 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
     ep_tiles = tlx.local_alloc((ROWS, D), tl.float32, NUM_A * NUM_CONSUMERS, reuse=slots)
     k2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_KV)
     v2_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_KV)
-    a_fulls = tlx.alloc_barriers(num_barriers=NUM_A, arrive_count=1)
-    a_empties = tlx.alloc_barriers(num_barriers=NUM_A, arrive_count=NUM_CONSUMERS)
+    # hand-overs after shared-memory accesses of a whole warp group: every thread arrives after
+    # its own accesses (warp barriers), no warp-group barrier before one thread's arrive
+    a_fulls = tlx.alloc_warp_barrier(num_barriers=NUM_A, num_warps=4)
+    a_empties = tlx.alloc_warp_barrier(num_barriers=NUM_A, num_warps=4 * NUM_CONSUMERS)
     kv_fulls = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=1)
-    kv_empties = tlx.alloc_barriers(num_barriers=NUM_KV, arrive_count=NUM_CONSUMERS)
+    kv_empties = tlx.alloc_warp_barrier(num_barriers=NUM_KV, num_warps=4 * NUM_CONSUMERS)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: A_j, dO_j per (token, j), then its key blocks

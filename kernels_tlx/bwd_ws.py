@@ -142,8 +142,10 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
     doj_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_A)
     kv_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
     q_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
-    a_fulls = tlx.alloc_barriers(num_barriers=NUM_A, arrive_count=1)
-    a_empties = tlx.alloc_barriers(num_barriers=NUM_A, arrive_count=NUM_CONSUMERS)
+    # every thread arrives after its own shared-memory accesses (warp barriers): no warp-group
+    # barrier before one thread's arrive
+    a_fulls = tlx.alloc_warp_barrier(num_barriers=NUM_A, num_warps=4)
+    a_empties = tlx.alloc_warp_barrier(num_barriers=NUM_A, num_warps=4 * NUM_CONSUMERS)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA loads, then A_j and dO_j per (tile, j)

@@ -90,9 +90,11 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
     v1_slots = tlx.local_alloc((D,), tl.bfloat16, NUM_B)
     k_full = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
-    kv_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=NUM_CONSUMERS)
-    b_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
-    b_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=NUM_CONSUMERS)
+    # warp barriers: every thread arrives after its own shared-memory accesses, no warp-group
+    # barrier before one thread's arrive (docs/sanitizers.md)
+    kv_empties = tlx.alloc_warp_barrier(num_barriers=2, num_warps=4 * NUM_CONSUMERS)
+    b_fulls = tlx.alloc_warp_barrier(num_barriers=NUM_B, num_warps=4)
+    b_empties = tlx.alloc_warp_barrier(num_barriers=NUM_B, num_warps=4 * NUM_CONSUMERS)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: TMA K2/V2, then B_j = K1[j] * K2 per j

@@ -189,10 +189,12 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
     b_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
     c_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
-    b_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
-    b_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=NUM_CONSUMERS)
-    c_fulls = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=1)
-    c_empties = tlx.alloc_barriers(num_barriers=NUM_B, arrive_count=NUM_CONSUMERS)
+    # warp barriers: every thread arrives after its own shared-memory accesses, no warp-group
+    # barrier before one thread's arrive (docs/sanitizers.md)
+    b_fulls = tlx.alloc_warp_barrier(num_barriers=NUM_B, num_warps=4)
+    b_empties = tlx.alloc_warp_barrier(num_barriers=NUM_B, num_warps=4 * NUM_CONSUMERS)
+    c_fulls = tlx.alloc_warp_barrier(num_barriers=NUM_B, num_warps=4)
+    c_empties = tlx.alloc_warp_barrier(num_barriers=NUM_B, num_warps=4 * NUM_CONSUMERS)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer of B_j = K1[j] * K2
