@@ -1,6 +1,7 @@
 """The out-of-bounds contract of the K2/V2 descriptors (kernels_triton/host.py: kv_descriptor) on a
 CUDA GPU: a key block that runs past a batch's last token reads zeros, so no value of one batch
-element, not even inf, reaches another's output (skipped without a GPU)."""
+element, not even inf or NaN in any input, reaches another's output (skipped without a GPU). The
+backward's counterpart is tests/test_gpu_bwd.py::test_no_value_crosses_batches."""
 from __future__ import annotations
 
 import math
@@ -20,10 +21,13 @@ VARIANTS = registry.all_variants()
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=[v.name for v in VARIANTS])
-def test_no_value_crosses_batches(v, rand, seed):
+@pytest.mark.parametrize("poisoned", ["q", "k1", "k2", "v1", "v2"])
+@pytest.mark.parametrize("value", [math.inf, math.nan], ids=["inf", "nan"])
+def test_no_value_crosses_batches(v, poisoned, value, rand, seed):
     """B = 2, N = 700, w1 x w2 = 32 x 200 (the last key block of a tile passes N: 200 is no
-    multiple of the 128-key blocks, and G = 16 packs 4 tokens per tile), inf in V2 at batch 1's
-    first 64 tokens: batch 0's outputs are finite and bitwise those of batch 0 run alone."""
+    multiple of the 128-key blocks, and G = 16 packs 4 tokens per tile), inf or NaN in one input
+    at batch 1's first 64 tokens: batch 0's outputs are finite and bitwise those of batch 0 run
+    alone."""
     B, N, Hk, D, w1, w2 = 2, 700, 1, 64, 32, 200
     Hq = hq_taken_by(v.name, B, N, 16, Hk, D, w1, w2)
     spec = validate_shape(B, N, Hq, Hk, D, w1, w2)
@@ -33,12 +37,13 @@ def test_no_value_crosses_batches(v, rand, seed):
     if v.needs_hopper and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip(f"{v.name} needs sm_90")
     q, k1, k2, v1, v2 = rand(B, N, Hq, Hk, D, device="cuda")
-    v2[1, :64] = math.inf
-    out, lse = run(q, k1, k2, v1, v2, w1, w2, variant=v.name)
-    alone_out, alone_lse = run(q[:1], k1[:1], k2[:1], v1[:1], v2[:1], w1, w2, variant=v.name)
-    label = f"variant={v.name} {spec.short()} seed={seed}"
+    x = dict(q=q, k1=k1, k2=k2, v1=v1, v2=v2)
+    x[poisoned][1, :64] = value
+    out, lse = run(*x.values(), w1, w2, variant=v.name)
+    alone_out, alone_lse = run(*(t[:1] for t in x.values()), w1, w2, variant=v.name)
+    label = f"variant={v.name} {spec.short()} {value} in batch 1's {poisoned}, seed={seed}"
     bad = int((~torch.isfinite(out[0])).sum())
-    assert bad == 0, f"{label}: {bad} non-finite outputs in batch 0 (inf sits in batch 1's V2)"
+    assert bad == 0, f"{label}: {bad} non-finite outputs in batch 0"
     assert torch.isfinite(lse[0]).all(), f"{label}: non-finite LSE in batch 0"
     assert torch.equal(out[0], alone_out[0]) and torch.equal(lse[0], alone_lse[0]), (
         f"{label}: batch 0 differs from batch 0 run alone")
