@@ -7,30 +7,29 @@ import pytest
 import torch
 
 import simplicial_attn as sa
-from conftest import compiled_grads_differ, previous_token_losses
+from simplicial_attn.spec import FORMS
+from conftest import compiled_grads_differ, fp64_inputs, previous_token_losses
 
-# (B, N, Hq, Hk, D, w1, w2): N < w1, w1 <= N < w2, w1 > w2 (swapped), GQA, N = 1
+# (B, N, Hq, Hk, D, w1, w2): N < w1, w1 <= N < w2, w1 > w2 (swapped), GQA, N = 1; D mod 3 = 0
+# and 2 (the `any_head_dim` fixture; D = 64 has 1)
 TINY = [(1, 3, 2, 1, 64, 5, 7), (2, 6, 4, 2, 64, 2, 9), (1, 7, 2, 2, 64, 4, 2),
-        (1, 1, 2, 1, 64, 3, 3)]
+        (1, 1, 2, 1, 64, 3, 3), (1, 7, 4, 2, 6, 5, 3), (1, 6, 2, 1, 8, 2, 4)]
 
 
-def fp64_inputs(gen, B, N, Hq, Hk, D, requires_grad=True):
-    return [torch.randn(B, N, h, D, generator=gen, dtype=torch.float64)
-            .requires_grad_(requires_grad) for h in (Hq, Hk, Hk, Hk, Hk)]
-
-
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", TINY, ids=[str(s) for s in TINY])
-def test_reference_backward_matches_autograd(shape, gen):
-    """The closed-form gradients equal autograd through `reference` and through `brute_force`."""
+def test_reference_backward_matches_autograd(shape, form, gen, any_head_dim):
+    """The closed-form gradients equal autograd through `reference` and through `brute_force`
+    (which exchanges no pairs)."""
     B, N, Hq, Hk, D, w1, w2 = shape
     x = fp64_inputs(gen, B, N, Hq, Hk, D)
-    out, lse = sa.reference(*x, w1, w2)
+    out, lse = sa.reference(*x, w1, w2, form=form)
     dout, dlse = torch.randn(out.shape, generator=gen, dtype=torch.float64), \
         torch.randn(lse.shape, generator=gen, dtype=torch.float64)
-    closed = sa.reference_backward(*[t.detach() for t in x], w1, w2, dout, dlse)
+    closed = sa.reference_backward(*[t.detach() for t in x], w1, w2, dout, dlse, form=form)
     for fn in (sa.reference, sa.brute_force):
         y = [t.detach().clone().requires_grad_() for t in x]
-        o, lse_ = fn(*y, w1, w2)
+        o, lse_ = fn(*y, w1, w2, form=form)
         torch.autograd.backward((o, lse_), (dout, dlse))
         for name, c, t in zip(("dq", "dk1", "dk2", "dv1", "dv2"), closed, y):
             torch.testing.assert_close(c, t.grad, rtol=1e-10, atol=1e-12,
