@@ -1,8 +1,9 @@
-"""What only the determinant form (form="det") has, on the CPU: its logits against
-torch.linalg.det and both cross-product forms, the reference against a row-wise definition with
-torch.linalg.det, SO(3) invariance (and a reflection's sign) and the antisymmetric pair exchange.
-The tests both forms share are parametrized by form: reference vs brute force
-(test_reference.py), the closed-form backward vs autograd (test_backward_cpu.py)."""
+"""What only the determinant form (form="det") has, on the CPU: its logits against torch.linalg.det
+and both cross-product forms, the reference against a row-wise definition with torch.linalg.det,
+SO(3) invariance (and a reflection's sign), the antisymmetric pair exchange and the layer. The tests
+both forms share are parametrized by form: reference vs brute force (test_reference.py), the
+closed-form backward vs autograd, gradcheck and opcheck of the op, torch.compile
+(test_backward_cpu.py), bad input (test_validation.py)."""
 from __future__ import annotations
 
 import importlib
@@ -135,3 +136,16 @@ def test_invariant_under_a_rotation_not_a_reflection(D, gen, any_head_dim):
         if invariant:
             trilinear = sa.reference(*x, w1, w2), sa.reference(*y, w1, w2)
             assert max_err(trilinear[0][1], trilinear[1][1]) > 1e-2
+
+
+def test_layer_det_form_differs_from_trilinear_and_has_gradients(gen):
+    torch.manual_seed(0)
+    det = sa.SimplicialAttention(32, 4, 2, 64, 2, 4, form="det").double()
+    assert "form=det" in repr(det)
+    plain = sa.SimplicialAttention(32, 4, 2, 64, 2, 4).double()
+    plain.load_state_dict(det.state_dict())
+    x = torch.randn(2, 7, 32, generator=gen, dtype=torch.float64)
+    y = det(x)
+    assert max_err(y, plain(x)) > 1e-6
+    y.square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in det.parameters())
