@@ -18,8 +18,9 @@ Softmax, O and LSE are the plain form's. sm_scale defaults to 1/sqrt(D) for both
 paper scales the trilinear logits by 1/sqrt(d) (eq. 5) and writes eq. 9 with no factor
 (sm_scale=1.0 gives it as written). Each 3x3 determinant has six products where the trilinear
 sum has three, so with unit-variance inputs the det logits have about twice the variance. det is
-invariant under one rotation (SO(3)) of every chunk of q, k1 and k2 and changes sign under a
-reflection, or when K1 and K2 are exchanged.
+invariant under one rotation (SO(3)) of every chunk of q, k1 and k2 (`simplicial_attn.det_rotary`
+builds rotary position embeddings on it) and changes sign under a reflection, or when K1 and K2
+are exchanged.
 
 Queries are processed in chunks so that N = 4096 with full-size windows fits in memory.
 """

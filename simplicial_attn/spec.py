@@ -69,6 +69,28 @@ def positive_int(name: str, value, meaning: str = "") -> int:
     return value
 
 
+def positive_float(name: str, value, kind: str = "a float") -> float:
+    """`value` as a finite float > 0, or TypeError (no real number: bool, str, tensor, None; the
+    message says `name` must be `kind`) or ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite positive float, got {value}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive float, got {value}")
+    return value
+
+
+def check_floating(name: str, t) -> None:
+    """TypeError naming `name` unless t is a floating-point torch.Tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
 def _check_window(name: str, w) -> int:
     return positive_int(name, w, "a window of at least one token")
 
@@ -132,17 +154,8 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
         raise ValueError(f"head dim D={D} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
     w1 = _check_window("w1", w1)
     w2 = _check_window("w2", w2)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
-    else:
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
-            raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
-        try:
-            sm_scale = float(sm_scale)
-        except OverflowError:
-            raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}") from None
-        if not math.isfinite(sm_scale) or sm_scale <= 0:
-            raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}")
+    sm_scale = (1.0 / math.sqrt(D) if sm_scale is None
+                else positive_float("sm_scale", sm_scale, "a float or None"))
     form = check_form(form)
     # a window longer than the sequence sees the same keys as one of length N: clamp (same function,
     # 32-bit kernel arguments, bounded reference memory)
@@ -158,10 +171,7 @@ def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device) 
     gradients dout and dlse): a floating-point torch.Tensor of `shape` (`layout` names its dims,
     e.g. "[B, Hq, N]") on `device`. Its dtype is the caller's to cast; a shape that only has the
     right element count (dlse as [B, N, Hq]) is refused, since a reshape would take it silently."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    check_floating(name, t)
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(t.shape)}")
     if t.device != device:
