@@ -8,7 +8,8 @@ On CUDA tensors (bf16) they run the kernels: the forward variant `variant`, the 
 `bwd_variant` ("auto": the fastest registered backward that takes the shape). On CPU tensors
 (bf16, fp16, fp32 or fp64) they run the plain-PyTorch reference in fp64 and its closed-form
 backward (`reference_backward`): slow, exact, so CI can check gradients, opcheck and compile
-without a GPU.
+without a GPU. No kernel computes form "det" yet: on CUDA tensors it raises NotImplementedError
+before any launch (`launcher.pick`).
 
 Saved for backward: q, k1, k2, v1, v2, out and lse (as FlashAttention saves q, k, v, out, lse).
 """
@@ -37,17 +38,18 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
 
 @torch.library.custom_op("simplicial_attn::fwd", mutates_args=())
 def _fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, w1: int, w2: int,
-         sm_scale: float, variant: str, bwd_variant: str) -> tuple[Tensor, Tensor]:
+         sm_scale: float, variant: str, bwd_variant: str, form: str) -> tuple[Tensor, Tensor]:
     """The forward; `bwd_variant` is only kept for the backward (see `_setup_context`)."""
     if q.device.type == "cpu":
-        out, lse = reference(q, k1, k2, v1, v2, w1, w2, sm_scale=sm_scale)
+        out, lse = reference(q, k1, k2, v1, v2, w1, w2, sm_scale=sm_scale, form=form)
         return out.to(q.dtype), lse.to(_lse_dtype(q))
     with torch.no_grad():
-        return _kernel_forward(q, k1, k2, v1, v2, w1, w2, variant=variant, sm_scale=sm_scale)
+        return _kernel_forward(q, k1, k2, v1, v2, w1, w2, variant=variant, sm_scale=sm_scale,
+                               form=form)
 
 
 @_fwd.register_fake
-def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant):
+def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant, form):
     B, N, Hq, D = q.shape
     return q.new_empty(B, N, Hq, D), q.new_empty(B, Hq, N, dtype=_lse_dtype(q))
 
@@ -55,38 +57,39 @@ def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant):
 @torch.library.custom_op("simplicial_attn::bwd", mutates_args=())
 def _bwd_op(dout: Tensor, dlse: Tensor | None, q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor,
             v2: Tensor, out: Tensor, lse: Tensor, w1: int, w2: int, sm_scale: float,
-            variant: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+            variant: str, form: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     if q.device.type == "cpu":
-        return _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale)
+        return _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale, form)
     return _bwd.backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale=sm_scale,
-                         variant=variant)
+                         variant=variant, form=form)
 
 
 @_bwd_op.register_fake
-def _(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale, variant):
+def _(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale, variant, form):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                  for t in (q, k1, k2, v1, v2))
 
 
-def _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale):
+def _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale, form):
     """Gradients of the fp64 reference, cast to the inputs' dtype."""
-    grads = reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse, sm_scale=sm_scale)
+    grads = reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse, sm_scale=sm_scale,
+                               form=form)
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k1, k2, v1, v2)))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k1, k2, v1, v2, w1, w2, sm_scale, _variant, bwd_variant = inputs
+    q, k1, k2, v1, v2, w1, w2, sm_scale, _variant, bwd_variant, form = inputs
     out, lse = output
     ctx.save_for_backward(q, k1, k2, v1, v2, out, lse)
-    ctx.args = (w1, w2, sm_scale, bwd_variant)
+    ctx.args = (w1, w2, sm_scale, bwd_variant, form)
 
 
 def _backward(ctx, dout, dlse):
     q, k1, k2, v1, v2, out, lse = ctx.saved_tensors
-    w1, w2, sm_scale, bwd_variant = ctx.args
+    w1, w2, sm_scale, bwd_variant, form = ctx.args
     grads = torch.ops.simplicial_attn.bwd(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2,
-                                          sm_scale, bwd_variant)
-    return (*grads, None, None, None, None, None)
+                                          sm_scale, bwd_variant, form)
+    return (*grads, None, None, None, None, None, None)
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -106,7 +109,7 @@ def check_variant_names(variant, bwd_variant) -> None:
 
 
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",
-              bwd_variant: str = "auto"):
+              bwd_variant: str = "auto", form: str = "trilinear"):
     """Differentiable 2-simplicial attention.
 
     q: [B, N, Hq, D], k1, k2, v1, v2: [B, N, Hk, D] on one device; CUDA tensors must be bf16 (the
@@ -116,16 +119,19 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
     fp32, fp64 for fp64 inputs), both differentiable: gradients flow to every input that requires
     grad (None for the others). B = 0 or N = 0 gives empty outputs and gradients.
     `variant` / `bwd_variant` name the forward / backward kernels ("auto": the fastest that takes
-    the shape). Bad input raises TypeError / ValueError naming the argument before anything is
+    the shape). form="det": logits from 3x3 determinants over the 3-chunks of D, the D mod 3
+    leftover dims trilinear, sm_scale again defaulting to 1/sqrt(D) (`simplicial_attn.reference`
+    states the form); on the CPU only for now (CUDA tensors raise NotImplementedError before
+    any launch). Bad input raises TypeError / ValueError naming the argument before anything is
     launched; a wrong-shape or complex incoming gradient is refused by torch's autograd, which
     casts one of another real dtype to the output's.
     """
     check_variant_names(variant, bwd_variant)
-    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=_dtypes_for(q))
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=_dtypes_for(q), form=form)
     if q.device.type == "cuda" and not torch.compiler.is_compiling():
         _bwd.check_variant(bwd_variant, spec)  # shape errors now, not at backward
     # the op takes int64 windows: pass the spec's, clamped to N (the same function, and 10**40
     # fits), in the caller's order
     w1, w2 = (spec.w2, spec.w1) if spec.swapped else (spec.w1, spec.w2)
     return torch.ops.simplicial_attn.fwd(q, k1, k2, v1, v2, w1, w2, spec.sm_scale, variant,
-                                         bwd_variant)
+                                         bwd_variant, spec.form)

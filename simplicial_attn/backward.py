@@ -16,7 +16,7 @@ def check_variant(variant: str, spec: ProblemSpec) -> registry.Variant:
 
 
 def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
-             variant: str = "auto", profile: bool | str = False):
+             variant: str = "auto", profile: bool | str = False, form: str = "trilinear"):
     """Gradients of 2-simplicial attention with respect to q, k1, k2, v1, v2 (bf16, their shapes).
 
     dout [B, N, Hq, D] (any layout and floating dtype, cast to bf16) and dlse [B, Hq, N] (or None)
@@ -24,10 +24,11 @@ def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
     forward returned for these inputs (cast to bf16 and fp32). Every argument is checked (shape
     errors first, then the device) before anything is launched. Bitwise deterministic (no
     atomics). profile=True runs the kernels' Proton-scoped copies; profile=NAME only that kernel's
-    (a key of the variant's `profiled_kernels`, profiling/trace_capture.py)."""
+    (a key of the variant's `profiled_kernels`, profiling/trace_capture.py). form: as
+    `forward`'s."""
     if not isinstance(variant, str):
         raise TypeError(f"variant must be a str, got {type(variant).__name__}")
-    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form)
     rows, lses = (spec.B, spec.N, spec.Hq, spec.D), (spec.B, spec.Hq, spec.N)
     aux = [("out", out, rows, "[B, N, Hq, D]"), ("lse", lse, lses, "[B, Hq, N]"),
            ("dout", dout, rows, "[B, N, Hq, D]")]

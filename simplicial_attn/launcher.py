@@ -16,9 +16,14 @@ from .spec import ProblemSpec, check_device, validate
 def pick(spec: ProblemSpec, variant: str, hopper: bool = True,
          pass_: str = "fwd") -> registry.Variant:
     """Resolve `variant` ("auto" or a name of pass `pass_`) to a registry entry that can run
-    `spec`, or raise ValueError. `hopper=False` makes "auto" skip the sm_90-only variants."""
-    if variant != "auto":
-        v = registry.get(variant, pass_)
+    `spec`, or raise ValueError (NotImplementedError when no variant of the pass computes
+    `spec.form`). `hopper=False` makes "auto" skip the sm_90-only variants."""
+    v = registry.get(variant, pass_) if variant != "auto" else None  # an unknown name first
+    if not any(spec.form in o.forms for o in registry.all_variants(pass_)):
+        raise NotImplementedError(
+            f"no {pass_} kernel computes form={spec.form!r} yet; on CPU tensors "
+            f"simplicial_attn.attention and reference compute it (the fp64 reference)")
+    if v is not None:
         why = v.cannot_take(spec)
         if why is not None:
             able = [o.name for o in registry.all_variants(pass_) if o.name != v.name
@@ -91,14 +96,14 @@ def _output(given: torch.Tensor | None, name: str, shape: tuple, dtype: torch.dt
 
 def run(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None,
         out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-        profile: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        profile: bool = False, form: str = "trilinear") -> tuple[torch.Tensor, torch.Tensor]:
     """Run a forward variant: the steps of `forward` (same arguments, checks and errors), plus
     out / lse to write into (contiguous [B, N, Hq, D] bf16 and [B, Hq, N] fp32 on the inputs'
     device; new tensors when None) and profile=True to run the kernel's Proton-scoped copy
     (profiling/trace_capture.py). Returns (out, lse)."""
     if not isinstance(variant, str):
         raise TypeError(f"variant must be a str, got {type(variant).__name__}")
-    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k1, k2, v1, v2)):
         raise ValueError("simplicial_attn.forward is forward-only and the inputs require grad: use "
                          "simplicial_attn.attention (differentiable), or call forward under "
@@ -116,7 +121,8 @@ def run(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None,
     return out, lse
 
 
-def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None):
+def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None,
+            form: str = "trilinear"):
     """2-simplicial attention forward.
 
     q: [B, N, Hq, D], k1, k2, v1, v2: [B, N, Hk, D], bfloat16 CUDA tensors; w1, w2 >= 1 window sizes
@@ -124,6 +130,7 @@ def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None):
     copied first (correct, costs a copy).
     Returns out [B, N, Hq, D] bfloat16 and lse [B, Hq, N] float32 (natural log). Forward only:
     inputs that require grad (with grad mode on) are refused rather than silently cut off; use
-    `simplicial_attn.attention` for gradients.
+    `simplicial_attn.attention` for gradients. form: "trilinear" (no kernel computes "det" yet:
+    NotImplementedError).
     """
-    return run(q, k1, k2, v1, v2, w1, w2, variant=variant, sm_scale=sm_scale)
+    return run(q, k1, k2, v1, v2, w1, w2, variant=variant, sm_scale=sm_scale, form=form)

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from .autograd import attention, check_variant_names
-from .spec import SUPPORTED_HEAD_DIMS, positive_int
+from .spec import SUPPORTED_HEAD_DIMS, check_form, positive_int
 
 
 class SimplicialAttention(nn.Module):
@@ -16,15 +16,17 @@ class SimplicialAttention(nn.Module):
     power of two up to 128 for the kernels), each of size head_dim (64 or 128 for the kernels).
     On CUDA the attention runs in bf16 (the kernels' dtype): projections are cast to bf16 and the
     result back to x's dtype; on the CPU it runs the fp64 reference (slow; tests and small runs).
+    form: the logits' form, "trilinear" or "det" (see `attention`).
 
     A configuration no device can run (a size or window that is no positive int, n_heads not a
-    multiple of n_kv_heads, head_dim not in {64, 128}, an unknown variant name) raises at
+    multiple of n_kv_heads, head_dim not in {64, 128}, an unknown variant name or form) raises at
     construction, naming the argument, not at the first forward. Limits of the kernels alone
-    (the head ratio) are checked at the first CUDA forward, as `attention` does.
+    (the head ratio, form "det") are checked at the first CUDA forward, as `attention` does.
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, w1: int, w2: int,
-                 *, bias: bool = False, variant: str = "auto", bwd_variant: str = "auto"):
+                 *, bias: bool = False, variant: str = "auto", bwd_variant: str = "auto",
+                 form: str = "trilinear"):
         super().__init__()
         dim, n_heads, n_kv_heads, head_dim, w1, w2 = (
             positive_int(name, v) for name, v in (
@@ -36,6 +38,7 @@ class SimplicialAttention(nn.Module):
             raise ValueError(f"head_dim={head_dim} is not supported; supported: "
                              f"{SUPPORTED_HEAD_DIMS}")
         check_variant_names(variant, bwd_variant)
+        self.form = check_form(form)
         self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv_heads, head_dim
         self.w1, self.w2 = w1, w2
         self.variant, self.bwd_variant = variant, bwd_variant
@@ -56,9 +59,9 @@ class SimplicialAttention(nn.Module):
         k1, k2, v1, v2 = (p(x).view(B, N, self.n_kv_heads, self.head_dim).to(dtype)
                           for p in (self.k1, self.k2, self.v1, self.v2))
         o, _ = attention(q, k1, k2, v1, v2, self.w1, self.w2, variant=self.variant,
-                         bwd_variant=self.bwd_variant)
+                         bwd_variant=self.bwd_variant, form=self.form)
         return self.out(o.reshape(B, N, self.n_heads * self.head_dim).to(x.dtype))
 
     def extra_repr(self) -> str:
         return (f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"head_dim={self.head_dim}, w1={self.w1}, w2={self.w2}")
+                f"head_dim={self.head_dim}, w1={self.w1}, w2={self.w2}, form={self.form}")

@@ -61,6 +61,8 @@ class Variant:
     # QK(c) issued with PV(c - 1); the tlx_ws backward: S^T waited for, dP^T in flight;
     # profiling.resources: its "ex2 under wgmma" is a number)
     pipelined: bool = False
+    # the logits' forms it computes (spec.FORMS); "auto" and a named variant both refuse others
+    forms: tuple[str, ...] = ("trilinear",)
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -69,7 +71,10 @@ class Variant:
         return self.rank(spec) if callable(self.rank) else self.rank
 
     def cannot_take(self, spec: ProblemSpec) -> str | None:
-        """None when the variant runs `spec`, else why not (its module's `supports`)."""
+        """None when the variant runs `spec`, else why not (`forms`, then its module's
+        `supports`)."""
+        if spec.form not in self.forms:
+            return f"computes form {' / '.join(self.forms)} only, not {spec.form!r}"
         return self.load().supports(spec)
 
     def compile_configs(self) -> list[CompileConfig]:

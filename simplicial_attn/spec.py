@@ -16,11 +16,17 @@ SUPPORTED_DTYPES = (torch.bfloat16,)
 REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 SUPPORTED_HEAD_DIMS = (64, 128)
 NAMES = ("q", "k1", "k2", "v1", "v2")
+# the logits' form: the plain trilinear sum, or the determinant form (simplicial_attn/reference.py)
+FORMS = ("trilinear", "det")
 
 
 @dataclass(frozen=True)
 class ProblemSpec:
-    """Shape of one forward call. Windows are already ordered so that w1 <= w2 (see `swapped`)."""
+    """Shape of one forward call. Windows are already ordered so that w1 <= w2 (see `swapped`).
+
+    With form "det", exchanging the pairs negates every 3x3 determinant (two of its rows swap)
+    and leaves the leftover dims' trilinear term: whoever computes a swapped spec negates the
+    chunk dims of q (or the determinants) as well."""
 
     B: int
     N: int
@@ -31,6 +37,7 @@ class ProblemSpec:
     w2: int
     sm_scale: float
     swapped: bool = False  # True when the caller's (k1, v1, w1) and (k2, v2, w2) were exchanged
+    form: str = "trilinear"  # one of FORMS
 
     @property
     def G(self) -> int:
@@ -38,8 +45,9 @@ class ProblemSpec:
         return self.Hq // self.Hk
 
     def short(self) -> str:
-        return (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} D={self.D} "
-                f"w1={self.w1} w2={self.w2}")
+        s = (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} D={self.D} "
+             f"w1={self.w1} w2={self.w2}")
+        return s if self.form == "trilinear" else f"{s} form={self.form}"
 
 
 def positive_int(name: str, value, meaning: str = "") -> int:
@@ -61,17 +69,48 @@ def positive_int(name: str, value, meaning: str = "") -> int:
     return value
 
 
+def positive_float(name: str, value, kind: str = "a float") -> float:
+    """`value` as a finite float > 0, or TypeError (no real number: bool, str, tensor, None; the
+    message says `name` must be `kind`) or ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite positive float, got {value}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive float, got {value}")
+    return value
+
+
+def check_floating(name: str, t) -> None:
+    """TypeError naming `name` unless t is a floating-point torch.Tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
 def _check_window(name: str, w) -> int:
     return positive_int(name, w, "a window of at least one token")
 
 
+def check_form(form) -> str:
+    """`form` itself when it is one of FORMS, else TypeError (not a str) or ValueError naming it."""
+    if not isinstance(form, str):
+        raise TypeError(f"form must be a str, got {type(form).__name__} {form!r}")
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {', '.join(map(repr, FORMS))}, got {form!r}")
+    return form
+
+
 def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
-             dtypes=SUPPORTED_DTYPES) -> ProblemSpec:
+             dtypes=SUPPORTED_DTYPES, form="trilinear") -> ProblemSpec:
     """Check arguments, dtypes and shapes (that the tensors share one device, not which: see
     `check_device`) and return the problem spec.
 
     q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all of one dtype in `dtypes` (bfloat16 for
-    the kernels), on one device.
+    the kernels), on one device; `form` one of FORMS.
     The returned spec has w1 <= w2; `spec.swapped` says whether the caller's pairs must be exchanged.
     """
     tensors = (q, k1, k2, v1, v2)
@@ -115,24 +154,16 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
         raise ValueError(f"head dim D={D} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
     w1 = _check_window("w1", w1)
     w2 = _check_window("w2", w2)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
-    else:
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
-            raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
-        try:
-            sm_scale = float(sm_scale)
-        except OverflowError:
-            raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}") from None
-        if not math.isfinite(sm_scale) or sm_scale <= 0:
-            raise ValueError(f"sm_scale must be a finite positive float, got {sm_scale}")
+    sm_scale = (1.0 / math.sqrt(D) if sm_scale is None
+                else positive_float("sm_scale", sm_scale, "a float or None"))
+    form = check_form(form)
     # a window longer than the sequence sees the same keys as one of length N: clamp (same function,
     # 32-bit kernel arguments, bounded reference memory)
     w1, w2 = min(w1, max(N, 1)), min(w2, max(N, 1))
     swapped = w1 > w2
     if swapped:
         w1, w2 = w2, w1
-    return ProblemSpec(B, N, Hq, Hk, D, w1, w2, sm_scale, swapped)
+    return ProblemSpec(B, N, Hq, Hk, D, w1, w2, sm_scale, swapped, form)
 
 
 def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device) -> None:
@@ -140,10 +171,7 @@ def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device) 
     gradients dout and dlse): a floating-point torch.Tensor of `shape` (`layout` names its dims,
     e.g. "[B, Hq, N]") on `device`. Its dtype is the caller's to cast; a shape that only has the
     right element count (dlse as [B, N, Hq]) is refused, since a reshape would take it silently."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    check_floating(name, t)
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(t.shape)}")
     if t.device != device:

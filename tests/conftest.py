@@ -95,6 +95,23 @@ def rand_inputs(B: int, N: int, Hq: int, Hk: int, D: int, device="cpu",
 
 
 @pytest.fixture
+def any_head_dim(monkeypatch):
+    """The reference's math takes any D; `validate` allows only the kernels' D in {64, 128} (D mod 3
+    = 1 and 2 for form "det"). Widened in a test that takes this fixture to D mod 3 = 0 (6, 9),
+    D < 3 (no 3-chunk) and D = 8: cheap shapes for the reference and the op on the CPU."""
+    from simplicial_attn import spec
+    monkeypatch.setattr(spec, "SUPPORTED_HEAD_DIMS", (*spec.SUPPORTED_HEAD_DIMS, 2, 6, 8, 9))
+
+
+def fp64_inputs(gen: torch.Generator, B: int, N: int, Hq: int, Hk: int, D: int,
+                requires_grad: bool = True) -> list[torch.Tensor]:
+    """Fresh standard normal fp64 inputs [q, k1, k2, v1, v2] (CPU), leaves that require grad
+    unless told otherwise: for exact fp64 comparisons and gradchecks."""
+    return [torch.randn(B, N, h, D, generator=gen, dtype=torch.float64)
+            .requires_grad_(requires_grad) for h in (Hq, Hk, Hk, Hk, Hk)]
+
+
+@pytest.fixture
 def rand(gen):
     """rand(B, N, Hq, Hk, D, device="cpu", scale=1.0) -> (q, k1, k2, v1, v2), from this test's seed."""
     def make(B, N, Hq, Hk, D, device="cpu", scale=1.0):

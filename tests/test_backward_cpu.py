@@ -7,30 +7,29 @@ import pytest
 import torch
 
 import simplicial_attn as sa
-from conftest import compiled_grads_differ, previous_token_losses
+from simplicial_attn.spec import FORMS
+from conftest import compiled_grads_differ, fp64_inputs, previous_token_losses
 
-# (B, N, Hq, Hk, D, w1, w2): N < w1, w1 <= N < w2, w1 > w2 (swapped), GQA, N = 1
+# (B, N, Hq, Hk, D, w1, w2): N < w1, w1 <= N < w2, w1 > w2 (swapped), GQA, N = 1; D mod 3 = 0
+# and 2 (the `any_head_dim` fixture; D = 64 has 1)
 TINY = [(1, 3, 2, 1, 64, 5, 7), (2, 6, 4, 2, 64, 2, 9), (1, 7, 2, 2, 64, 4, 2),
-        (1, 1, 2, 1, 64, 3, 3)]
+        (1, 1, 2, 1, 64, 3, 3), (1, 7, 4, 2, 6, 5, 3), (1, 6, 2, 1, 8, 2, 4)]
 
 
-def fp64_inputs(gen, B, N, Hq, Hk, D, requires_grad=True):
-    return [torch.randn(B, N, h, D, generator=gen, dtype=torch.float64)
-            .requires_grad_(requires_grad) for h in (Hq, Hk, Hk, Hk, Hk)]
-
-
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", TINY, ids=[str(s) for s in TINY])
-def test_reference_backward_matches_autograd(shape, gen):
-    """The closed-form gradients equal autograd through `reference` and through `brute_force`."""
+def test_reference_backward_matches_autograd(shape, form, gen, any_head_dim):
+    """The closed-form gradients equal autograd through `reference` and through `brute_force`
+    (which exchanges no pairs)."""
     B, N, Hq, Hk, D, w1, w2 = shape
     x = fp64_inputs(gen, B, N, Hq, Hk, D)
-    out, lse = sa.reference(*x, w1, w2)
+    out, lse = sa.reference(*x, w1, w2, form=form)
     dout, dlse = torch.randn(out.shape, generator=gen, dtype=torch.float64), \
         torch.randn(lse.shape, generator=gen, dtype=torch.float64)
-    closed = sa.reference_backward(*[t.detach() for t in x], w1, w2, dout, dlse)
+    closed = sa.reference_backward(*[t.detach() for t in x], w1, w2, dout, dlse, form=form)
     for fn in (sa.reference, sa.brute_force):
         y = [t.detach().clone().requires_grad_() for t in x]
-        o, lse_ = fn(*y, w1, w2)
+        o, lse_ = fn(*y, w1, w2, form=form)
         torch.autograd.backward((o, lse_), (dout, dlse))
         for name, c, t in zip(("dq", "dk1", "dk2", "dv1", "dv2"), closed, y):
             torch.testing.assert_close(c, t.grad, rtol=1e-10, atol=1e-12,
@@ -44,20 +43,23 @@ def test_gradcheck_reference(fn, gen):
     assert torch.autograd.gradcheck(lambda *a: fn(*a, 2, 3), x, fast_mode=True)
 
 
-def test_gradcheck_op(gen):
-    """The op's backward (reference_backward on the CPU) against central differences."""
+@pytest.mark.parametrize("form", FORMS)
+def test_gradcheck_op(form, gen):
+    """The op's backward (reference_backward on the CPU) against central differences (w1 > w2)."""
     x = fp64_inputs(gen, 1, 5, 4, 2, 64)
-    assert torch.autograd.gradcheck(lambda *a: sa.attention(*a, 3, 2), x, fast_mode=True)
+    assert torch.autograd.gradcheck(lambda *a: sa.attention(*a, 3, 2, form=form), x,
+                                    fast_mode=True)
 
 
-def test_opcheck(gen):
+@pytest.mark.parametrize("form", FORMS)
+def test_opcheck(form, gen):
     x = fp64_inputs(gen, 1, 5, 2, 1, 64)
     torch.library.opcheck(torch.ops.simplicial_attn.fwd.default,
-                          (*x, 2, 3, 0.125, "auto", "auto"))
-    out, lse = sa.attention(*[t.detach() for t in x], 2, 3)
+                          (*x, 2, 3, 0.125, "auto", "auto", form))
+    out, lse = sa.attention(*[t.detach() for t in x], 2, 3, form=form)
     torch.library.opcheck(torch.ops.simplicial_attn.bwd.default,
                           (torch.randn_like(out), torch.randn_like(lse), *[t.detach() for t in x],
-                           out, lse, 2, 3, 0.125, "auto"))
+                           out, lse, 2, 3, 0.125, "auto", form))
 
 
 def test_requires_grad_on_some_inputs(gen):
@@ -69,9 +71,10 @@ def test_requires_grad_on_some_inputs(gen):
     assert all(t.grad is None for i, t in enumerate(x) if i != 2)
 
 
-def test_compiled_training_step_matches_eager_bitwise(gen):
+@pytest.mark.parametrize("form", FORMS)
+def test_compiled_training_step_matches_eager_bitwise(form, gen):
     torch.manual_seed(0)
-    model = sa.SimplicialAttention(32, 4, 2, 64, 3, 5).double()
+    model = sa.SimplicialAttention(32, 4, 2, 64, 3, 5, form=form).double()
     x = torch.randn(2, 9, 32, generator=gen, dtype=torch.float64)
     differ = compiled_grads_differ(model, lambda m: m(x).square().sum())
     assert not differ, f"eager and compiled gradients differ: {differ}"
@@ -102,6 +105,8 @@ def test_layer_trains_on_cpu(gen):
     (dict(variant="triton", bwd_variant="tlx_pipelined_kv"), ValueError,
      "unknown variant 'tlx_pipelined_kv' of pass"),
     (dict(mixed_dtype=True), TypeError, "share one dtype"),
+    (dict(form="Det"), ValueError, "form must be one of 'trilinear', 'det', got 'Det'"),
+    (dict(form=1), TypeError, "form must be a str, got int"),
 ])
 def test_attention_rejects_bad_input(bad, exc, match):
     q = torch.randn(*bad.get("q_shape", (1, 5, 2, 64))).to(bad.get("dtype", torch.float32))
@@ -111,7 +116,8 @@ def test_attention_rejects_bad_input(bad, exc, match):
         k[0] = k[0].double()
     with pytest.raises(exc, match=match):
         sa.attention(q, *k, bad.get("w1", 2), bad.get("w2", 3),
-                     variant=bad.get("variant", "auto"), bwd_variant=bad.get("bwd_variant", "auto"))
+                     variant=bad.get("variant", "auto"), bwd_variant=bad.get("bwd_variant", "auto"),
+                     form=bad.get("form", "trilinear"))
 
 
 @pytest.mark.parametrize("B, N", [(0, 5), (2, 0), (0, 0)])
@@ -154,6 +160,8 @@ LAYER_BAD = {
     "head_dim_32": (dict(head_dim=32), ValueError, "head_dim=32 is not supported"),
     "variant_unknown": (dict(variant="nope"), ValueError, "unknown variant 'nope'"),
     "bwd_variant_not_str": (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
+    "form_unknown": (dict(form="cross"), ValueError, "form must be one of"),
+    "form_not_str": (dict(form=3), TypeError, "form must be a str, got int"),
 }
 
 

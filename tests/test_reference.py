@@ -12,6 +12,7 @@ import torch
 
 import simplicial_attn
 from simplicial_attn.reference import brute_force, reference
+from simplicial_attn.spec import FORMS
 
 # `import simplicial_attn.reference as m` would give the function: the package re-exports
 # `reference` under the submodule's name, so take the module itself from the import system.
@@ -48,15 +49,22 @@ TINY = {
     "scale0.37": (1, 8, 2, 1, 64, 3, 4, 0.37),
     "scale2": (1, 8, 4, 2, 64, 5, 3, 2.0),
     "scale_int": (1, 5, 2, 1, 64, 2, 2, 1),
+    # D mod 3 = 0 and D < 3 (form "det": whole chunks only, no chunk); the `any_head_dim` fixture
+    "D6": (2, 7, 2, 1, 6, 3, 5, None),
+    "D9_Hq4_Hk2_w1>w2": (1, 9, 4, 2, 9, 5, 2, None),
+    "D8_w1>w2": (1, 8, 2, 1, 8, 6, 3, None),
+    "D2": (1, 6, 2, 1, 2, 3, 4, None),
 }
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", TINY.values(), ids=TINY.keys())
-def test_reference_matches_brute_force(shape, rand):
+def test_reference_matches_brute_force(shape, form, rand, any_head_dim):
+    """brute_force never exchanges the pairs: w1 > w2 also checks the reference's exchange."""
     B, N, Hq, Hk, D, w1, w2, scale = shape
     x = rand(B, N, Hq, Hk, D)
-    out, lse = reference(*x, w1, w2, sm_scale=scale)
-    bout, blse = brute_force(*x, w1, w2, sm_scale=scale)
+    out, lse = reference(*x, w1, w2, sm_scale=scale, form=form)
+    bout, blse = brute_force(*x, w1, w2, sm_scale=scale, form=form)
     assert out.dtype == torch.float64 and lse.dtype == torch.float64
     assert_same(out, bout, "out")
     assert_same(lse, blse, "lse")
@@ -98,12 +106,13 @@ def test_reference_lse_is_natural_log_and_one_pair_rows(rand):
     assert_same(lse, s.transpose(1, 2), "lse")
 
 
-def test_reference_chunk_boundaries(rand, monkeypatch):
+@pytest.mark.parametrize("form", FORMS)
+def test_reference_chunk_boundaries(form, rand, monkeypatch):
     """Budgets from 1 element to the default: chunks of one query, ragged splits (last chunk
     shorter) and a single chunk all give the brute-force result, and the chunks tile [0, N)."""
     B, N, Hq, Hk, D, w1, w2 = 1, 23, 4, 2, 64, 3, 6
     x = rand(B, N, Hq, Hk, D)
-    bf = brute_force(*x, w1, w2)
+    bf = brute_force(*x, w1, w2, form=form)
     real = ref_mod._window
     spans = []
 
@@ -116,7 +125,7 @@ def test_reference_chunk_boundaries(rand, monkeypatch):
     for budget in [2 ** e for e in range(0, 26)]:
         monkeypatch.setattr(ref_mod, "_CHUNK_ELEMENTS", budget)
         spans.clear()
-        out, lse = reference(*x, w1, w2)
+        out, lse = reference(*x, w1, w2, form=form)
         chunks = sorted(set(spans))
         assert chunks[0][0] == 0 and chunks[-1][1] == N, (budget, chunks)
         assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:])), (budget, chunks)

@@ -1,6 +1,7 @@
 """The variant registry and the launcher's choice of variant (CPU only: nothing is launched)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -8,7 +9,7 @@ import pytest
 
 from simplicial_attn import launcher, registry, variants
 from simplicial_attn.registry import CompileConfig, Variant
-from simplicial_attn.spec import ProblemSpec
+from simplicial_attn.spec import FORMS, ProblemSpec
 
 ALL = registry.all_variants()
 IDS = [v.name for v in ALL]
@@ -61,6 +62,14 @@ def test_record_fields(v):
     assert {"qk_gemm", "softmax", "pv_gemm", "epilogue"} <= set(v.scopes), v.name
     for flag in (v.rounds_keys_side, v.rounds_values_side, v.pipelined, v.needs_hopper):
         assert isinstance(flag, bool), v
+    assert v.forms and set(v.forms) <= set(FORMS), (v.name, v.forms)
+
+
+@pytest.mark.parametrize("v", registry.all_variants(None), ids=lambda v: f"{v.pass_}-{v.name}")
+def test_variant_refuses_a_form_it_does_not_compute(v):
+    for form in set(FORMS) - set(v.forms):
+        why = v.cannot_take(dataclasses.replace(spec(), form=form))
+        assert why is not None and f"not {form!r}" in why, (v.name, form, why)
 
 
 def test_passes():

@@ -76,6 +76,10 @@ SHAPE_CASES = {
     "scale_bool": (dict(sm_scale=True), TypeError, "sm_scale must be a float or None, got bool"),
     "devices_differ": (dict(q=t((B, N, HQ, D), device="meta")), ValueError,
                        "must be on one device"),
+    "form_unknown": (dict(form="plain"), ValueError,
+                     "form must be one of 'trilinear', 'det', got 'plain'"),
+    "form_upper": (dict(form="DET"), ValueError, "form must be one of"),
+    "form_none": (dict(form=None), TypeError, "form must be a str, got NoneType"),
 }
 
 
@@ -231,6 +235,28 @@ def test_auto_on_sm80_shape_error_stays_a_shape_error(sm80):
     x = _fake_cuda_inputs(12, 1)
     with pytest.raises(ValueError, match="no variant can take .*G = Hq/Hk = 12"):
         forward(*x, 2, 4)
+
+
+@pytest.mark.parametrize("variant", ["auto", *variants()])
+def test_det_form_on_cuda_raises_before_any_launch(variant, monkeypatch):
+    """No kernel computes form "det" yet: forward, attention and the backward on (fake) Hopper
+    tensors raise NotImplementedError naming the form, from the variant pick, before the device
+    check or a launch."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    from simplicial_attn import backward, registry
+    monkeypatch.setattr(registry.Variant, "load", lambda self: pytest.fail("a kernel was loaded"))
+    x = _fake_cuda_inputs(128, 1)
+    with pytest.raises(NotImplementedError, match="no fwd kernel computes form='det' yet"):
+        forward(*x, 2, 4, variant=variant, form="det")
+    bwd_variant = variant if variant in variants("bwd") else "auto"
+    with pytest.raises(NotImplementedError, match="no bwd kernel computes form='det' yet"):
+        simplicial_attn.attention(*x, 2, 4, variant=variant, bwd_variant=bwd_variant,
+                                  form="det")
+    fake_tensor = pytest.importorskip("torch._subclasses.fake_tensor")
+    with fake_tensor.FakeTensorMode():
+        lse = torch.empty(1, 128, 8, device="cuda")
+    with pytest.raises(NotImplementedError, match="no bwd kernel computes form='det' yet"):
+        backward.backward(x[0], None, *x, x[0], lse, 2, 4, variant=bwd_variant, form="det")
 
 
 @pytest.mark.parametrize("name", list(variants()))
