@@ -36,9 +36,8 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import (CONSUMER_THREADS, NUM_CONSUMERS,
-                                merge_and_store, opaque, pass_turn, produce_kv, release_layout,
-                                take_turn, v1_layout)
+from kernels_tlx.common import (NUM_CONSUMERS, merge_and_store, opaque, pass_turn, produce_kv,
+                                release_layout, take_turn, v1_layout)
 from kernels_triton.host import entry_points
 from kernels_triton.tiling import (BF16_BYTES, M_START, enter, key_block, leave, mask_scores,
                                    row_coords, softmax_step, tile_setup)
