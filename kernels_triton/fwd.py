@@ -16,9 +16,20 @@ The key range of a tile is cut into unmasked blocks (every row sees every key) a
 blocks that need a mask (partial last block; with T > 1 the first/last T - 1 keys); j needs a mask
 only when T > 1. Supports any B, N, Hk, w1 <= w2 (the launcher swaps), D in {64, 128}, G a power of
 two up to 128.
+
+Form "det" (constexpr DET = +1, or -1 when the launcher swapped the pairs): A is the chunkwise
+cross product instead, A = Q x3 K1[j] = (pi Q) * (pi^2 K1[j]) - (pi^2 Q) * (pi K1[j]) (pi rotates
+each 3-chunk of D; Q * K1[j] on the D mod 3 leftover dims; simplicial_attn/reference.py). Two Q
+tiles are loaded once per tile with permuted columns, Qa = pi^R Q and Qb = -pi^(3-R) Q (0 on the
+leftover dims), R = 1 for DET = +1; the host packs K1's two rotations as [B, N, Hk, 2, D]
+(det_keys), so each j reads two contiguous rows, and A = fma(Qa, K1a, Qb * K1b) in bf16 (two
+roundings: the product Qb * K1b, then the FMA). DET = -1 takes R = 2, which negates the chunk
+part (the swapped pairs' determinants change sign) and keeps the leftover term. Everything else,
+tensor-core work included, is the trilinear kernel's; DET = 0 compiles to the same SASS.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -29,16 +40,28 @@ from simplicial_attn.spec import ProblemSpec
 
 
 @triton.jit
-def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs_n, offs_d,
-           w1, w2, qk_scale, HK: tl.constexpr, D: tl.constexpr, MASK_J: tl.constexpr,
-           MASK_K: tl.constexpr, PROFILE: tl.constexpr):
-    """One K2/V2 block against every j of the tile's K1/V1 window."""
+def _block(acc, m_i, l_i, q, qb, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs_n, offs_d,
+           w1, w2, qk_scale, HK: tl.constexpr, D: tl.constexpr,
+           MASK_J: tl.constexpr, MASK_K: tl.constexpr, DET: tl.constexpr,
+           PROFILE: tl.constexpr):
+    """One K2/V2 block against every j of the tile's K1/V1 window. DET = 0: A = Q * K1[j];
+    DET = +-1: A = fma(q, K1a[j], qb * K1b[j]), q = Qa and qb = Qb of the module docstring, K1 the
+    packed [B, N, HK, 2, D] of det_keys."""
+    K1_ROW: tl.constexpr = 2 * HK * D if DET else HK * D  # elements from K1[j] to K1[j + 1]
     k2t = tl.trans(k2)
     for j in range(j_lo, j_hi + 1):
         enter("qk_gemm", PROFILE)
-        k1j = tl.load(k1_base + j.to(tl.int64) * (HK * D) + offs_d)
+        k1_row = k1_base + j.to(tl.int64) * K1_ROW
+        if not DET:
+            k1j = tl.load(k1_row + offs_d)
+        else:  # K1[j] with its columns permuted by the host (det_keys): two contiguous rows
+            k1a = tl.load(k1_row + offs_d)
+            k1b = tl.load(k1_row + D + offs_d)
         v1j = tl.load(v1_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
-        a = q * k1j[None, :]
+        if not DET:
+            a = q * k1j[None, :]
+        else:  # the chunkwise cross product: bf16 Qb*K1b, then one bf16 FMA (HMUL2, HFMA2)
+            a = tl.fma(q, k1a[None, :], qb * k1b[None, :])
         s = tl.dot(a, k2t)
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
@@ -55,19 +78,50 @@ def _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, offs
 
 
 @triton.jit
+def _det_cols(D: tl.constexpr, R: tl.constexpr):
+    """(cols_a, cols_b, chunk): the columns of pi^R and pi^(3-R) (pi rotates each 3-chunk:
+    (pi x)[3l+m] = x[3l + (m+1) mod 3]; the D mod 3 leftover columns map to themselves), and which
+    columns lie in a whole 3-chunk."""
+    c = tl.arange(0, D)
+    chunk = c < (D // 3) * 3
+    base = c - c % 3
+    cols_a = tl.where(chunk, base + (c % 3 + R) % 3, c)
+    cols_b = tl.where(chunk, base + (c % 3 + 3 - R) % 3, c)
+    return cols_a, cols_b, chunk
+
+
+@triton.jit
+def _load_q_cols(Q, b, g, tok, head, N, cols, keep, HQ: tl.constexpr, G: tl.constexpr,
+                 D: tl.constexpr):
+    """load_q's [rows, D] tile with column c read from column cols[c] (0 where not keep[c])."""
+    off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + head) * D
+    return tl.load(Q + off[:, None] + cols[None, :], mask=(tok < N)[:, None] & keep[None, :],
+                   other=0.0)
+
+
+@triton.jit
 def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                           HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          PROFILE: tl.constexpr = False):
+                          PROFILE: tl.constexpr = False, DET: tl.constexpr = 0):
     T: tl.constexpr = BLOCK_M // (BLOCK_M if G > BLOCK_M else G)  # tokens per tile
     b, g, i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     tok, head = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)
-    q = load_q(Q, b, g, tok, head, N, HQ, G, D)
+    if not DET:
+        q = load_q(Q, b, g, tok, head, N, HQ, G, D)
+        qb = q
+    else:  # Qa = pi^R Q (leftover dims: Q), Qb = pi^(3-R) Q (leftover dims: 0)
+        cols_a, cols_b, chunk = _det_cols(D, 1 if DET > 0 else 2)
+        q = _load_q_cols(Q, b, g, tok, head, N, cols_a, offs_d >= 0, HQ, G, D)
+        qb = -_load_q_cols(Q, b, g, tok, head, N, cols_b, chunk, HQ, G, D)
 
     kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)
-    k1_base = K1 + kv_base
+    if not DET:
+        k1_base = K1 + kv_base
+    else:  # K1 is det_keys' [B, N, HK, 2, D]
+        k1_base = K1 + 2 * kv_base
     v1_base = V1 + kv_base
     j_lo = tl.maximum(i0 - w1 + 1, 0)
     m_i = tl.full([BLOCK_M], M_START, tl.float32)
@@ -80,24 +134,58 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
         k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         leave("load_kv", PROFILE)
-        acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
-                               offs_n, offs_d, w1, w2, qk_scale, HK, D, T > 1, False, PROFILE)
+        acc, m_i, l_i = _block(acc, m_i, l_i, q, qb, k2, v2, k1_base, v1_base, kb, j_lo, i_hi,
+                               tok, offs_n, offs_d, w1, w2, qk_scale, HK, D,
+                               T > 1, False, DET, PROFILE)
     for t in range(n_int, n_blocks):  # edge blocks: masked per (row, key)
         kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
         enter("load_kv", PROFILE)
         k2 = K2.load([b, kb, g * D]).reshape(BLOCK_N, D)  # rows past N arrive as zeros (host.py)
         v2 = V2.load([b, kb, g * D]).reshape(BLOCK_N, D)
         leave("load_kv", PROFILE)
-        acc, m_i, l_i = _block(acc, m_i, l_i, q, k2, v2, k1_base, v1_base, kb, j_lo, i_hi, tok,
-                               offs_n, offs_d, w1, w2, qk_scale, HK, D, T > 1, True, PROFILE)
+        acc, m_i, l_i = _block(acc, m_i, l_i, q, qb, k2, v2, k1_base, v1_base, kb, j_lo, i_hi,
+                               tok, offs_n, offs_d, w1, w2, qk_scale, HK, D,
+                               T > 1, True, DET, PROFILE)
     enter("epilogue", PROFILE)
     store_rows(Out, Lse, acc, m_i, l_i, b, g, tok, head, N, HQ, G, D)
     leave("epilogue", PROFILE)
 
 
+FORMS = ("trilinear", "det")  # the forms it computes (its registry record's `forms`)
+
+
 def _config(spec: ProblemSpec) -> dict:
-    """Tile shape: 64 rows (one warp group) x 128 keys; measured best at G = 64 (docs/perf.md)."""
-    return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1)
+    """Tile shape: 64 rows (one warp group) x 128 keys; measured best at G = 64 (docs/perf.md).
+    Form "det" adds DET: +1, or -1 when the launcher has swapped the pairs (the determinants
+    change sign; the leftover dims' trilinear term does not)."""
+    cfg = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1)
+    if spec.form == "det":
+        cfg["DET"] = -1 if spec.swapped else 1
+    return cfg
 
 
-launch, compile_configs = entry_points(simplicial_fwd_kernel, _config, supports)
+def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:
+    """The K1 that the kernel reads with DET = det: [B, N, Hk, 2, D] (contiguous), slot 0 =
+    pi^(3-R) K1 (multiplies Qa = pi^R Q), slot 1 = pi^R K1 (multiplies -Qb = -pi^(3-R) Q), with
+    R = 1 (det = +1) or 2 (det = -1); the D mod 3 leftover columns in place. Two contiguous rows
+    per j keep the kernel's K1 loads as cheap as the trilinear one's (permuted-column loads of
+    K1[j] in the j loop spilled at D = 64). 2x K1's size: Hk/Hq of Q's."""
+    D = k1.shape[-1]
+    r = 1 if det > 0 else 2
+    c = torch.arange(D, device=k1.device)
+    chunk = c < D // 3 * 3
+    base = c - c % 3
+    cols_a = torch.where(chunk, base + (c % 3 + r) % 3, c)
+    cols_b = torch.where(chunk, base + (c % 3 + 3 - r) % 3, c)
+    return torch.stack((k1[..., cols_b], k1[..., cols_a]), dim=3)
+
+
+_launch, compile_configs = entry_points(simplicial_fwd_kernel, _config, supports, forms=FORMS)
+
+
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
+    """host.launch of the kernel (the registry's `launch`); form "det" first packs K1's two
+    column rotations (det_keys)."""
+    if spec.form == "det":
+        k1 = det_keys(k1, _config(spec)["DET"])
+    _launch(spec, q, k1, k2, v1, v2, out, lse, profile)

@@ -8,6 +8,7 @@ The common signature: kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale, H
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -61,13 +62,29 @@ def launch(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, pr
         num_stages=cfg["num_stages"], **_constexprs(cfg))
 
 
-def compile_configs(kernel, config: Config, supports: Supports,
-                    q_tma: bool = False) -> list[CompileConfig]:
+def _compile_specs(forms: tuple[str, ...]):
+    """(name suffix, spec) at every (Hq, Hk, D) of tiling.COMPILE_SHAPES for each of `forms`;
+    form "det" also with the pairs swapped (a kernel of its own: the determinants' sign) at
+    G = 128, Hk = 1, both D."""
+    for form in forms:
+        for hq, hk, d in COMPILE_SHAPES:
+            base = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5,
+                               form=form)
+            if form == "trilinear":
+                yield "", base
+                continue
+            yield f"_{form}", base
+            if (hq, hk) == (128, 1):
+                yield f"_{form}_swapped", replace(base, swapped=True)
+
+
+def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = False,
+                    forms: tuple[str, ...] = ("trilinear",)) -> list[CompileConfig]:
     """The default configs of `kernel` at every (Hq, Hk, D) of tiling.COMPILE_SHAPES that
-    `supports` takes (q_tma: as in launch)."""
+    `supports` takes, for each form of `forms` (the variant's `forms`; q_tma: as in launch)."""
     out = []
-    for hq, hk, d in COMPILE_SHAPES:
-        spec = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+    for suffix, spec in _compile_specs(forms):
+        hq, hk, d = spec.Hq, spec.Hk, spec.D
         if supports(spec) is not None:
             continue
         cfg = config(spec)
@@ -77,19 +94,21 @@ def compile_configs(kernel, config: Config, supports: Supports,
                "Lse": "*fp32", "N": "i32", "w1": "i32", "w2": "i32", "qk_scale": "fp32"}
         consts = {"HQ": hq, "HK": hk, "G": hq // hk, "D": d, **_constexprs(cfg)}
         sig.update({k: "constexpr" for k in consts})
-        name = f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}"
+        name = f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}{suffix}"
         out.append(CompileConfig(name, kernel, sig, consts, cfg["num_warps"], cfg["num_stages"]))
     return out
 
 
-def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False):
+def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False,
+                 forms: tuple[str, ...] = ("trilinear",)):
     """A variant module's `launch` and `compile_configs` (simplicial_attn/registry.py) for
-    `kernel` run with `config(spec)` (q_tma: as in launch)."""
+    `kernel` run with `config(spec)` (q_tma: as in launch; forms: the logits' forms it computes,
+    its registry record's `forms`, each of which gets compile configs)."""
     def launch_variant(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
                        profile: bool = False) -> None:
         launch(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma)
 
     def variant_compile_configs() -> list[CompileConfig]:
-        return compile_configs(kernel, config, supports, q_tma)
+        return compile_configs(kernel, config, supports, q_tma, forms)
 
     return launch_variant, variant_compile_configs

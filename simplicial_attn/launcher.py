@@ -20,8 +20,12 @@ def pick(spec: ProblemSpec, variant: str, hopper: bool = True,
     `spec.form`). `hopper=False` makes "auto" skip the sm_90-only variants."""
     v = registry.get(variant, pass_) if variant != "auto" else None  # an unknown name first
     if not any(spec.form in o.forms for o in registry.all_variants(pass_)):
+        fwd_only = pass_ == "bwd" and any(spec.form in o.forms for o in registry.all_variants())
+        hint = (f"; the forward alone runs on CUDA: simplicial_attn.forward(..., "
+                f"form={spec.form!r}), or attention on inputs that do not require grad"
+                if fwd_only else "")
         raise NotImplementedError(
-            f"no {pass_} kernel computes form={spec.form!r} yet; on CPU tensors "
+            f"no {pass_} kernel computes form={spec.form!r} yet{hint}; on CPU tensors "
             f"simplicial_attn.attention and reference compute it (the fp64 reference)")
     if v is not None:
         why = v.cannot_take(spec)
@@ -130,7 +134,8 @@ def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None,
     copied first (correct, costs a copy).
     Returns out [B, N, Hq, D] bfloat16 and lse [B, Hq, N] float32 (natural log). Forward only:
     inputs that require grad (with grad mode on) are refused rather than silently cut off; use
-    `simplicial_attn.attention` for gradients. form: "trilinear" (no kernel computes "det" yet:
-    NotImplementedError).
+    `simplicial_attn.attention` for gradients. form: "trilinear" or "det" (the determinant form,
+    `simplicial_attn.reference` states it; only the `triton` variant computes it, so "auto"
+    takes `triton` there and a named TLX variant refuses it with ValueError).
     """
     return run(q, k1, k2, v1, v2, w1, w2, variant=variant, sm_scale=sm_scale, form=form)

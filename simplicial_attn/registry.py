@@ -127,7 +127,7 @@ register(Variant(name="tlx_ws_keys", pass_="fwd", module="kernels_tlx.ws_keys",
 register(Variant(name="tlx_pingpong", pass_="fwd", module="kernels_tlx.pingpong",
                  needs_hopper=True, rank=3, supports=_G16, warps=12, scopes=WS_SCOPES))
 register(Variant(name="triton", pass_="fwd", module="kernels_triton.fwd", needs_hopper=True,
-                 rank=2, warps=4, scopes=TRITON_SCOPES,
+                 rank=2, warps=4, scopes=TRITON_SCOPES, forms=("trilinear", "det"),
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
 register(Variant(name="tlx_pipelined_pingpong", pass_="fwd",
                  module="kernels_tlx.pipelined_pingpong", needs_hopper=True, rank=-3,

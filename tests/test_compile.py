@@ -35,3 +35,15 @@ def test_compiles_for_hopper_with_wgmma(variant, c):
     assert "wgmma.mma_async" in code, (f"{where}: no wgmma.mma_async in its PTX (not the Hopper "
                                        "path)")
     assert k.asm.get("cubin"), f"{where}: no cubin (ptxas did not run)"
+
+
+def test_every_form_of_a_variant_has_configs():
+    """A variant that computes form "det" compiles it too (config names end in _det, and
+    _det_swapped for the kernel of the exchanged pairs), so the resource gate covers it."""
+    for v in registry.all_variants(None):
+        names = [c.name for c in v.compile_configs()]
+        if "det" in v.forms:
+            assert any(n.endswith("_det") for n in names), (v.pass_, v.name, names)
+            assert any(n.endswith("_det_swapped") for n in names), (v.pass_, v.name, names)
+        else:
+            assert not any("_det" in n for n in names), (v.pass_, v.name, names)

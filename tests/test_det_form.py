@@ -257,3 +257,25 @@ def test_rotary_rejects_bad_input(change, exc, match):
     args = dict(q=torch.zeros(1, 4, 2, 8), k1=torch.zeros(1, 4, 1, 8), k2=torch.zeros(1, 4, 1, 8))
     with pytest.raises(exc, match=match):
         sa.det_rotary(**{**args, **change})
+
+
+# ------------------------------------------------------------------------------------------------
+# The Triton kernel's column bookkeeping, on the CPU (kernels_triton/fwd.py: Qa, Qb, det_keys)
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("det", [1, -1])
+def test_triton_det_columns_build_the_cross_product(D, det, gen):
+    """fma(Qa, K1a, Qb * K1b) with the kernel's columns (Qa = pi^R Q, Qb = -pi^(3-R) Q with 0 on
+    the leftover dims, K1a/K1b from det_keys) is q x3 k1 for DET = +1 and, for DET = -1 (pairs
+    swapped), q x3 k1 with q's chunk dims negated (reference._in_spec_order), in fp64."""
+    pytest.importorskip("triton")
+    from kernels_triton.fwd import det_keys
+    q, k1 = (torch.randn(3, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    r = 1 if det > 0 else 2
+    qa = ref_mod._pi(q, r)
+    qb = -(ref_mod._chunk_dims(q) * ref_mod._pi(q, 3 - r))
+    packed = det_keys(k1[:, None, None], det)[:, 0, 0]  # [3, 2, D]
+    assert packed.shape == (3, 2, D)
+    a = qa * packed[:, 0] + qb * packed[:, 1]
+    want = cross3(q if det > 0 else ref_mod._negate_chunks(q), k1)
+    assert max_err(a, want) <= 1e-15

@@ -23,6 +23,7 @@ import torch
 
 from simplicial_attn import flops, forward, reference, registry
 from simplicial_attn.launcher import pick, run
+from simplicial_attn.reference import _chunk_dims, _pi
 from simplicial_attn.spec import validate, validate_shape
 
 from conftest import Shape, hq_taken_by
@@ -186,7 +187,7 @@ def inputs(rand, shape: Shape):
 # The bf16 yardstick
 
 def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_side=False,
-                 values_side=False):
+                 values_side=False, form="trilinear"):
     """The function as the kernels evaluate it, exact except for the roundings they make on purpose:
 
         A[i,h,j,:]  = bf16(Q[i,h,:] * K1[j,g,:])                  Q*K1 on CUDA cores, in bf16
@@ -199,10 +200,17 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
          that builds V1[j]*V2 instead of multiplying P @ V2 by V1[j], e.g. tlx_ws_kv)
         out = bf16(O),  lse = max_jk s + log l
 
+    form="det" (the `triton` kernel's build, kernels_triton/fwd.py): A = bf16(Qa * K1a + bf16(Qb
+    * K1b)), Qa = pi^r Q, K1a = pi^(3-r) K1, Qb = -pi^(3-r) Q (0 on the leftover dims), K1b = pi^r
+    K1, r = 1, or r = 2 when the pairs are exchanged (the determinants' sign flips).
     (K1, V1) is the pair with the smaller window, as the launcher arranges. Returns (out, lse) in
     `dtype`, out holding bf16-representable values."""
+    r = 1
     if w1 > w2:
         k1, v1, k2, v2, w1, w2 = k2, v2, k1, v1, w2, w1
+        r = 2
+    if form == "det" and keys_side:
+        raise NotImplementedError("no keys-side kernel computes form 'det'")
     B, N, Hq, D = q.shape
     Hk = k1.shape[2]
     G = Hq // Hk
@@ -228,6 +236,12 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
         if keys_side:
             KK = bf16(K1[:, :, :, :, None] * K2[:, :, :, None])   # [B, C, Hk, w1, w2, D]
             s = sm_scale * torch.einsum("bchgd,bchjkd->bchgjk", Q, KK)
+        elif form == "det":
+            Qa, Qb = _pi(Q, r), -(_chunk_dims(Q) * _pi(Q, 3 - r))
+            K1a, K1b = _pi(K1, 3 - r), _pi(K1, r)
+            A = bf16(Qa[:, :, :, :, None, :] * K1a[:, :, :, None]
+                     + bf16(Qb[:, :, :, :, None, :] * K1b[:, :, :, None]))
+            s = sm_scale * (A.flatten(3, 4) @ K2.transpose(-1, -2)).unflatten(3, (G, w1))
         else:
             A = bf16(Q[:, :, :, :, None, :] * K1[:, :, :, None])  # [B, C, Hk, G, w1, D]
             s = sm_scale * (A.flatten(3, 4) @ K2.transpose(-1, -2)).unflatten(3, (G, w1))
@@ -253,7 +267,7 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
 GUARD = 4096  # elements of NaN before and after each output buffer (16-byte multiple either way)
 
 
-def launch_into_nan(v: registry.Variant, spec, x, w1, w2, sm_scale):
+def launch_into_nan(v: registry.Variant, spec, x, w1, w2, sm_scale, form="trilinear"):
     """Run the variant (launcher.run) into NaN-filled out/lse that sit between NaN guard zones.
     Returns (out, lse, guards_intact)."""
     q = x[0]
@@ -263,7 +277,7 @@ def launch_into_nan(v: registry.Variant, spec, x, w1, w2, sm_scale):
     lb = torch.full((GUARD + n_lse + GUARD,), math.nan, dtype=torch.float32, device=q.device)
     out = ob[GUARD:GUARD + n_out].view(spec.B, spec.N, spec.Hq, spec.D)
     lse = lb[GUARD:GUARD + n_lse].view(spec.B, spec.Hq, spec.N)
-    run(*x, w1, w2, variant=v.name, sm_scale=sm_scale, out=out, lse=lse)
+    run(*x, w1, w2, variant=v.name, sm_scale=sm_scale, out=out, lse=lse, form=form)
     torch.cuda.synchronize()
     guards = torch.cat([ob[:GUARD].float(), ob[-GUARD:].float(), lb[:GUARD], lb[-GUARD:]])
     return out, lse, bool(torch.isnan(guards).all())
@@ -280,17 +294,18 @@ def roundings(v: registry.Variant) -> dict:
     return dict(keys_side=v.rounds_keys_side, values_side=v.rounds_values_side)
 
 
-def check_accuracy(out, lse, x, shape: Shape, label: str, rounding: dict | None = None):
+def check_accuracy(out, lse, x, shape: Shape, label: str, rounding: dict | None = None,
+                   form: str = "trilinear"):
     """Compare (out, lse) with the reference; the tolerance comes from the bf16 emulation of the
-    same roundings (`rounding`: emulate_bf16's keys_side / values_side, see roundings)."""
+    same roundings (`rounding`: emulate_bf16's keys_side / values_side, see roundings) and form."""
     q, k1, k2, v1, v2 = x
     f = flops(shape.B, shape.N, shape.Hq, shape.D, shape.w1, shape.w2)
     dtype = torch.float64 if f <= FP64_MAX_FLOPS else torch.float32
     scale = shape.sm_scale if shape.sm_scale is not None else shape.D ** -0.5
     ref_o, ref_l = reference(q, k1, k2, v1, v2, shape.w1, shape.w2, sm_scale=shape.sm_scale,
-                             dtype=dtype)
+                             dtype=dtype, form=form)
     emu_o, emu_l = emulate_bf16(q, k1, k2, v1, v2, shape.w1, shape.w2, scale, dtype,
-                                **(rounding or {}))
+                                **(rounding or {}), form=form)
     ref_o, ref_l, emu_o, emu_l = (t.double() for t in (ref_o, ref_l, emu_o, emu_l))
     kern = (out.double() - ref_o).abs()
     emu = (emu_o - ref_o).abs()
@@ -338,6 +353,59 @@ def test_matches_reference(v, shape, rand, seed):
     assert torch.equal(out, out2) and torch.equal(lse, lse2), (
         f"{label}: two runs on the same inputs differ (not bitwise reproducible)")
     check_accuracy(out, lse, x, shape, label, roundings(v))
+
+
+# Form "det" (the determinant logits) on the variants that compute it: N < w1, w1 <= N < w2,
+# ragged N, Hk > 1, D = 64 and 128, small G (masks on j), w1 > w2 (the pairs swapped: the
+# determinants change sign), a larger softmax temperature.
+DET_FORM_SHAPES = ("N7_Hq32Hk2", "N63_G128", "N65_Hq16Hk2", "N129_Hq128Hk4", "N1000_Hq16Hk2",
+                   "N4096_G64_D64", "G1_N129_w3_7", "G4_N511", "swap_N300_G16",
+                   "swap_N777_Hq128Hk4", "swap_G128_N257", "swap_N100_w2eq1", "scale0.25_N640")
+DET_VARIANTS = [v for v in VARIANTS if "det" in v.forms]
+
+
+@pytest.mark.parametrize("name", DET_FORM_SHAPES)
+@pytest.mark.parametrize("v", DET_VARIANTS, ids=[v.name for v in DET_VARIANTS])
+def test_det_form_matches_reference(v, name, rand, seed):
+    """form="det" against the fp64 reference with the bf16 yardstick of the kernel's own
+    roundings (emulate_bf16(form="det")), into NaN-filled outputs, bitwise repeatable; "auto"
+    takes the same variant."""
+    shape = SHAPES[name]
+    x = inputs(rand, shape)
+    spec = validate(*x, shape.w1, shape.w2, shape.sm_scale, form="det")
+    why = skip_reason(v, spec)
+    if why:
+        pytest.skip(why)
+    label = f"variant={v.name} form=det {shape} seed={seed}"
+    out, lse = forward(*x, shape.w1, shape.w2, variant=v.name, sm_scale=shape.sm_scale,
+                       form="det")
+    out2, lse2, guards_ok = launch_into_nan(v, spec, x, shape.w1, shape.w2, shape.sm_scale,
+                                            form="det")
+    n_out, n_lse = int(torch.isnan(out2).sum()), int(torch.isnan(lse2).sum())
+    assert n_out == 0 and n_lse == 0, (f"{label}: the kernel left {n_out} of {out2.numel()} out "
+                                       f"and {n_lse} of {lse2.numel()} lse elements unwritten")
+    assert guards_ok, f"{label}: the kernel wrote outside out/lse"
+    assert torch.equal(out, out2) and torch.equal(lse, lse2), (
+        f"{label}: two runs on the same inputs differ (not bitwise reproducible)")
+    if pick(spec, "auto", True).name == v.name:
+        auto = forward(*x, shape.w1, shape.w2, sm_scale=shape.sm_scale, form="det")
+        assert torch.equal(out, auto[0]) and torch.equal(lse, auto[1]), label
+    check_accuracy(out, lse, x, shape, label, roundings(v), form="det")
+    plain = forward(*x, shape.w1, shape.w2, variant=v.name, sm_scale=shape.sm_scale)
+    assert not torch.equal(lse, plain[1]), f"{label}: the det logits equal the trilinear ones"
+
+
+def test_det_form_with_grad_refused_before_launch(rand):
+    """attention(form="det") on inputs that require grad: NotImplementedError (no backward
+    kernel), nothing launched, outputs of a later no-grad call unaffected."""
+    from simplicial_attn import attention
+    x = [t.requires_grad_() for t in inputs(rand, SHAPES["N65_Hq16Hk2"])]
+    with pytest.raises(NotImplementedError, match="no bwd kernel computes form='det'"):
+        attention(*x, 64, 128, form="det")
+    with torch.no_grad():
+        out, lse = attention(*x, 64, 128, form="det")
+    ref = forward(*[t.detach() for t in x], 64, 128, form="det")
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
 
 
 DET_SHAPES = {k: SHAPES[k] for k in ("N1000_Hq16Hk2", "swap_N300_G16", "G1_N300",

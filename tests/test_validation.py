@@ -1,6 +1,7 @@
 """Bad input turns into a clear Python error naming the argument, before any device work (CPU)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 import simplicial_attn
 from simplicial_attn import forward, reference, variants
+from simplicial_attn.spec import validate
 
 from conftest import hq_taken_by
 
@@ -237,26 +239,70 @@ def test_auto_on_sm80_shape_error_stays_a_shape_error(sm80):
         forward(*x, 2, 4)
 
 
+def _det_variants(pass_: str = "fwd") -> list[str]:
+    from simplicial_attn import registry
+    return [v.name for v in registry.all_variants(pass_) if "det" in v.forms]
+
+
+def test_auto_takes_a_det_kernel_on_hopper():
+    """Form "det": "auto" on an sm_90 GPU takes a forward variant that computes it (today only
+    `triton`), at every G and D; the trilinear pick at the same shape is unchanged."""
+    from simplicial_attn.launcher import pick
+    from simplicial_attn.spec import validate_shape
+    assert _det_variants() == ["triton"]
+    for hq, hk, d in ((128, 1, 128), (64, 1, 64), (8, 1, 128), (32, 4, 128), (1, 1, 64)):
+        spec = dataclasses.replace(validate_shape(1, 300, hq, hk, d, 32, 512), form="det")
+        assert pick(spec, "auto", True).name == "triton", (hq, hk, d)
+        assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True).forms
+
+
+@pytest.mark.parametrize("variant", [v for v in variants() if v not in _det_variants()])
+def test_named_variant_without_det_refuses_it(variant):
+    """A named forward variant that computes only the trilinear form refuses "det" with a
+    ValueError naming the form and the variants that can (before the device check)."""
+    from simplicial_attn.launcher import pick
+    from simplicial_attn.spec import validate_shape
+    spec = dataclasses.replace(validate_shape(1, 300, 128, 1, 128, 32, 512), form="det")
+    with pytest.raises(ValueError, match=r"not 'det'.*variants that can: triton"):
+        pick(spec, variant, True)
+
+
 @pytest.mark.parametrize("variant", ["auto", *variants()])
-def test_det_form_on_cuda_raises_before_any_launch(variant, monkeypatch):
-    """No kernel computes form "det" yet: forward, attention and the backward on (fake) Hopper
-    tensors raise NotImplementedError naming the form, from the variant pick, before the device
-    check or a launch."""
+def test_det_form_needing_gradients_on_cuda_raises_before_any_launch(variant, monkeypatch):
+    """No backward kernel computes form "det" yet: attention on (fake) Hopper tensors that
+    require grad, and the backward itself, raise NotImplementedError naming the form and the
+    forward-only way, from the variant pick, before the device check or a launch (no kernel
+    module is loaded)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     from simplicial_attn import backward, registry
     monkeypatch.setattr(registry.Variant, "load", lambda self: pytest.fail("a kernel was loaded"))
-    x = _fake_cuda_inputs(128, 1)
-    with pytest.raises(NotImplementedError, match="no fwd kernel computes form='det' yet"):
-        forward(*x, 2, 4, variant=variant, form="det")
+    x = [t.requires_grad_() for t in _fake_cuda_inputs(128, 1)]
     bwd_variant = variant if variant in variants("bwd") else "auto"
-    with pytest.raises(NotImplementedError, match="no bwd kernel computes form='det' yet"):
+    msg = r"no bwd kernel computes form='det' yet; the forward alone runs on CUDA"
+    with pytest.raises(NotImplementedError, match=msg):
         simplicial_attn.attention(*x, 2, 4, variant=variant, bwd_variant=bwd_variant,
                                   form="det")
+    x = [t.detach() for t in x]
     fake_tensor = pytest.importorskip("torch._subclasses.fake_tensor")
     with fake_tensor.FakeTensorMode():
         lse = torch.empty(1, 128, 8, device="cuda")
-    with pytest.raises(NotImplementedError, match="no bwd kernel computes form='det' yet"):
+    with pytest.raises(NotImplementedError, match=msg):
         backward.backward(x[0], None, *x, x[0], lse, 2, 4, variant=bwd_variant, form="det")
+
+
+def test_det_form_without_gradients_passes_the_backward_check(monkeypatch):
+    """form="det" on (fake) Hopper tensors that need no gradients: the launcher selects `triton`
+    for the device, and attention (inputs that do not require grad, or grad mode off) gets past
+    the backward check (FakeTensorMode runs the op's fake implementation, no kernel)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    from simplicial_attn.launcher import select
+    x = _fake_cuda_inputs(128, 1)
+    spec = validate(*x, 2, 4, form="det")
+    assert select(spec, "auto", x[0].device).name == "triton"
+    out, lse = simplicial_attn.attention(*x, 2, 4, form="det")
+    assert out.shape == x[0].shape and lse.shape == (1, 128, 8)
+    with torch.no_grad():
+        simplicial_attn.attention(*[t.requires_grad_() for t in x], 2, 4, form="det")
 
 
 @pytest.mark.parametrize("name", list(variants()))
