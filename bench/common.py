@@ -62,12 +62,20 @@ def _fixed_params(rows: Iterable[dict], keys: Sequence[str]) -> str:
     return " ".join(parts)
 
 
+def series_name(row: dict) -> str:
+    """A row's line in the plot: its variant, with the form added when that is not the plain one
+    ('triton det'), so one run of both forms draws two lines per variant."""
+    form = row.get("form")
+    return str(row["variant"]) if form in (None, "", "trilinear") else f"{row['variant']} {form}"
+
+
 def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str = "2-simplicial attention forward"
                      ) -> None:
     """TFLOPS vs N (log2 x axis): one line per variant, one panel per w2 when the rows hold
     several (panels share the y axis, so heights compare across them).
 
-    Rows need 'variant', 'N', 'w2', 'tflops' (rows without a number are skipped). Rows with kind
+    Rows need 'variant', 'N', 'w2', 'tflops' (rows without a number are skipped); a row's
+    'form', other than trilinear, names a line of its own (series_name). Rows with kind
     'matmul' become a dashed grey horizontal line. Each variant keeps one colour and line style in
     every panel (peers dotted). The title names the shape fields that are fixed.
     """
@@ -80,11 +88,11 @@ def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str = "2-simplicial
     points = [r for r in timed if r.get("kind") != "matmul" and r.get("N") is not None]
     series: dict[tuple[str, object], list[tuple[int, float]]] = {}
     for r in points:
-        series.setdefault((str(r["variant"]), r.get("w2")), []).append(
+        series.setdefault((series_name(r), r.get("w2")), []).append(
             (int(r["N"]), float(r["tflops"])))
     variants = list(dict.fromkeys(v for v, _ in series))
     w2s = list(dict.fromkeys(w for _, w in series)) or [None]
-    peers = {str(r["variant"]) for r in points if r.get("kind") == "peer"}
+    peers = {series_name(r) for r in points if r.get("kind") == "peer"}
     styles = ["-", "--", "-.", (0, (5, 1, 1, 1))]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     ns = sorted({p[0] for pts in series.values() for p in pts})

@@ -4,12 +4,24 @@
     python bench/fwd.py --variant triton --preset small --peers
     python bench/fwd.py --sweep --csv out/fwd.csv --plot out/fwd.png
     python bench/fwd.py --variant tlx_pipelined_kv --peers --frontier  # + cuDNN, TLX's dense FA
+    python bench/fwd.py --variant triton --form trilinear det --peers  # det vs plain, one run
 
 Each variant is first checked against `simplicial_attn.reference` (fp32, on the GPU) on a reduced
 shape (B=1, N = min(N, 2*max(w1, w2) + 37), other dims kept), then timed with
 profiling.timing.median_ms (triton's do_bench, median, L2 flushed before every timed call), each
 call through `simplicial_attn.launcher.run`. TFLOPS use `simplicial_attn.flops`. A variant or shape
 that cannot run is refused before anything touches the GPU (the launcher's message, exit 2).
+
+--form picks the logits' form (`simplicial_attn.reference` states both): trilinear (the default)
+or det, the determinant form, or both (`--form trilinear det`). Each variant is timed in each
+asked form that it computes (registry `forms`; 'all' means those variants), check and all, the
+two forms of a variant in adjacent rows; a named variant that lacks an asked form is refused
+before any GPU work (exit 2). Every variant row carries its `form`; a det row also carries
+`vs_trilinear`, its TFLOPS over the same variant's trilinear TFLOPS on the same shape in this run
+(the table's "x trilinear" column). The useful FLOPs of det are the plain form's
+(`simplicial_attn.flops`: the same QK and PV GEMMs), so TFLOPS compare directly and the peers
+(cuDNN SDPA, matmul) are the same for both forms. A det call's time includes what launcher.run
+does for it on the host (the `triton` variant packs K1's two rotations, `det_keys`, each call).
 
 Memory and caches: one input set per shape, no rotation. The `star` q alone is 0.5 GB, far above the
 50 MB L2, and do_bench writes a 256 MB buffer before every timed call, so each call starts with a
@@ -53,6 +65,7 @@ from profiling.common import (gpu_problem, PRESETS, Shape, add_pass_arg, add_sha
 from profiling.timing import (H100_SXM_BF16_DENSE_TFLOPS, median_ms, pct_of_peak,  # noqa: E402
                               tflops)
 from simplicial_attn import launcher, registry  # noqa: E402
+from simplicial_attn.spec import FORMS  # noqa: E402
 
 PROG = "bench/fwd.py"
 PASSES = ("fwd",)  # the passes this benchmark times (launcher.run: the forward)
@@ -71,6 +84,7 @@ FRONTIER_BLOCK = 128                 # their tiles: L must be a multiple of it (
 
 TABLE_COLUMNS = [
     ("variant", "variant"),
+    ("form", "form"),
     ("shape", "shape"),
     ("ms", "ms"),
     ("tflops", "TFLOPS"),
@@ -78,6 +92,8 @@ TABLE_COLUMNS = [
     ("pct_matmul", "% of matmul"),
     ("note", "note"),
 ]
+# printed after "TFLOPS" when some row has it (a det row with its trilinear twin in the run)
+RATIO_COLUMN = ("vs_trilinear", "x trilinear")
 
 
 class CheckFailed(Exception):
@@ -101,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", action="append", choices=names + ["all"], metavar="NAME",
                    help=f"variant to time, repeatable; one of {', '.join(names)}, or 'all' "
                         f"(default: all of the pass)")
+    p.add_argument("--form", nargs="+", choices=FORMS, default=["trilinear"], metavar="FORM",
+                   help=f"the logits' form(s) to time: {' and/or '.join(FORMS)} (default: "
+                        f"trilinear); '--form trilinear det' times each variant that computes "
+                        f"both in both, in one run, and gives det's TFLOPS as a fraction of "
+                        f"trilinear's (column 'x trilinear'). 'all' variants: those that compute "
+                        f"the form")
     add_pass_arg(p, PASSES)
     add_shape_args(p, default_preset="star")
     p.add_argument("--sweep", action="store_true",
@@ -109,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the correctness check against the reference")
     p.add_argument("--peers", action="store_true",
                    help=f"also time cuDNN SDPA on equal work (Lkv = w1*w2) and a bf16 "
-                        f"{MATMUL_SIZE}^3 matmul")
+                        f"{MATMUL_SIZE}^3 matmul; the same for every --form: the useful FLOPs "
+                        f"of det equal the plain form's (simplicial_attn.flops)")
     p.add_argument("--frontier", action="store_true",
                    help="also time TLX's dense FlashAttention tutorials (shipped in fbtriton: ws, "
                         "pipelined, pipelined pingpong, persistent) on dense self-attention of "
@@ -126,9 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None
-               ) -> tuple[argparse.Namespace, list[Shape], list[str]]:
-    """Parse and validate everything that needs no GPU, the variants' shape limits included;
-    argument errors exit 2 via parser.error."""
+               ) -> tuple[argparse.Namespace, list[Shape], list[tuple[str, str]]]:
+    """Parse and validate everything that needs no GPU, the variants' forms and shape limits
+    included; argument errors exit 2 via parser.error. Returns (args, shapes, runs): runs are the
+    (variant, form) pairs to time, in --variant order, each variant's forms in --form order
+    (args.form: the forms asked, duplicates dropped)."""
     parser = build_parser()
     args = parser.parse_args(argv)
 
@@ -137,9 +162,24 @@ def parse_args(argv: Sequence[str] | None = None
     shape = shape_from_args(args)
     shapes = sweep_shapes(shape) if args.sweep else [shape]
     chosen = args.variant or ["all"]
-    # the shape's checks (--hq/--hk, --d by flag), then each named variant's limits ("all": some
-    # variant takes it)
-    check_variants(parser, args.pass_, [n for n in chosen if n != "all"] or ["auto"], shapes)
+    args.form = list(dict.fromkeys(args.form))
+    named = [n for n in chosen if n != "all"]
+    for form in args.form:  # the form first: a variant that lacks it fails whatever the shape
+        computing = [v.name for v in registry.all_variants(args.pass_) if form in v.forms]
+        for n in named:
+            try:
+                forms = registry.get(n, args.pass_).forms
+            except ValueError as e:  # a variant of another pass only
+                parser.error(str(e))
+            if form not in forms:
+                parser.error(f"--form {form}: variant {n!r} computes form {' / '.join(forms)} "
+                             f"only; variants that compute {form}: "
+                             f"{', '.join(computing) or 'none'}")
+        if not computing:
+            parser.error(f"--form {form}: no {args.pass_} variant computes it")
+        # the shape's checks (--hq/--hk, --d by flag), then each named variant's limits ("all":
+        # some variant takes it)
+        check_variants(parser, args.pass_, named or ["auto"], shapes, form)
 
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot {args.plot}: the plot is written as PNG; give a path ending in .png")
@@ -153,7 +193,8 @@ def parse_args(argv: Sequence[str] | None = None
         for m in ([v.name for v in registry.all_variants(args.pass_)] if n == "all" else [n]):
             if m not in names:
                 names.append(m)
-    return args, shapes, names
+    runs = [(n, f) for n in names for f in args.form if f in registry.get(n, args.pass_).forms]
+    return args, shapes, runs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,18 +261,21 @@ def check_shape(s: Shape) -> Shape:
     return replace(s, B=1, N=min(s.N, 2 * max(s.w1, s.w2) + 37))
 
 
-def check_variant(name: str, s: Shape, seed: int) -> tuple[float, float]:
-    """Compare `name` with the fp32 reference on `check_shape(s)`; raise CheckFailed above the
-    thresholds (NaN fails). Returns (out relative Frobenius error, lse max abs error)."""
+def check_variant(name: str, s: Shape, seed: int, form: str = "trilinear"
+                  ) -> tuple[float, float]:
+    """Compare `name` with the fp32 reference of the logits' `form` on `check_shape(s)`; raise
+    CheckFailed above the thresholds (NaN fails). Returns (out relative Frobenius error, lse max
+    abs error)."""
     c = check_shape(s)
     inputs = make_inputs(c.B, c.N, c.Hq, c.Hk, c.D, device="cuda", seed=seed + 1)
-    out, lse = launcher.run(*inputs, c.w1, c.w2, variant=name)
-    ref_out, ref_lse = simplicial_attn.reference(*inputs, c.w1, c.w2, dtype=torch.float32)
+    out, lse = launcher.run(*inputs, c.w1, c.w2, variant=name, form=form)
+    ref_out, ref_lse = simplicial_attn.reference(*inputs, c.w1, c.w2, dtype=torch.float32,
+                                                 form=form)
     out_err = float(torch.linalg.norm(out.float() - ref_out) / torch.linalg.norm(ref_out))
     lse_err = float((lse - ref_lse).abs().max())
     if not (out_err <= OUT_REL_TOL and lse_err <= LSE_ABS_TOL):
         raise CheckFailed(
-            f"variant {name!r} on {c.short()}: out relative error {out_err:.3g} "
+            f"variant {name!r} form {form} on {c.short()}: out relative error {out_err:.3g} "
             f"(OUT_REL_TOL={OUT_REL_TOL}), lse max abs error {lse_err:.3g} "
             f"(LSE_ABS_TOL={LSE_ABS_TOL})")
     return out_err, lse_err
@@ -242,12 +286,14 @@ def _timed_row(base: dict, ms: float) -> dict:
     return {**base, "ms": ms, "tflops": tf, "pct_peak": pct_of_peak(tf)}
 
 
-def bench_variant(name: str, s: Shape, inputs: tuple[torch.Tensor, ...], args: argparse.Namespace,
-                  checked: dict, log: Callable[[str], None]) -> dict:
-    """One row: the variant's time on `s`, or a note saying why it was not timed."""
-    base = {"kind": "variant", "pass": args.pass_, "variant": name, "shape": s.short(),
-            **s.fields(), "flops": simplicial_attn.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)}
-    spec = s.spec()
+def bench_variant(name: str, form: str, s: Shape, inputs: tuple[torch.Tensor, ...],
+                  args: argparse.Namespace, checked: dict, log: Callable[[str], None]) -> dict:
+    """One row: the variant's time on `s` in the logits' `form`, or a note saying why it was not
+    timed. Useful FLOPs: simplicial_attn.flops, the same for every form."""
+    base = {"kind": "variant", "pass": args.pass_, "variant": name, "form": form,
+            "shape": s.short(), **s.fields(),
+            "flops": simplicial_attn.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)}
+    spec = s.spec(form)
     v = registry.get(name, args.pass_)
     try:  # e.g. a TLX variant under upstream Triton (no triton.language.extra.tlx)
         v.load()
@@ -261,16 +307,16 @@ def bench_variant(name: str, s: Shape, inputs: tuple[torch.Tensor, ...], args: a
         return {**base, "note": f"not run: variant {name!r} cannot take {spec.short()}: "
                                 f"{v.cannot_take(spec)}"}
     if args.check:
-        key = (name, check_shape(s))
+        key = (name, form, check_shape(s))
         if key not in checked:
-            checked[key] = check_variant(name, s, args.seed)
+            checked[key] = check_variant(name, s, args.seed, form)
             out_err, lse_err = checked[key]
-            log(f"check {name} {key[1].short()}: out rel err {out_err:.2e}, "
+            log(f"check {name} {form} {key[2].short()}: out rel err {out_err:.2e}, "
                 f"lse max abs err {lse_err:.2e} (ok)")
         base["check_out_rel"], base["check_lse_abs"] = checked[key]
 
     def fn() -> object:
-        return launcher.run(*inputs, s.w1, s.w2, variant=name)
+        return launcher.run(*inputs, s.w1, s.w2, variant=name, form=form)
 
     try:
         ms = median_ms(fn, args.warmup_ms, args.rep_ms)
@@ -370,12 +416,34 @@ def bench_matmul(args: argparse.Namespace) -> dict:
                        "flops": 2 * n * n * n}, ms)
 
 
+def add_form_ratios(rows: Sequence[dict]) -> None:
+    """Give each det row `vs_trilinear`: its TFLOPS over those of the trilinear row of the same
+    variant, pass and shape (the same run), or None when either was not timed. Other rows get no
+    such key (a trilinear-only run's CSV has no such column)."""
+    plain = {(r.get("pass"), r["variant"], r["shape"]): r["tflops"] for r in rows
+             if r.get("kind") == "variant" and r.get("form") == "trilinear"
+             and r.get("tflops") is not None}
+    for r in rows:
+        if r.get("form") == "det":
+            twin = plain.get((r.get("pass"), r["variant"], r["shape"]))
+            r["vs_trilinear"] = (r["tflops"] / twin if twin and r.get("tflops") is not None
+                                 else None)
+
+
+def table_columns(rows: Sequence[dict]) -> list[tuple[str, str]]:
+    """TABLE_COLUMNS, with RATIO_COLUMN after TFLOPS when some row has a ratio."""
+    if not any(r.get(RATIO_COLUMN[0]) is not None for r in rows):
+        return list(TABLE_COLUMNS)
+    i = [k for k, _ in TABLE_COLUMNS].index("tflops") + 1
+    return [*TABLE_COLUMNS[:i], RATIO_COLUMN, *TABLE_COLUMNS[i:]]
+
+
 # ---------------------------------------------------------------------------------------------
 # Main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, shapes, names = parse_args(argv)
+    args, shapes, runs = parse_args(argv)
     if (status := gpu_problem(PROG)) is not None:
         return status
 
@@ -394,8 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in shapes:
             progress.set_description(s.short())
             inputs = make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cuda", seed=args.seed)
-            for name in names:
-                rows.append(bench_variant(name, s, inputs, args, checked, progress.write))
+            for name, form in runs:
+                rows.append(bench_variant(name, form, s, inputs, args, checked, progress.write))
             del inputs
             if args.peers:
                 rows.append(bench_sdpa(s, args))
@@ -411,6 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     progress.close()
 
+    add_form_ratios(rows)
     for r in rows:
         r.setdefault("ms", None)
         r.setdefault("tflops", None)
@@ -419,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            if matmul is not None and r["tflops"] is not None else None)
         r.setdefault("note", "")
         r.update(meta)
-    print_table(rows, TABLE_COLUMNS)
+    print_table(rows, table_columns(rows))
 
     write_rows(rows, csv_path=args.csv, json_path=args.json)
     for flag in ("csv", "json"):

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from simplicial_attn import backward, flops, launcher, registry, triton_env
-from simplicial_attn.spec import SUPPORTED_HEAD_DIMS, ProblemSpec, validate_shape
+from simplicial_attn.spec import SUPPORTED_HEAD_DIMS, ProblemSpec, check_form, validate_shape
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,9 +43,11 @@ class Shape:
     def fields(self) -> dict:
         return asdict(self)
 
-    def spec(self) -> ProblemSpec:
-        """The library's own checks of this shape, on meta tensors (no memory, no device)."""
-        return validate_shape(self.B, self.N, self.Hq, self.Hk, self.D, self.w1, self.w2)
+    def spec(self, form: str = "trilinear") -> ProblemSpec:
+        """The library's own checks of this shape, on meta tensors (no memory, no device), for the
+        logits' `form` (one of spec.FORMS)."""
+        spec = validate_shape(self.B, self.N, self.Hq, self.Hk, self.D, self.w1, self.w2)
+        return spec if form == "trilinear" else replace(spec, form=check_form(form))
 
 
 PRESETS: dict[str, Shape] = {
@@ -122,10 +124,10 @@ def check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None)
 
 
 def check_variants(parser: argparse.ArgumentParser, pass_: str, names: Sequence[str],
-                   shapes: Sequence[Shape]) -> None:
+                   shapes: Sequence[Shape], form: str = "trilinear") -> None:
     """Before any GPU work, exit 2 (parser.error) with the launcher's own message unless every
-    shape passes the library's checks and each named variant of pass `pass_` takes it ("auto":
-    some variant does). The two rules that positive overrides (add_shape_args) can still break
+    shape passes the library's checks and each named variant of pass `pass_` takes it in the
+    logits' `form` ("auto": some variant does). The two rules that positive overrides (add_shape_args) can still break
     are named by their flags first; the shape's other checks are the library's, in its words."""
     if not registry.all_variants(pass_):
         parser.error(f"no {pass_} variant is registered")
@@ -136,13 +138,13 @@ def check_variants(parser: argparse.ArgumentParser, pass_: str, names: Sequence[
             parser.error(f"--d {s.D}: head dim not supported; supported: "
                          f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
         try:
-            spec = s.spec()
+            spec = s.spec(form)
         except (ValueError, TypeError) as e:
             parser.error(f"shape {s.short()}: {e}")
         for name in names:
             try:
                 launcher.pick(spec, name, pass_=pass_)
-            except ValueError as e:
+            except (ValueError, NotImplementedError) as e:  # NotImplementedError: no such form
                 parser.error(str(e))
             except ImportError:  # e.g. TLX under upstream Triton: the run itself says so
                 pass

@@ -46,6 +46,15 @@ def run_cli(*args: str, script: str = "fwd.py",
     # a shape the named variant cannot take: the launcher's message, before the GPU check
     (["--variant", "tlx_ws", "--hq", "8"], "variant 'tlx_ws' cannot take B=4 N=16384 Hq=8 Hk=1"),
     (["--variant", "tlx_ws_kv", "--sweep", "--preset", "star64"], "G = Hq/Hk = 64, not 128"),
+    # --form: a named variant that does not compute an asked form, whatever the shape
+    (["--form", "det", "--variant", "tlx_ws"],
+     ("--form det: variant 'tlx_ws' computes form trilinear only; variants that compute det: "
+      "triton")),
+    (["--form", "trilinear", "det", "--variant", "triton", "--variant", "tlx_pipelined_kv"],
+     "--form det: variant 'tlx_pipelined_kv' computes form trilinear only"),
+    (["--form", "cubic"], "argument --form: invalid choice: 'cubic'"),
+    (["--form"], "argument --form: expected at least one argument"),
+    (["--form", "det", "--hq", "12", "--hk", "5"], "--hq 12 must be a multiple of --hk 5"),
 ])
 def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
     res = run_cli(*args)
@@ -106,9 +115,12 @@ def test_bwd_help_exits_0() -> None:
 def test_help_exits_0() -> None:
     res = run_cli("--help")
     assert res.returncode == 0
-    for flag in ("--variant", "--pass", "--preset", "--sweep", "--no-check", "--peers",
+    for flag in ("--variant", "--form", "--pass", "--preset", "--sweep", "--no-check", "--peers",
                  "--frontier", "--csv", "--json", "--plot"):
         assert flag in res.stdout
+    text = " ".join(res.stdout.split())  # argparse wraps the help
+    assert "the useful FLOPs of det equal the plain form's" in text
+    assert "'--form trilinear det' times each variant that computes both in both" in text
 
 
 def test_l2_bandwidth_help_exits_0() -> None:
@@ -127,7 +139,9 @@ def test_refused_variant_names_the_takers() -> None:
 
 @pytest.mark.parametrize("args", [[], ["--variant", "all", "--preset", "small", "--peers"],
                                   ["--frontier"],
-                                  ["--sweep", "--preset", "star64", "--hq", "16", "--hk", "2"]])
+                                  ["--sweep", "--preset", "star64", "--hq", "16", "--hk", "2"],
+                                  ["--variant", "triton", "--form", "trilinear", "det", "--peers"],
+                                  ["--form", "det", "--sweep", "--preset", "small"]])
 def test_no_gpu_exits_2_with_one_line(args: list[str]) -> None:
     res = run_cli(*args, env=no_gpu_env())  # no GPU visible, also on a GPU machine
     assert res.returncode == 2
@@ -167,6 +181,79 @@ def test_frontier_rows_without_gpu_when_l_is_not_a_tile_multiple() -> None:
         assert r["flops"] == 4 * 2 * 64 * 150 * 150 * 128
 
 
+def test_form_selects_the_variants_that_compute_it() -> None:
+    """runs: (variant, form) pairs, a variant's forms adjacent in --form order; 'all' (the default)
+    means the variants that compute the form; duplicates dropped."""
+    from simplicial_attn import registry
+    fwd = _fwd_module()
+    variants = registry.all_variants("fwd")
+    det = [v.name for v in variants if "det" in v.forms]
+    assert det, "no forward variant computes form 'det'"
+    assert fwd.parse_args([])[2] == [(v.name, "trilinear") for v in variants]
+    args, _, runs = fwd.parse_args(["--form", "det"])
+    assert args.form == ["det"] and runs == [(n, "det") for n in det]
+    assert fwd.parse_args(["--form", "trilinear", "det"])[2] == [
+        (v.name, f) for v in variants for f in ("trilinear", "det") if f in v.forms]
+    args, _, runs = fwd.parse_args(["--form", "det", "trilinear", "det", "--variant", det[0]])
+    assert args.form == ["det", "trilinear"]
+    assert runs == [(det[0], "det"), (det[0], "trilinear")]
+
+
+@pytest.mark.parametrize("form", ["trilinear", "det"])
+def test_variant_rows_carry_the_form(form, tmp_path) -> None:
+    """bench_variant on CPU tensors: a 'not run' row (the launcher's device check), with its form
+    and the form-independent useful FLOPs, through to the CSV and JSON rows."""
+    fwd = _fwd_module()
+    s = Shape(B=1, N=64, Hq=16, Hk=1, D=64, w1=4, w2=8)
+    inputs = make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cpu")
+    args = fwd.parse_args(["--form", form, "--variant", "triton", "--preset", "small"])[0]
+    row = fwd.bench_variant("triton", form, s, inputs, args, {}, print)
+    assert row["form"] == form and row["variant"] == "triton" and row["kind"] == "variant"
+    assert row["note"].startswith("not run:") and "CUDA GPU" in row["note"], row["note"]
+    assert row["flops"] == fwd.simplicial_attn.flops(1, 64, 16, 64, 4, 8)
+    csv_path, json_path = tmp_path / "rows.csv", tmp_path / "rows.json"
+    common.write_rows([row], csv_path=str(csv_path), json_path=str(json_path))
+    with open(csv_path, newline="") as f:
+        assert next(csv.DictReader(f))["form"] == form
+    assert json.loads(json_path.read_text())[0]["form"] == form
+
+
+def test_det_rows_get_their_ratio_to_trilinear() -> None:
+    """vs_trilinear: a det row's TFLOPS over its variant's trilinear TFLOPS on the same shape;
+    None without a timed twin; no key on other rows. The table gains 'x trilinear' only then."""
+    fwd = _fwd_module()
+
+    def row(variant, form, shape, tflops, kind="variant"):
+        return {"kind": kind, "pass": "fwd", "variant": variant, "form": form, "shape": shape,
+                "tflops": tflops}
+
+    rows = [row("triton", "trilinear", "a", 500.0), row("triton", "det", "a", 460.0),
+            row("triton", "det", "b", 450.0), row("triton", "trilinear", "c", None),
+            row("triton", "det", "c", 440.0), row("tlx_ws", "trilinear", "a", 600.0),
+            {"kind": "peer", "variant": "cudnn_sdpa", "shape": "a", "tflops": 630.0}]
+    plain = [dict(r) for r in rows if r.get("form") != "det"]
+    assert fwd.table_columns(plain) == fwd.TABLE_COLUMNS
+    fwd.add_form_ratios(plain)
+    assert all("vs_trilinear" not in r for r in plain)
+
+    fwd.add_form_ratios(rows)
+    assert rows[1]["vs_trilinear"] == pytest.approx(0.92)
+    assert rows[2]["vs_trilinear"] is None and rows[4]["vs_trilinear"] is None
+    assert all("vs_trilinear" not in r for r in rows if r.get("form") != "det")
+    cols = fwd.table_columns(rows)
+    keys = [k for k, _ in cols]
+    assert keys[keys.index("tflops") + 1] == "vs_trilinear"
+    header = format_table(rows, cols).splitlines()[0]
+    assert "form" in header and "x trilinear" in header
+
+
+def test_plot_series_name_keeps_the_forms_apart() -> None:
+    assert common.series_name({"variant": "triton"}) == "triton"
+    assert common.series_name({"variant": "triton", "form": "trilinear"}) == "triton"
+    assert common.series_name({"variant": "triton", "form": "det"}) == "triton det"
+    assert common.series_name({"variant": "cudnn_sdpa", "form": ""}) == "cudnn_sdpa"
+
+
 def test_sweep_shapes() -> None:
     base = PRESETS["small"]
     shapes = common.sweep_shapes(base)
@@ -200,7 +287,9 @@ def _fake_rows() -> list[dict]:
 def test_plot_tflops_vs_n_writes_png(tmp_path) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         pytest.skip("matplotlib not installed")
-    for rows in (_fake_rows(), _fake_rows()[:1]):
+    det = [{**r, "form": "det", "tflops": 0.9 * r["tflops"]} for r in _fake_rows()
+           if r["variant"] == "triton"]
+    for rows in (_fake_rows(), _fake_rows()[:1], _fake_rows() + det):
         path = tmp_path / f"plot{len(rows)}.png"
         common.plot_tflops_vs_n(rows, str(path))
         data = path.read_bytes()
