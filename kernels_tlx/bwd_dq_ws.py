@@ -43,7 +43,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS
+from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release
 from kernels_tlx.hadamard import mul_bf16x2, row_tile
 from kernels_triton import bwd as triton_bwd
 from kernels_triton.host import kv_descriptor
@@ -308,13 +308,8 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                         dp = tlx.async_dot_wait(0, dp)
                         ds = p * (dp - delta[:, None])
                         leave("softmax", PROFILE)
-                        enter("pv_gemm", PROFILE)
-                        x = tlx.async_dot(ds.to(tl.bfloat16), k2_tile, x)
-                        z = tlx.async_dot(p.to(tl.bfloat16), v2_tile, z)
-                        x = tlx.async_dot_wait(1, x)
-                        z = tlx.async_dot_wait(0, z)
-                        tlx.barrier_arrive(tlx.local_view(kv_empties, sk), 1)
-                        leave("pv_gemm", PROFILE)
+                        x, z = dot_pair_release(ds, k2_tile, x, p, v2_tile, z,
+                                                tlx.local_view(kv_empties, sk), PROFILE)
                         kcnt += 1
                     epilogue(x, z, tlx.local_view(ep_tiles, sa * NUM_CONSUMERS + cid),
                              tlx.local_view(a_empties, sa), Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1,

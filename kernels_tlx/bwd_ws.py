@@ -38,7 +38,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx import bwd_dq_ws
-from kernels_tlx.common import NUM_CONSUMERS, opaque
+from kernels_tlx.common import NUM_CONSUMERS, dot_pair_release, opaque
 from kernels_tlx.hadamard import build, row_tile
 from kernels_triton import bwd as triton_bwd
 from kernels_triton.host import kv_descriptor, q_descriptor
@@ -75,13 +75,8 @@ def consume_tile(dk2, dv2, k2_tile, v2_tile, a_tiles, doj_tiles, a_fulls, a_empt
         dpt = tlx.async_dot_wait(0, dpt)
         dst = pt * (dpt - delta[None, :])
         leave("softmax", PROFILE)
-        enter("pv_gemm", PROFILE)
-        dv2 = tlx.async_dot(pt.to(tl.bfloat16), doj_tile, dv2)
-        dk2 = tlx.async_dot(dst.to(tl.bfloat16), a_tile, dk2)
-        dv2 = tlx.async_dot_wait(1, dv2)
-        dk2 = tlx.async_dot_wait(0, dk2)
-        tlx.barrier_arrive(tlx.local_view(a_empties, s), 1)
-        leave("pv_gemm", PROFILE)
+        dv2, dk2 = dot_pair_release(pt, doj_tile, dv2, dst, a_tile, dk2,
+                                    tlx.local_view(a_empties, s), PROFILE)
         cnt += 1
     return dk2, dv2, cnt
 

@@ -114,3 +114,18 @@ def release_layout(x, _semantic=None):
     layout, so that it may meet tensors of an equal compiler layout (this build exports no
     release op)."""
     return tl.tensor(_semantic.builder.create_release_layout(x.handle), x.type)
+
+
+@triton.jit
+def dot_pair_release(a1, b1, acc1, a2, b2, acc2, empty, PROFILE: tl.constexpr):
+    """acc1 += a1 @ b1, then acc2 += a2 @ b2 (a in registers, rounded to bf16; b in shared
+    memory), both waited for; then this thread's arrive on `empty`, a warp barrier: the slot of
+    the b tiles is free (the backward's k-owner and row-owner step)."""
+    enter("pv_gemm", PROFILE)
+    acc1 = tlx.async_dot(a1.to(tl.bfloat16), b1, acc1)
+    acc2 = tlx.async_dot(a2.to(tl.bfloat16), b2, acc2)
+    acc1 = tlx.async_dot_wait(1, acc1)
+    acc2 = tlx.async_dot_wait(0, acc2)
+    tlx.barrier_arrive(empty, 1)
+    leave("pv_gemm", PROFILE)
+    return acc1, acc2
