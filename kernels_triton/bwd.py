@@ -37,12 +37,14 @@ N, Hk, w1 <= w2 (the launcher swaps the pairs and their gradients).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels_triton.det import det_cols, det_keys, det_sign, load_q_det
 from kernels_triton.host import kv_descriptor
 from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords,
                                    row_ptrs)
@@ -127,11 +129,19 @@ def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
                    n_programs * dq_config(spec)["BLOCK_M"] * spec.D)
 
 
+def det_of(spec: ProblemSpec) -> int:
+    """The kernels' DET constexpr: 0 for the trilinear form, +-1 for "det" (kernels_triton/det.py)."""
+    return det_sign(spec.swapped) if spec.form == "det" else 0
+
+
 def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
     """Bytes of scratch the backward allocates beyond the gradients: Delta, the dK1/dV1 partials
-    and the dQ tiles."""
+    and the dQ tiles; form "det" twice the dK1 partials and the dQ tiles (`_dq_kernel`), and the
+    packed K1 (det_keys)."""
     sc = scratch(spec, n_sm)
-    return 4 * (spec.B * spec.Hq * spec.N + 2 * sc.partial + sc.dq_tiles)
+    n = 1 + (spec.form == "det")
+    packed = 2 * 2 * spec.B * spec.N * spec.Hk * spec.D if spec.form == "det" else 0
+    return 4 * (spec.B * spec.Hq * spec.N + (n + 1) * sc.partial + n * sc.dq_tiles) + packed
 
 
 @triton.jit
@@ -216,10 +226,33 @@ def key_block_program(N, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
+def _k1_rows(K1, kv_base, j, offs_d, HK: tl.constexpr, D: tl.constexpr, DET: tl.constexpr):
+    """K1[j] of one (batch, KV head), columns offs_d (tl.arange(0, D)), twice; DET: (K1a[j],
+    K1b[j]) from det_keys' packed [B, N, HK, 2, D] (two contiguous rows)."""
+    if not DET:
+        k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+        return k1j, k1j
+    row = K1 + 2 * kv_base + j.to(tl.int64) * (2 * HK * D)
+    return tl.load(row + offs_d), tl.load(row + D + offs_d)
+
+
+@triton.jit
+def _a_j(q, qb, K1, kv_base, j, HK: tl.constexpr, D: tl.constexpr, DET: tl.constexpr):
+    """A_j: q * K1[j], or with DET the det build fma(Qa, K1a[j], Qb * K1b[j]) (q = Qa, qb = Qb),
+    rounded as the forward rounds it (kernels_triton/fwd.py)."""
+    k1a, k1b = _k1_rows(K1, kv_base, j, tl.arange(0, D), HK, D, DET)
+    if not DET:
+        return q * k1a[None, :]
+    return tl.fma(q, k1a[None, :], qb * k1b[None, :])
+
+
+@triton.jit
 def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scale, sm_scale,
                  HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PROFILE: tl.constexpr = False):
-    """k-owner: dK2, dV2 of one block of BLOCK_N keys of one (batch, KV head)."""
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PROFILE: tl.constexpr = False,
+                 DET: tl.constexpr = 0):
+    """k-owner: dK2, dV2 of one block of BLOCK_N keys of one (batch, KV head). DET = +-1: A_j is
+    the det build (kernels_triton/det.py; K1 det_keys' packed [B, N, HK, 2, D])."""
     HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
     T: tl.constexpr = BLOCK_M // HPT
     SPLIT: tl.constexpr = G // HPT
@@ -237,13 +270,16 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
         i0 = t * T
         for s in range(SPLIT):
             tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
-            q = load_q(Q, b, g, tok, head, N, HQ, G, D)
+            if not DET:
+                q = load_q(Q, b, g, tok, head, N, HQ, G, D)
+                qb = q
+            else:
+                q, qb = load_q_det(Q, b, g, tok, head, N, HQ, G, D, DET)
             do = load_q(DO, b, g, tok, head, N, HQ, G, D)
             for j in range(tl.maximum(i0 - w1 + 1, 0), tl.minimum(i0 + T, N)):
                 enter("qk_gemm", PROFILE)
-                k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+                a = _a_j(q, qb, K1, kv_base, j, HK, D, DET)
                 v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
-                a = q * k1j[None, :]
                 doj = do * v1j[None, :]
                 st = tl.dot(k2, tl.trans(a))
                 dpt = tl.dot(v2, tl.trans(doj))
@@ -302,8 +338,12 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                sm_scale, L, n_chunks, HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                TWO_PASS: tl.constexpr = False, FRESH_ROWS: tl.constexpr = True,
-               PROFILE: tl.constexpr = False):
-    """Row-owner: dQ of the row tiles of L tokens (one head split), and their dK1/dV1 partials."""
+               PROFILE: tl.constexpr = False, DET: tl.constexpr = 0):
+    """Row-owner: dQ of the row tiles of L tokens (one head split), and their dK1/dV1 partials.
+    DET = +-1 (kernels_triton/det.py): A_j is the det build; two fp32 tiles per program, U and W,
+    sum X_j * K1a[j] and X_j * K1b[j], and dQ = pi^(3-R) U - chi pi^R W is read back through
+    permuted columns at the tile's end; PK1 holds two partial slices per program, sum_r X_j * Qa
+    then sum_r X_j * Qb (`_dkv1_kernel` rotates and adds them)."""
     HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
     T: tl.constexpr = BLOCK_M // HPT
     SPLIT: tl.constexpr = G // HPT
@@ -319,8 +359,11 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
     # this program's partial slice: rows j in [j_base, j_base + L + w1 - 1)
     j_base = chunk * L - w1 + 1
     part = ((bg * SPLIT + s).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D
-    # this program's fp32 dQ tile, accumulated in memory (registers hold X_j and Z_j)
-    acc = DQacc + pid.to(tl.int64) * (BLOCK_M * D)
+    # this program's fp32 dQ tile, accumulated in memory (registers hold X_j and Z_j); DET: U, W
+    N_ACC: tl.constexpr = 2 if DET else 1
+    acc = DQacc + pid.to(tl.int64) * (N_ACC * BLOCK_M * D)
+    # DET: the Qb partials, a second buffer of PK1's layout right after the first
+    pk1b = tl.num_programs(0).to(tl.int64) * ((L + w1 - 1) * D)
     t_end = tl.cdiv(tl.minimum(N, chunk * L + L), T)
     for t in range(chunk * L // T, t_end):
         i0 = t * T
@@ -328,15 +371,20 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
         tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
         k_lo = tl.maximum(i0 - w2 + 1, 0)
         j_lo = tl.maximum(i0 - w1 + 1, 0)
-        tl.store(_tile(acc, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
+        for u in range(N_ACC):
+            tl.store(_tile(acc + u * (BLOCK_M * D), offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
         for j in range(j_lo, i_hi + 1):
-            k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+            k1j, k1b = _k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
             v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
             rows = _fresh_rows(j, BLOCK_M, FRESH_ROWS)
             tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
             # A_j and dO_j, invariant over the keys, are wgmma operands from shared memory;
             # X_j = dS_j K2 and Z_j = P_j V2 fill the registers
-            a = load_q(Q, b, g, tok_j, head_j, N, HQ, G, D) * k1j[None, :]
+            if not DET:
+                a = load_q(Q, b, g, tok_j, head_j, N, HQ, G, D) * k1j[None, :]
+            else:
+                qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, HQ, G, D, DET)
+                a = tl.fma(qa, k1j[None, :], qb * k1b[None, :])
             doj = load_q(DO, b, g, tok_j, head_j, N, HQ, G, D) * v1j[None, :]
             x = tl.zeros([BLOCK_M, D], tl.float32)
             z = tl.zeros([BLOCK_M, D], tl.float32)
@@ -351,26 +399,45 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             # a second opaque copy of the rows: no address is held over the key loop
             rows = _fresh_rows(j + 1, BLOCK_M, FRESH_ROWS)
             tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
-            dq_tile = _tile(acc, rows, D)
-            tl.store(dq_tile, tl.load(dq_tile) + x * k1j[None, :].to(tl.float32))
             slot = part + (j - j_base) * D + offs_d
-            pk1 = tl.sum(load_q(Q, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * x, 0)
-            tl.store(PK1 + slot, tl.load(PK1 + slot) + pk1)
+            if not DET:
+                dq_tile = _tile(acc, rows, D)
+                tl.store(dq_tile, tl.load(dq_tile) + x * k1j[None, :].to(tl.float32))
+                pk1 = tl.sum(load_q(Q, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * x, 0)
+                tl.store(PK1 + slot, tl.load(PK1 + slot) + pk1)
+            else:  # K1a, K1b, Qa, Qb read again (L1/L2): none is held over the key loop
+                k1a, k1b = _k1_rows(K1, kv_base, j, _fresh_rows(j + 2, D), HK, D, DET)
+                u_tile = _tile(acc, rows, D)
+                tl.store(u_tile, tl.load(u_tile) + x * k1a[None, :].to(tl.float32))
+                w_tile = _tile(acc + BLOCK_M * D, rows, D)
+                tl.store(w_tile, tl.load(w_tile) + x * k1b[None, :].to(tl.float32))
+                qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, HQ, G, D, DET)
+                pa = tl.sum(qa.to(tl.float32) * x, 0)
+                tl.store(PK1 + slot, tl.load(PK1 + slot) + pa)
+                pb = tl.sum(qb.to(tl.float32) * x, 0)
+                tl.store(PK1 + pk1b + slot, tl.load(PK1 + pk1b + slot) + pb)
             pv1 = tl.sum(load_q(DO, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * z, 0)
             tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
             tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
             leave("epilogue", PROFILE)
-        dq = (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16)
+        if not DET:
+            dq = (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16)
+        else:  # dQ = pi^(3-R) U - chi pi^R W (kernels_triton/det.py)
+            cols_a, cols_b, in_chunk = det_cols(D, DET)
+            u = tl.load(acc + offs_m[:, None] * D + cols_b[None, :])
+            w = tl.load(acc + BLOCK_M * D + offs_m[:, None] * D + cols_a[None, :])
+            dq = ((u - tl.where(in_chunk[None, :], w, 0.0)) * sm_scale).to(tl.bfloat16)
         tok, head = row_coords(i0, s * HPT, offs_m, G, BLOCK_M)
         tl.store(row_ptrs(DQ, b, g, tok, head, N, HQ, G, D), dq, mask=(tok < N)[:, None])
         tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
 
 
 @triton.jit
-def _dkv1_kernel(PK1, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.constexpr,
-                 D: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr):
+def _dkv1_kernel(PK1, PK1b, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.constexpr,
+                 D: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, DET: tl.constexpr = 0):
     """ROWS rows of dK1, dV1 of one (batch, KV head): the partials that cover each row j, summed
-    in a fixed order (head split, then chunk). One flat grid axis: (row blocks, B * HK)."""
+    in a fixed order (head split, then chunk). One flat grid axis: (row blocks, B * HK).
+    DET: dK1 = pi^R PK1 + pi^(3-R) PK1b (kernels_triton/det.py), read through permuted columns."""
     n_jb = tl.cdiv(N, ROWS)
     bg = tl.program_id(0) // n_jb
     b = bg // HK
@@ -388,7 +455,14 @@ def _dkv1_kernel(PK1, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.conste
             ok = (c <= c_last) & (j < N)
             row = ((bg * SPLIT + s).to(tl.int64) * n_chunks + c) * R + (j - (c * L - w1 + 1))
             off = row[:, None] * D + offs_d[None, :]
-            acc_k += tl.load(PK1 + off, mask=ok[:, None], other=0.0)
+            if not DET:
+                acc_k += tl.load(PK1 + off, mask=ok[:, None], other=0.0)
+            else:
+                cols_a, cols_b, _ = det_cols(D, DET)
+                acc_k += tl.load(PK1 + row[:, None] * D + cols_a[None, :], mask=ok[:, None],
+                                 other=0.0)
+                acc_k += tl.load(PK1b + row[:, None] * D + cols_b[None, :], mask=ok[:, None],
+                                 other=0.0)
             acc_v += tl.load(PV1 + off, mask=ok[:, None], other=0.0)
     out = (b.to(tl.int64) * N + j)[:, None] * (HK * D) + g * D + offs_d[None, :]
     tl.store(DK1 + out, (acc_k * sm_scale).to(tl.bfloat16), mask=(j < N)[:, None])
@@ -402,7 +476,7 @@ def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2
     _dkv2_kernel[(triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk,)](
         q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2,
         spec.sm_scale * LOG2E, spec.sm_scale, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
-        PROFILE=profile, **cfg)
+        PROFILE=profile, DET=det_of(spec), **cfg)
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
@@ -432,7 +506,12 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     that kernel's only (profiled_kernels).
     dkv2, dq_fn: what fills dk2, dv2 (launch_dkv2's signature; default launch_dkv2) and dq, dk1,
     dv1 (launch_dq's; default launch_dq), for a variant that replaces the k-owner or the
-    row-owner (kernels_tlx/bwd_ws.py)."""
+    row-owner (kernels_tlx/bwd_ws.py). Form "det" (spec.form): K1 is packed once here
+    (det_keys), and launch_dkv2 / launch_dq take the packed K1."""
+    if spec.form == "det":
+        if dkv2 is not None or dq_fn is not None:
+            raise ValueError("form 'det' runs the Triton k-owner and row-owner only")
+        k1 = det_keys(k1, det_of(spec))  # packed once for both kernels
     rows = spec.B * spec.N * spec.Hq
     delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=q.device)
     _delta_kernel[(triton.cdiv(rows, DELTA_ROWS),)](
@@ -446,26 +525,30 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
 
 def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
               profile: bool = False) -> None:
-    """`_dq_kernel` then `_dkv1_kernel`: dq, dk1, dv1 from the inputs, dout, lse and Delta."""
+    """`_dq_kernel` then `_dkv1_kernel`: dq, dk1, dv1 from the inputs, dout, lse and Delta (form
+    "det": k1 packed by det_keys)."""
     sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
     dqc = dq_config(spec)
-    pk1 = torch.zeros(sc.partial, dtype=torch.float32, device=q.device)
+    n = 1 + (spec.form == "det")  # det: U and W tiles, the Qa and Qb partials
+    pk1 = torch.zeros(n * sc.partial, dtype=torch.float32, device=q.device)
     pv1 = torch.zeros(sc.partial, dtype=torch.float32, device=q.device)
     k2d, v2d = (kv_descriptor(t, spec, dqc["BLOCK_N"]) for t in (k2, v2))
-    dq_acc = torch.empty(sc.dq_tiles, dtype=torch.float32, device=q.device)
+    dq_acc = torch.empty(n * sc.dq_tiles, dtype=torch.float32, device=q.device)
     _dq_kernel[(sc.n_programs,)](
         q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, pk1, pv1, spec.N, spec.w1, spec.w2,
         spec.sm_scale * LOG2E, spec.sm_scale, sc.L, sc.n_chunks, HQ=spec.Hq, HK=spec.Hk, G=spec.G,
-        D=spec.D, PROFILE=profile, **dqc)
+        D=spec.D, PROFILE=profile, DET=det_of(spec), **dqc)
     launch_dkv1(spec, pk1, pv1, dk1, dv1, sc.L, sc.n_chunks, tiling(spec)[2])
 
 
 def launch_dkv1(spec: ProblemSpec, pk1, pv1, dk1, dv1, L: int, n_chunks: int, split: int) -> None:
     """`_dkv1_kernel`: dk1, dv1 from the partial slices (split head splits, n_chunks chunks of L
-    tokens) that a row-owner wrote."""
+    tokens) that a row-owner wrote; form "det": pk1 holds the Qa partials, then the Qb ones."""
+    det = det_of(spec)
+    pk1b = pk1[pk1.numel() // 2:] if det else pk1
     _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS) * spec.B * spec.Hk,)](
-        pk1, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk, D=spec.D,
-        SPLIT=split, ROWS=DKV1_ROWS, num_warps=4)
+        pk1, pk1b, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk,
+        D=spec.D, SPLIT=split, ROWS=DKV1_ROWS, DET=det, num_warps=4)
 
 
 # The forward's compile shapes, with G = 1 taken at Hk = 2: at Hq = Hk = 1 `_dq_kernel` spills
@@ -487,22 +570,40 @@ def compile_specs() -> list[ProblemSpec]:
 
 def kernel_config(kern: str, fn, spec: ProblemSpec, cfg: dict, sig: dict) -> CompileConfig:
     """The CompileConfig of backward kernel `fn` (`kern`: "dkv2" or "dq") at `spec` with config
-    `cfg` (its constexprs + num_warps/num_stages) and runtime signature `sig`, named by its tile."""
+    `cfg` (its constexprs + num_warps/num_stages) and runtime signature `sig`, named by its tile
+    (and, for form "det", by the form and the pairs' order)."""
     consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
                   **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
     tile = "".join(f"_{k[-1]}{cfg[k]}" for k in ("BLOCK_M", "BLOCK_N") if k in cfg)
-    return CompileConfig(f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{tile}", fn,
+    form = "" if spec.form == "trilinear" else f"_{spec.form}" + ("_swapped" * spec.swapped)
+    return CompileConfig(f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{tile}{form}", fn,
                          {**sig, **{k: "constexpr" for k in consts}}, consts, cfg["num_warps"],
                          cfg["num_stages"])
 
 
+def _with_forms(spec: ProblemSpec):
+    """`spec`, then its form "det" copy, and at G = 128, Hk = 1 also "det" with the pairs
+    exchanged (DET = -1, a kernel of its own)."""
+    yield spec
+    det = replace(spec, form="det")
+    yield det
+    if (spec.G, spec.Hk) == (128, 1):
+        yield replace(det, swapped=True)
+
+
+def _det_cfg(spec: ProblemSpec, cfg: dict) -> dict:
+    """cfg with the DET constexpr for form "det" (absent for the trilinear form: its default 0)."""
+    return {**cfg, "DET": det_of(spec)} if spec.form == "det" else cfg
+
+
 def compile_configs() -> list[CompileConfig]:
-    """The two GEMM kernels at every compile shape (the Delta and reduce kernels are small)."""
+    """The two GEMM kernels at every compile shape, in both forms (the Delta and reduce kernels
+    are small)."""
     out = []
-    for spec in compile_specs():
-        out.append(kernel_config("dkv2", _dkv2_kernel, spec, dkv2_config(spec),
+    for spec in (s for base in compile_specs() for s in _with_forms(base)):
+        out.append(kernel_config("dkv2", _dkv2_kernel, spec, _det_cfg(spec, dkv2_config(spec)),
                                  {**SIGNATURE, "DK2": "*bf16", "DV2": "*bf16", **SCALARS}))
-        cfg = dq_config(spec)
+        cfg = _det_cfg(spec, dq_config(spec))
         kv = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{spec.D}]>"
         out.append(kernel_config("dq", _dq_kernel, spec, cfg, {
             **SIGNATURE, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32", "PK1": "*fp32",

@@ -18,21 +18,18 @@ only when T > 1. Supports any B, N, Hk, w1 <= w2 (the launcher swaps), D in {64,
 two up to 128.
 
 Form "det" (constexpr DET = +1, or -1 when the launcher swapped the pairs): A is the chunkwise
-cross product instead, A = Q x3 K1[j] = (pi Q) * (pi^2 K1[j]) - (pi^2 Q) * (pi K1[j]) (pi rotates
-each 3-chunk of D; Q * K1[j] on the D mod 3 leftover dims; simplicial_attn/reference.py). Two Q
-tiles are loaded once per tile with permuted columns, Qa = pi^R Q and Qb = -pi^(3-R) Q (0 on the
-leftover dims), R = 1 for DET = +1; the host packs K1's two rotations as [B, N, Hk, 2, D]
-(det_keys), so each j reads two contiguous rows, and A = fma(Qa, K1a, Qb * K1b) in bf16 (two
-roundings: the product Qb * K1b, then the FMA). DET = -1 takes R = 2, which negates the chunk
-part (the swapped pairs' determinants change sign) and keeps the leftover term. Everything else,
-tensor-core work included, is the trilinear kernel's; DET = 0 compiles to the same SASS.
+cross product instead, A = Q x3 K1[j], built as kernels_triton/det.py states: two Q tiles loaded
+once per tile with permuted columns (Qa, Qb), K1's two rotations packed by the host (det_keys, two
+contiguous rows per j), and A = fma(Qa, K1a, Qb * K1b) in bf16 (two roundings: the product
+Qb * K1b, then the FMA). Everything else, tensor-core work included, is the trilinear kernel's;
+DET = 0 compiles to the same SASS.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
+from kernels_triton.det import det_keys, det_sign, load_q_det
 from kernels_triton.host import entry_points
 from kernels_triton.tiling import (M_START, enter, key_block, leave, load_q, mask_scores,
                                    row_coords, softmax_step, store_rows, supports, tile_setup)
@@ -78,28 +75,6 @@ def _block(acc, m_i, l_i, q, qb, k2, v2, k1_base, v1_base, kb, j_lo, j_hi, tok, 
 
 
 @triton.jit
-def _det_cols(D: tl.constexpr, R: tl.constexpr):
-    """(cols_a, cols_b, chunk): the columns of pi^R and pi^(3-R) (pi rotates each 3-chunk:
-    (pi x)[3l+m] = x[3l + (m+1) mod 3]; the D mod 3 leftover columns map to themselves), and which
-    columns lie in a whole 3-chunk."""
-    c = tl.arange(0, D)
-    chunk = c < (D // 3) * 3
-    base = c - c % 3
-    cols_a = tl.where(chunk, base + (c % 3 + R) % 3, c)
-    cols_b = tl.where(chunk, base + (c % 3 + 3 - R) % 3, c)
-    return cols_a, cols_b, chunk
-
-
-@triton.jit
-def _load_q_cols(Q, b, g, tok, head, N, cols, keep, HQ: tl.constexpr, G: tl.constexpr,
-                 D: tl.constexpr):
-    """load_q's [rows, D] tile with column c read from column cols[c] (0 where not keep[c])."""
-    off = (b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + head) * D
-    return tl.load(Q + off[:, None] + cols[None, :], mask=(tok < N)[:, None] & keep[None, :],
-                   other=0.0)
-
-
-@triton.jit
 def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                           HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -112,10 +87,8 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     if not DET:
         q = load_q(Q, b, g, tok, head, N, HQ, G, D)
         qb = q
-    else:  # Qa = pi^R Q (leftover dims: Q), Qb = pi^(3-R) Q (leftover dims: 0)
-        cols_a, cols_b, chunk = _det_cols(D, 1 if DET > 0 else 2)
-        q = _load_q_cols(Q, b, g, tok, head, N, cols_a, offs_d >= 0, HQ, G, D)
-        qb = -_load_q_cols(Q, b, g, tok, head, N, cols_b, chunk, HQ, G, D)
+    else:  # q = Qa, qb = Qb (kernels_triton/det.py)
+        q, qb = load_q_det(Q, b, g, tok, head, N, HQ, G, D, DET)
 
     kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)
     if not DET:
@@ -160,24 +133,8 @@ def _config(spec: ProblemSpec) -> dict:
     change sign; the leftover dims' trilinear term does not)."""
     cfg = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1)
     if spec.form == "det":
-        cfg["DET"] = -1 if spec.swapped else 1
+        cfg["DET"] = det_sign(spec.swapped)
     return cfg
-
-
-def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:
-    """The K1 that the kernel reads with DET = det: [B, N, Hk, 2, D] (contiguous), slot 0 =
-    pi^(3-R) K1 (multiplies Qa = pi^R Q), slot 1 = pi^R K1 (multiplies -Qb = -pi^(3-R) Q), with
-    R = 1 (det = +1) or 2 (det = -1); the D mod 3 leftover columns in place. Two contiguous rows
-    per j keep the kernel's K1 loads as cheap as the trilinear one's (permuted-column loads of
-    K1[j] in the j loop spilled at D = 64). 2x K1's size: Hk/Hq of Q's."""
-    D = k1.shape[-1]
-    r = 1 if det > 0 else 2
-    c = torch.arange(D, device=k1.device)
-    chunk = c < D // 3 * 3
-    base = c - c % 3
-    cols_a = torch.where(chunk, base + (c % 3 + r) % 3, c)
-    cols_b = torch.where(chunk, base + (c % 3 + 3 - r) % 3, c)
-    return torch.stack((k1[..., cols_b], k1[..., cols_a]), dim=3)
 
 
 _launch, compile_configs = entry_points(simplicial_fwd_kernel, _config, supports, forms=FORMS)

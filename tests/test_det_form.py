@@ -269,7 +269,7 @@ def test_triton_det_columns_build_the_cross_product(D, det, gen):
     the leftover dims, K1a/K1b from det_keys) is q x3 k1 for DET = +1 and, for DET = -1 (pairs
     swapped), q x3 k1 with q's chunk dims negated (reference._in_spec_order), in fp64."""
     pytest.importorskip("triton")
-    from kernels_triton.fwd import det_keys
+    from kernels_triton.det import det_keys
     q, k1 = (torch.randn(3, D, generator=gen, dtype=torch.float64) for _ in range(2))
     r = 1 if det > 0 else 2
     qa = ref_mod._pi(q, r)

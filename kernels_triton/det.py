@@ -1,0 +1,71 @@
+"""The determinant form's pieces that the Triton forward and backward share (form "det").
+
+pi rotates each 3-chunk of D, (pi x)[3l+m] = x[3l + (m+1) mod 3], and leaves the D mod 3 leftover
+columns in place (simplicial_attn/reference.py states the form). A kernel builds
+
+    A_j = Qa * K1a[j] + Qb * K1b[j],   Qa = pi^R Q, K1a = pi^(3-R) K1, Qb = -chi pi^(3-R) Q, K1b = pi^R K1
+
+(chi: 1 on the chunk columns, 0 on the leftover ones), which is Q x3 K1[j] for R = 1 and its
+negation on the chunk columns for R = 2: the launcher passes DET = +1 (R = 1), or DET = -1 (R = 2)
+when it has exchanged the pairs, since that negates every determinant (the leftover trilinear
+term keeps its sign). Q's two rotations are permuted-column loads of Q (`load_q_det`); K1's are
+packed by the host (`det_keys`), two contiguous rows per j.
+
+The backward differentiates that same A (kernels_triton/bwd.py), so the sign takes care of itself:
+with X = dL/dA_j,
+    dQ   = sum_j pi^(3-R)(X * K1a[j]) - chi pi^R(X * K1b[j])
+    dK1[j] = pi^R(sum_rows X * Qa) + pi^(3-R)(sum_rows X * Qb)
+Each sum is formed on unpermuted columns and the rotation applied when it is read back
+(`det_cols` gives the columns).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def det_sign(swapped: bool) -> int:
+    """The kernels' DET constexpr for form "det": +1, or -1 when the launcher exchanged the pairs."""
+    return -1 if swapped else 1
+
+
+@triton.jit
+def det_cols(D: tl.constexpr, DET: tl.constexpr):
+    """(cols_a, cols_b, chunk) for DET = +-1 (R = 1 or 2): the columns of pi^R and pi^(3-R)
+    (x[cols_a] = pi^R x) and which columns lie in a whole 3-chunk."""
+    R: tl.constexpr = 1 if DET > 0 else 2
+    c = tl.arange(0, D)
+    in_chunk = c < (D // 3) * 3
+    base = c - c % 3
+    cols_a = tl.where(in_chunk, base + (c % 3 + R) % 3, c)
+    cols_b = tl.where(in_chunk, base + (c % 3 + 3 - R) % 3, c)
+    return cols_a, cols_b, in_chunk
+
+
+@triton.jit
+def load_q_det(Q, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+               DET: tl.constexpr):
+    """(Qa, Qb) of the module docstring: load_q's [rows, D] tile of Q twice, with permuted
+    columns (0 past N; Qb 0 on the leftover columns)."""
+    cols_a, cols_b, in_chunk = det_cols(D, DET)
+    off = ((b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + head) * D)[:, None]
+    row_ok = (tok < N)[:, None]
+    qa = tl.load(Q + off + cols_a[None, :], mask=row_ok, other=0.0)
+    qb = -tl.load(Q + off + cols_b[None, :], mask=row_ok & in_chunk[None, :], other=0.0)
+    return qa, qb
+
+
+def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:
+    """The K1 a kernel reads with DET = det: [B, N, Hk, 2, D] (contiguous), slot 0 = K1a =
+    pi^(3-R) K1, slot 1 = K1b = pi^R K1 (module docstring); the leftover columns in place. Two
+    contiguous rows per j keep the kernels' K1 loads as cheap as the trilinear ones (permuted-
+    column loads of K1[j] in the j loop spilled at D = 64). 2x K1's size: Hk/Hq of Q's."""
+    D = k1.shape[-1]
+    r = 1 if det > 0 else 2
+    c = torch.arange(D, device=k1.device)
+    chunk = c < D // 3 * 3
+    base = c - c % 3
+    cols_a = torch.where(chunk, base + (c % 3 + r) % 3, c)
+    cols_b = torch.where(chunk, base + (c % 3 + 3 - r) % 3, c)
+    return torch.stack((k1[..., cols_b], k1[..., cols_a]), dim=3)
