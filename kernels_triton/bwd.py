@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_triton.det import det_cols, det_keys, det_sign, load_q_det
+from kernels_triton.det import det_cols, det_keys, det_sign, load_q_cols, load_q_det
 from kernels_triton.host import kv_descriptor
 from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords,
                                    row_ptrs)
@@ -62,11 +62,15 @@ from simplicial_attn.spec import ProblemSpec
 def dkv2_config(spec: ProblemSpec) -> dict:
     """`_dkv2_kernel`. D = 64: 4 warps, 64 keys x 64 rows at G = 128, 32 rows elsewhere (64 spill
     8-184 bytes there). D = 128: 8 warps, 128 keys x 32 rows (4 warps spill); 16 rows (1.5x slower
-    at S*) where 32 spill: G = 1 (16 bytes) and G = 32 at Hk = 1 (40 bytes)."""
+    at S*) where 32 spill: G = 1 (16 bytes) and G = 32 at Hk = 1 (40 bytes). Form "det" (a second
+    Q tile held per row tile): 32 rows at D = 64, and 16 rows at D = 128 below G = 64 (32 spill
+    8-144 bytes there)."""
+    det = spec.form == "det"
     if spec.D == 64:
-        return dict(BLOCK_M=64 if spec.G == 128 else 32, BLOCK_N=64, num_warps=4, num_stages=1)
-    block_m = 16 if spec.G == 1 or (spec.G, spec.Hk) == (32, 1) else 32
-    return dict(BLOCK_M=block_m, BLOCK_N=128, num_warps=8, num_stages=1)
+        return dict(BLOCK_M=64 if spec.G == 128 and not det else 32, BLOCK_N=64, num_warps=4,
+                    num_stages=1)
+    small = spec.G == 1 or (spec.G, spec.Hk) == (32, 1) or (det and spec.G < 64)
+    return dict(BLOCK_M=16 if small else 32, BLOCK_N=128, num_warps=8, num_stages=1)
 
 
 def dq_config(spec: ProblemSpec) -> dict:
@@ -74,7 +78,19 @@ def dq_config(spec: ProblemSpec) -> dict:
     and Hk = 1 with G >= 64 at D = 128 (32 keys; 3 stages at G = 128, 2 at G = 64, where 3 spill
     16 bytes). Elsewhere 8 warps and 128 rows: 32 keys at Hk = 1, G in {16, 32}; 16 keys with the
     row addresses rebuilt at each j (FRESH_ROWS; 32 keys spill 4-136 bytes there) and, at
-    G <= 2, Z_j in a second pass over the keys (TWO_PASS). 16 keys are 1.4x slower at S*."""
+    G <= 2, Z_j in a second pass over the keys (TWO_PASS). 16 keys are 1.4x slower at S*.
+    Form "det" (a longer epilogue): 32 keys at D = 64; at D = 128 the 4-warp tile for every
+    G >= 64 (8 warps spill 16 bytes at G = 64, Hk = 2), elsewhere 8 warps, 16 keys, FRESH_ROWS,
+    TWO_PASS above G = 2 (each of these spilled 8-88 bytes otherwise)."""
+    if spec.form == "det":
+        if spec.D == 64:
+            return dict(BLOCK_M=64, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=True, num_warps=4,
+                        num_stages=3)
+        if spec.G >= 64:
+            return dict(BLOCK_M=64, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=True, num_warps=4,
+                        num_stages=3 if (spec.G, spec.Hk) == (128, 1) else 2)
+        return dict(BLOCK_M=128, BLOCK_N=16, TWO_PASS=spec.G > 2, FRESH_ROWS=True, num_warps=8,
+                    num_stages=2)
     if spec.D == 64:
         return dict(BLOCK_M=64, BLOCK_N=64, TWO_PASS=False, FRESH_ROWS=True, num_warps=4,
                     num_stages=3)
@@ -91,6 +107,7 @@ def dq_config(spec: ProblemSpec) -> dict:
 DELTA_ROWS = 64  # rows of O per program of the Delta kernel
 EXECUTED_FLOPS_PER_F = 4.0  # tensor-core FLOPs executed per forward FLOP (8 GEMMs of F / 2 each)
 DKV1_ROWS = 32   # rows of dK1/dV1 per program of the reduce kernel
+DET_ROWS = tl.constexpr(16)  # rows of a det dQ tile read back (permuted) and stored at a time
 
 
 def tiling(spec: ProblemSpec) -> tuple[int, int, int]:
@@ -237,16 +254,6 @@ def _k1_rows(K1, kv_base, j, offs_d, HK: tl.constexpr, D: tl.constexpr, DET: tl.
 
 
 @triton.jit
-def _a_j(q, qb, K1, kv_base, j, HK: tl.constexpr, D: tl.constexpr, DET: tl.constexpr):
-    """A_j: q * K1[j], or with DET the det build fma(Qa, K1a[j], Qb * K1b[j]) (q = Qa, qb = Qb),
-    rounded as the forward rounds it (kernels_triton/fwd.py)."""
-    k1a, k1b = _k1_rows(K1, kv_base, j, tl.arange(0, D), HK, D, DET)
-    if not DET:
-        return q * k1a[None, :]
-    return tl.fma(q, k1a[None, :], qb * k1b[None, :])
-
-
-@triton.jit
 def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scale, sm_scale,
                  HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PROFILE: tl.constexpr = False,
@@ -272,14 +279,17 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
             tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
             if not DET:
                 q = load_q(Q, b, g, tok, head, N, HQ, G, D)
-                qb = q
-            else:
-                q, qb = load_q_det(Q, b, g, tok, head, N, HQ, G, D, DET)
+            else:  # q = Qa, qb = Qb
+                q, qb = load_q_det(Q, b, g, tok, head, N, _fresh_rows(i0 + s, D), HQ, G, D, DET)
             do = load_q(DO, b, g, tok, head, N, HQ, G, D)
             for j in range(tl.maximum(i0 - w1 + 1, 0), tl.minimum(i0 + T, N)):
                 enter("qk_gemm", PROFILE)
-                a = _a_j(q, qb, K1, kv_base, j, HK, D, DET)
+                k1j, k1b = _k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
                 v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+                if not DET:
+                    a = q * k1j[None, :]
+                else:  # the det build, rounded as the forward rounds it
+                    a = tl.fma(q, k1j[None, :], qb * k1b[None, :])
                 doj = do * v1j[None, :]
                 st = tl.dot(k2, tl.trans(a))
                 dpt = tl.dot(v2, tl.trans(doj))
@@ -362,8 +372,6 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
     # this program's fp32 dQ tile, accumulated in memory (registers hold X_j and Z_j); DET: U, W
     N_ACC: tl.constexpr = 2 if DET else 1
     acc = DQacc + pid.to(tl.int64) * (N_ACC * BLOCK_M * D)
-    # DET: the Qb partials, a second buffer of PK1's layout right after the first
-    pk1b = tl.num_programs(0).to(tl.int64) * ((L + w1 - 1) * D)
     t_end = tl.cdiv(tl.minimum(N, chunk * L + L), T)
     for t in range(chunk * L // T, t_end):
         i0 = t * T
@@ -371,10 +379,14 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
         tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
         k_lo = tl.maximum(i0 - w2 + 1, 0)
         j_lo = tl.maximum(i0 - w1 + 1, 0)
-        for u in range(N_ACC):
-            tl.store(_tile(acc + u * (BLOCK_M * D), offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
+        tl.store(_tile(acc, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
+        if DET:  # W
+            tl.store(_tile(acc + BLOCK_M * D, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
         for j in range(j_lo, i_hi + 1):
-            k1j, k1b = _k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
+            if not DET:
+                k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+            else:
+                k1j, k1b = _k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
             v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
             rows = _fresh_rows(j, BLOCK_M, FRESH_ROWS)
             tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
@@ -383,7 +395,8 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             if not DET:
                 a = load_q(Q, b, g, tok_j, head_j, N, HQ, G, D) * k1j[None, :]
             else:
-                qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, HQ, G, D, DET)
+                qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, _fresh_rows(j + 3, D), HQ, G, D,
+                                    DET)
                 a = tl.fma(qa, k1j[None, :], qb * k1b[None, :])
             doj = load_q(DO, b, g, tok_j, head_j, N, HQ, G, D) * v1j[None, :]
             x = tl.zeros([BLOCK_M, D], tl.float32)
@@ -399,36 +412,52 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             # a second opaque copy of the rows: no address is held over the key loop
             rows = _fresh_rows(j + 1, BLOCK_M, FRESH_ROWS)
             tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
-            slot = part + (j - j_base) * D + offs_d
             if not DET:
                 dq_tile = _tile(acc, rows, D)
                 tl.store(dq_tile, tl.load(dq_tile) + x * k1j[None, :].to(tl.float32))
+                slot = part + (j - j_base) * D + offs_d
                 pk1 = tl.sum(load_q(Q, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * x, 0)
                 tl.store(PK1 + slot, tl.load(PK1 + slot) + pk1)
-            else:  # K1a, K1b, Qa, Qb read again (L1/L2): none is held over the key loop
+                pv1 = tl.sum(load_q(DO, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * z, 0)
+                tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
+            else:  # Z_j first (its registers free), then X_j's four sums; K1a, K1b, Qa, Qb read
+                # again (L1/L2): none is held over the key loop. The Qb partials: a second
+                # buffer of PK1's layout right after the first
+                slot = part + (j - j_base) * D + offs_d
+                pk1b = tl.num_programs(0).to(tl.int64) * ((L + w1 - 1) * D)
+                pv1 = tl.sum(load_q(DO, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * z, 0)
+                tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
+                tl.debug_barrier()
                 k1a, k1b = _k1_rows(K1, kv_base, j, _fresh_rows(j + 2, D), HK, D, DET)
                 u_tile = _tile(acc, rows, D)
                 tl.store(u_tile, tl.load(u_tile) + x * k1a[None, :].to(tl.float32))
                 w_tile = _tile(acc + BLOCK_M * D, rows, D)
                 tl.store(w_tile, tl.load(w_tile) + x * k1b[None, :].to(tl.float32))
-                qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, HQ, G, D, DET)
+                tl.debug_barrier()
+                cols_a, cols_b, in_chunk = det_cols(_fresh_rows(j + 4, D), D, DET)
+                qa = load_q_cols(Q, b, g, tok_j, head_j, N, cols_a, cols_a >= 0, HQ, G, D)
                 pa = tl.sum(qa.to(tl.float32) * x, 0)
                 tl.store(PK1 + slot, tl.load(PK1 + slot) + pa)
-                pb = tl.sum(qb.to(tl.float32) * x, 0)
-                tl.store(PK1 + pk1b + slot, tl.load(PK1 + pk1b + slot) + pb)
-            pv1 = tl.sum(load_q(DO, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * z, 0)
-            tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
+                tl.debug_barrier()
+                qb = load_q_cols(Q, b, g, tok_j, head_j, N, cols_b, in_chunk, HQ, G, D)
+                pb = tl.sum(qb.to(tl.float32) * x, 0)  # Qb is minus this tile: pb subtracted
+                tl.store(PK1 + pk1b + slot, tl.load(PK1 + pk1b + slot) - pb)
             tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
             leave("epilogue", PROFILE)
         if not DET:
             dq = (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16)
-        else:  # dQ = pi^(3-R) U - chi pi^R W (kernels_triton/det.py)
-            cols_a, cols_b, in_chunk = det_cols(D, DET)
-            u = tl.load(acc + offs_m[:, None] * D + cols_b[None, :])
-            w = tl.load(acc + BLOCK_M * D + offs_m[:, None] * D + cols_a[None, :])
-            dq = ((u - tl.where(in_chunk[None, :], w, 0.0)) * sm_scale).to(tl.bfloat16)
-        tok, head = row_coords(i0, s * HPT, offs_m, G, BLOCK_M)
-        tl.store(row_ptrs(DQ, b, g, tok, head, N, HQ, G, D), dq, mask=(tok < N)[:, None])
+            tok, head = row_coords(i0, s * HPT, offs_m, G, BLOCK_M)
+            tl.store(row_ptrs(DQ, b, g, tok, head, N, HQ, G, D), dq, mask=(tok < N)[:, None])
+        else:  # dQ = pi^(3-R) U - chi pi^R W (kernels_triton/det.py), DET_ROWS rows at a time
+            # (permuted addresses cannot be vectorized: a whole tile's would fill the registers)
+            cols_a, cols_b, in_chunk = det_cols(_fresh_rows(t, D), D, DET)
+            for r0 in tl.static_range(0, BLOCK_M, DET_ROWS):
+                r = r0 + tl.arange(0, DET_ROWS)
+                u = tl.load(acc + r[:, None] * D + cols_b[None, :])
+                w = tl.load(acc + BLOCK_M * D + r[:, None] * D + cols_a[None, :])
+                dq = ((u - tl.where(in_chunk[None, :], w, 0.0)) * sm_scale).to(tl.bfloat16)
+                tok, head = row_coords(i0, s * HPT, r, G, BLOCK_M)
+                tl.store(row_ptrs(DQ, b, g, tok, head, N, HQ, G, D), dq, mask=(tok < N)[:, None])
         tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
 
 
@@ -458,7 +487,7 @@ def _dkv1_kernel(PK1, PK1b, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.
             if not DET:
                 acc_k += tl.load(PK1 + off, mask=ok[:, None], other=0.0)
             else:
-                cols_a, cols_b, _ = det_cols(D, DET)
+                cols_a, cols_b, _ = det_cols(offs_d, D, DET)
                 acc_k += tl.load(PK1 + row[:, None] * D + cols_a[None, :], mask=ok[:, None],
                                  other=0.0)
                 acc_k += tl.load(PK1b + row[:, None] * D + cols_b[None, :], mask=ok[:, None],

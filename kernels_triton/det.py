@@ -31,11 +31,11 @@ def det_sign(swapped: bool) -> int:
 
 
 @triton.jit
-def det_cols(D: tl.constexpr, DET: tl.constexpr):
-    """(cols_a, cols_b, chunk) for DET = +-1 (R = 1 or 2): the columns of pi^R and pi^(3-R)
-    (x[cols_a] = pi^R x) and which columns lie in a whole 3-chunk."""
+def det_cols(c, D: tl.constexpr, DET: tl.constexpr):
+    """(cols_a, cols_b, in_chunk) at columns c (tl.arange(0, D), or an opaque copy of it that
+    keeps the compiler from hoisting what is built from it out of a loop) for DET = +-1 (R = 1 or
+    2): the columns of pi^R and pi^(3-R) (x[cols_a] = pi^R x), and which lie in a whole 3-chunk."""
     R: tl.constexpr = 1 if DET > 0 else 2
-    c = tl.arange(0, D)
     in_chunk = c < (D // 3) * 3
     base = c - c % 3
     cols_a = tl.where(in_chunk, base + (c % 3 + R) % 3, c)
@@ -44,15 +44,22 @@ def det_cols(D: tl.constexpr, DET: tl.constexpr):
 
 
 @triton.jit
-def load_q_det(Q, b, g, tok, head, N, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+def load_q_cols(Q, b, g, tok, head, N, cols, keep, HQ: tl.constexpr, G: tl.constexpr,
+                D: tl.constexpr):
+    """load_q's [rows, D] tile of Q with column c read from column cols[c] (0 past N and where
+    not keep[c])."""
+    off = ((b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + head) * D)[:, None]
+    return tl.load(Q + off + cols[None, :], mask=(tok < N)[:, None] & keep[None, :], other=0.0)
+
+
+@triton.jit
+def load_q_det(Q, b, g, tok, head, N, c, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                DET: tl.constexpr):
     """(Qa, Qb) of the module docstring: load_q's [rows, D] tile of Q twice, with permuted
-    columns (0 past N; Qb 0 on the leftover columns)."""
-    cols_a, cols_b, in_chunk = det_cols(D, DET)
-    off = ((b.to(tl.int64) * N + tok) * (HQ * D) + (g * G + head) * D)[:, None]
-    row_ok = (tok < N)[:, None]
-    qa = tl.load(Q + off + cols_a[None, :], mask=row_ok, other=0.0)
-    qb = -tl.load(Q + off + cols_b[None, :], mask=row_ok & in_chunk[None, :], other=0.0)
+    columns (0 past N; Qb 0 on the leftover columns); c as for det_cols."""
+    cols_a, cols_b, in_chunk = det_cols(c, D, DET)
+    qa = load_q_cols(Q, b, g, tok, head, N, cols_a, c >= 0, HQ, G, D)
+    qb = -load_q_cols(Q, b, g, tok, head, N, cols_b, in_chunk, HQ, G, D)
     return qa, qb
 
 

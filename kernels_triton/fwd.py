@@ -88,7 +88,7 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
         q = load_q(Q, b, g, tok, head, N, HQ, G, D)
         qb = q
     else:  # q = Qa, qb = Qb (kernels_triton/det.py)
-        q, qb = load_q_det(Q, b, g, tok, head, N, HQ, G, D, DET)
+        q, qb = load_q_det(Q, b, g, tok, head, N, offs_d, HQ, G, D, DET)
 
     kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)
     if not DET:
