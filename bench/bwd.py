@@ -4,6 +4,7 @@
     python bench/bwd.py --preset star64 --peers  # + cuDNN SDPA backward on dense equal work
     python bench/bwd.py --d 64 --json out/bwd.json
     python bench/bwd.py --layer 4096             # + one SimplicialAttention layer's training step
+    python bench/bwd.py --variant triton --form trilinear det  # det vs plain, one run
 
 Useful TFLOPS (the "TFLOPS" column): 2.5 x the forward FLOPs of `simplicial_attn.flops` for the
 backward, 3.5 x for forward + backward (FlashAttention's convention, ../shared/docs/BACKWARD.md
@@ -15,6 +16,11 @@ fwd+bwd) on q [B, Hq, N, D], k/v [B, Hq, w1*w2, D] (the same work, non-causal) a
 --layer DIM times a training step (forward + backward) of one bf16 `SimplicialAttention` of width
 DIM with the shape's heads, per variant: tokens/s and the share of the step the attention's own
 forward + backward (the fwd+bwd row) takes; the rest is the five input and one output projections.
+--form picks the logits' form as in bench/fwd.py: trilinear (the default), det, or both; each
+variant is timed in each asked form it computes (its check in that form), a named variant that
+lacks one is refused before any GPU work, and a det row carries its TFLOPS over the same variant's
+trilinear row ("x trilinear"). The useful FLOPs of det are the plain form's; a det call's time
+includes the packing of K1's rotations the `triton` backward does on the host (det_keys).
 
 Exit status: 0 done; 1 a correctness check failed; 2 bad arguments or no CUDA GPU.
 """
@@ -32,30 +38,33 @@ import argparse  # noqa: E402
 import torch  # noqa: E402
 
 import simplicial_attn as sa  # noqa: E402
-from bench.common import write_rows  # noqa: E402
+from bench.common import add_form_ratios, check_forms, table_columns, write_rows  # noqa: E402
 from profiling.common import (gpu_problem, Shape, add_shape_args, check_out_path,  # noqa: E402
-                              check_variants, make_inputs, metadata_line, positive_float,
-                              positive_int, print_table, run_metadata, shape_from_args)
+                              make_inputs, metadata_line, positive_float, positive_int,
+                              print_table, run_metadata, shape_from_args)
 from profiling.timing import median_ms, tflops  # noqa: E402
 from simplicial_attn import backward as bwd_launcher  # noqa: E402
 from simplicial_attn import launcher, registry  # noqa: E402
+from simplicial_attn.spec import FORMS  # noqa: E402
 
 PROG = "bench/bwd.py"
 GRAD_REL_TOL = 3e-2   # ||grad - ref||_F / ||ref||_F for each gradient, pre-timing check
 MATMUL_SIZE = 8192
-COLUMNS = [("variant", "variant"), ("pass", "pass"), ("shape", "shape"), ("ms", "ms"),
-           ("tflops", "TFLOPS"), ("tensor_tflops", "tensor TFLOPS"), ("note", "note")]
+COLUMNS = [("variant", "variant"), ("form", "form"), ("pass", "pass"), ("shape", "shape"),
+           ("ms", "ms"), ("tflops", "TFLOPS"), ("tensor_tflops", "tensor TFLOPS"),
+           ("note", "note")]
 
 
-def check(variant: str, s: Shape) -> str | None:
-    """None when the variant's gradients match the fp32 reference on a reduced shape."""
+def check(variant: str, s: Shape, form: str = "trilinear") -> str | None:
+    """None when the variant's gradients in the logits' `form` match the fp32 reference on a
+    reduced shape."""
     n = min(s.N, 2 * max(s.w1, s.w2) + 37)
     x = make_inputs(1, n, s.Hq, s.Hk, s.D, seed=1)
     gen = torch.Generator(device="cuda").manual_seed(2)
     dout = torch.randn(1, n, s.Hq, s.D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    out, lse = sa.forward(*x, s.w1, s.w2)
-    got = bwd_launcher.backward(dout, None, *x, out, lse, s.w1, s.w2, variant=variant)
-    ref = sa.reference_backward(*x, s.w1, s.w2, dout, dtype=torch.float32)
+    out, lse = sa.forward(*x, s.w1, s.w2, form=form)
+    got = bwd_launcher.backward(dout, None, *x, out, lse, s.w1, s.w2, variant=variant, form=form)
+    ref = sa.reference_backward(*x, s.w1, s.w2, dout, dtype=torch.float32, form=form)
     for name, g, r in zip(("dq", "dk1", "dk2", "dv1", "dv2"), got, ref):
         rel = ((g.float() - r).norm() / r.norm().clamp(min=1e-30)).item()
         if not rel <= GRAD_REL_TOL:
@@ -63,24 +72,25 @@ def check(variant: str, s: Shape) -> str | None:
     return None
 
 
-def bench_variant(variant: str, s: Shape, args) -> list[dict]:
+def bench_variant(variant: str, form: str, s: Shape, args) -> list[dict]:
     f = sa.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)
-    base = {"kind": "variant", "variant": variant, "shape": s.short(), **s.fields()}
-    why = check(variant, s)
+    base = {"kind": "variant", "variant": variant, "form": form, "shape": s.short(),
+            **s.fields()}
+    why = check(variant, s, form)
     if why is not None:
-        raise SystemExit(f"{PROG}: {variant} failed its correctness check: {why}")
+        raise SystemExit(f"{PROG}: {variant} (form {form}) failed its correctness check: {why}")
     x = [t.requires_grad_() for t in make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, seed=args.seed)]
-    out, lse = sa.attention(*x, s.w1, s.w2, bwd_variant=variant)
+    out, lse = sa.attention(*x, s.w1, s.w2, bwd_variant=variant, form=form)
     dout = torch.randn_like(out)
     saved = [t.detach() for t in x] + [out.detach(), lse.detach()]
     per_f = registry.get(variant, "bwd").load().EXECUTED_FLOPS_PER_F
 
     def bwd():
         return bwd_launcher.backward(dout, None, *saved[:5], *saved[5:], s.w1, s.w2,
-                                     variant=variant)
+                                     variant=variant, form=form)
 
     def fwd_bwd():
-        o, _ = sa.attention(*x, s.w1, s.w2, bwd_variant=variant)
+        o, _ = sa.attention(*x, s.w1, s.w2, bwd_variant=variant, form=form)
         o.backward(dout)
 
     rows = []
@@ -93,10 +103,10 @@ def bench_variant(variant: str, s: Shape, args) -> list[dict]:
     return rows
 
 
-def bench_layer(variant: str, s: Shape, args, attention_ms: float) -> dict:
+def bench_layer(variant: str, form: str, s: Shape, args, attention_ms: float) -> dict:
     """One SimplicialAttention of width args.layer in bf16, x [B, N, width]: a training step."""
-    layer = sa.SimplicialAttention(args.layer, s.Hq, s.Hk, s.D, s.w1, s.w2,
-                                   bwd_variant=variant).to("cuda", torch.bfloat16)
+    layer = sa.SimplicialAttention(args.layer, s.Hq, s.Hk, s.D, s.w1, s.w2, bwd_variant=variant,
+                                   form=form).to("cuda", torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     x = torch.randn(s.B, s.N, args.layer, generator=gen, device="cuda", dtype=torch.bfloat16,
                     requires_grad=True)
@@ -104,7 +114,7 @@ def bench_layer(variant: str, s: Shape, args, attention_ms: float) -> dict:
     ms = median_ms(lambda: layer(x).backward(dy), args.warmup_ms, args.rep_ms)
     tokens_per_s = s.B * s.N / (ms * 1e-3)
     share = attention_ms / ms
-    return {"kind": "layer", "variant": variant, "shape": s.short(), **s.fields(),
+    return {"kind": "layer", "variant": variant, "form": form, "shape": s.short(), **s.fields(),
             "pass": "layer step", "ms": ms, "layer_dim": args.layer,
             "tokens_per_s": tokens_per_s, "attention_share": share,
             "note": f"width {args.layer}: {tokens_per_s:,.0f} tokens/s, attention {share:.0%}"}
@@ -153,6 +163,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     p.add_argument("--variant", action="append", choices=names + ["auto"], metavar="NAME",
                    help=f"backward variant, repeatable: one of {', '.join(names)}, or 'auto' "
                         f"(the one `sa.attention` takes for the shape; default: all that take it)")
+    p.add_argument("--form", nargs="+", choices=FORMS, default=["trilinear"], metavar="FORM",
+                   help=f"the logits' form(s) to time: {' and/or '.join(FORMS)} (default: "
+                        f"trilinear); each variant in each asked form it computes, det rows "
+                        f"with their TFLOPS over the trilinear row's ('x trilinear')")
     p.add_argument("--peers", action="store_true", help="also time cuDNN SDPA and a matmul")
     p.add_argument("--layer", type=positive_int, metavar="DIM",
                    help="also time one SimplicialAttention layer of width DIM (a training step)")
@@ -167,31 +181,38 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
 def main(argv=None) -> int:
     args, parser = parse_args(argv)
     s = shape_from_args(args)
-    check_variants(parser, "bwd", args.variant or ["auto"], [s])  # errors first, any machine
-    # default: every backward variant that takes the shape (one does: "auto" passed the check)
+    args.form = list(dict.fromkeys(args.form))
+    # errors first, on any machine: each named variant computes each form and takes the shape
+    asked = args.variant or ["auto"]
+    check_forms(parser, "bwd", [n for n in asked if n != "auto"], args.form, [s])
+    if "auto" in asked:  # some variant takes the shape in each form
+        check_forms(parser, "bwd", [], args.form, [s])
+    # default: every backward variant that takes the shape in some asked form
     named = args.variant or [v.name for v in registry.all_variants("bwd")
-                             if v.cannot_take(s.spec()) is None]
+                             if any(v.cannot_take(s.spec(f)) is None for f in args.form)]
     for flag in ("csv", "json"):
         check_out_path(parser, f"--{flag}", getattr(args, flag))
     if (status := gpu_problem(PROG)) is not None:
         return status
     # "auto" times the variant it resolves to on this GPU (a row needs a name and a FLOP count)
-    variants = list(dict.fromkeys(launcher.select(s.spec(), n, "cuda", "bwd").name
-                                  for n in named))
+    runs = list(dict.fromkeys((launcher.select(s.spec(f), n, "cuda", "bwd").name, f)
+                              for n in named for f in args.form
+                              if n == "auto" or f in registry.get(n, "bwd").forms))
     meta = run_metadata()
     print(metadata_line(meta), flush=True)
     rows = []
-    steps = len(variants) + int(args.peers)
-    for i, v in enumerate(variants, 1):
-        print(f"[{i}/{steps}] {v} on {s.short()} ...", flush=True)
-        rows += bench_variant(v, s, args)
+    steps = len(runs) + int(args.peers)
+    for i, (v, form) in enumerate(runs, 1):
+        print(f"[{i}/{steps}] {v} {form} on {s.short()} ...", flush=True)
+        rows += bench_variant(v, form, s, args)
         if args.layer:
-            rows.append(bench_layer(v, s, args, rows[-1]["ms"]))
+            rows.append(bench_layer(v, form, s, args, rows[-1]["ms"]))
     if args.peers:
         print(f"[{steps}/{steps}] peers ...", flush=True)
         rows += bench_peers(s, args)
+    add_form_ratios(rows)
     write_rows([{**meta, **r} for r in rows], args.csv, args.json)
-    print_table(rows, COLUMNS)
+    print_table(rows, table_columns(rows, COLUMNS))
     return 0
 
 

@@ -8,7 +8,8 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from profiling.common import Shape
+from profiling.common import Shape, check_variants
+from simplicial_attn import registry
 
 SWEEP_N = (1024, 2048, 4096, 8192, 16384)
 SWEEP_W2 = (256, 512, 1024)
@@ -130,3 +131,52 @@ def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str = "2-simplicial
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# printed after "TFLOPS" when some row has it (a det row with its trilinear twin in the run)
+RATIO_COLUMN = ("vs_trilinear", "x trilinear")
+
+
+def add_form_ratios(rows: Sequence[dict]) -> None:
+    """Give each det row `vs_trilinear`: its TFLOPS over those of the trilinear row of the same
+    variant, pass and shape (the same run), or None when either was not timed. Other rows get no
+    such key (a trilinear-only run's CSV has no such column)."""
+    plain = {(r.get("pass"), r["variant"], r["shape"]): r["tflops"] for r in rows
+             if r.get("kind") == "variant" and r.get("form") == "trilinear"
+             and r.get("tflops") is not None}
+    for r in rows:
+        if r.get("form") == "det":
+            twin = plain.get((r.get("pass"), r["variant"], r["shape"]))
+            r["vs_trilinear"] = (r["tflops"] / twin if twin and r.get("tflops") is not None
+                                 else None)
+
+
+def table_columns(rows: Sequence[dict], columns: Sequence[tuple[str, str]]
+                  ) -> list[tuple[str, str]]:
+    """`columns`, with RATIO_COLUMN after TFLOPS when some row has a ratio."""
+    if not any(r.get(RATIO_COLUMN[0]) is not None for r in rows):
+        return list(columns)
+    i = [k for k, _ in columns].index("tflops") + 1
+    return [*columns[:i], RATIO_COLUMN, *columns[i:]]
+
+
+def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
+                shapes: Sequence[Shape]) -> None:
+    """Before any GPU work, exit 2 (parser.error) unless every named variant of pass `pass_`
+    computes each of `forms` (the form first: a variant that lacks it fails whatever the shape),
+    some variant does, and each shape passes the checks in that form with each named variant
+    (profiling.common.check_variants; none named: "auto")."""
+    for form in forms:
+        computing = [v.name for v in registry.all_variants(pass_) if form in v.forms]
+        for n in named:
+            try:
+                have = registry.get(n, pass_).forms
+            except ValueError as e:  # a variant of another pass only
+                parser.error(str(e))
+            if form not in have:
+                parser.error(f"--form {form}: variant {n!r} computes form {' / '.join(have)} "
+                             f"only; variants that compute {form}: "
+                             f"{', '.join(computing) or 'none'}")
+        if not computing:
+            parser.error(f"--form {form}: no {pass_} variant computes it")
+        check_variants(parser, pass_, list(named) or ["auto"], shapes, form)

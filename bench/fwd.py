@@ -57,9 +57,10 @@ from dataclasses import replace  # noqa: E402
 import torch  # noqa: E402
 
 import simplicial_attn  # noqa: E402
-from bench.common import SWEEP_N, SWEEP_W2, plot_tflops_vs_n, sweep_shapes, write_rows  # noqa: E402
+from bench.common import (SWEEP_N, SWEEP_W2, add_form_ratios, check_forms,  # noqa: E402
+                          plot_tflops_vs_n, sweep_shapes, table_columns, write_rows)
 from profiling.common import (gpu_problem, PRESETS, Shape, add_pass_arg, add_shape_args,  # noqa: E402
-                              check_out_path, check_variants, make_inputs, metadata_line,
+                              check_out_path, make_inputs, metadata_line,
                               positive_float, print_table, run_metadata, shape_from_args,
                               variant_names)
 from profiling.timing import (H100_SXM_BF16_DENSE_TFLOPS, median_ms, pct_of_peak,  # noqa: E402
@@ -92,8 +93,6 @@ TABLE_COLUMNS = [
     ("pct_matmul", "% of matmul"),
     ("note", "note"),
 ]
-# printed after "TFLOPS" when some row has it (a det row with its trilinear twin in the run)
-RATIO_COLUMN = ("vs_trilinear", "x trilinear")
 
 
 class CheckFailed(Exception):
@@ -163,23 +162,7 @@ def parse_args(argv: Sequence[str] | None = None
     shapes = sweep_shapes(shape) if args.sweep else [shape]
     chosen = args.variant or ["all"]
     args.form = list(dict.fromkeys(args.form))
-    named = [n for n in chosen if n != "all"]
-    for form in args.form:  # the form first: a variant that lacks it fails whatever the shape
-        computing = [v.name for v in registry.all_variants(args.pass_) if form in v.forms]
-        for n in named:
-            try:
-                forms = registry.get(n, args.pass_).forms
-            except ValueError as e:  # a variant of another pass only
-                parser.error(str(e))
-            if form not in forms:
-                parser.error(f"--form {form}: variant {n!r} computes form {' / '.join(forms)} "
-                             f"only; variants that compute {form}: "
-                             f"{', '.join(computing) or 'none'}")
-        if not computing:
-            parser.error(f"--form {form}: no {args.pass_} variant computes it")
-        # the shape's checks (--hq/--hk, --d by flag), then each named variant's limits ("all":
-        # some variant takes it)
-        check_variants(parser, args.pass_, named or ["auto"], shapes, form)
+    check_forms(parser, args.pass_, [n for n in chosen if n != "all"], args.form, shapes)
 
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot {args.plot}: the plot is written as PNG; give a path ending in .png")
@@ -416,28 +399,6 @@ def bench_matmul(args: argparse.Namespace) -> dict:
                        "flops": 2 * n * n * n}, ms)
 
 
-def add_form_ratios(rows: Sequence[dict]) -> None:
-    """Give each det row `vs_trilinear`: its TFLOPS over those of the trilinear row of the same
-    variant, pass and shape (the same run), or None when either was not timed. Other rows get no
-    such key (a trilinear-only run's CSV has no such column)."""
-    plain = {(r.get("pass"), r["variant"], r["shape"]): r["tflops"] for r in rows
-             if r.get("kind") == "variant" and r.get("form") == "trilinear"
-             and r.get("tflops") is not None}
-    for r in rows:
-        if r.get("form") == "det":
-            twin = plain.get((r.get("pass"), r["variant"], r["shape"]))
-            r["vs_trilinear"] = (r["tflops"] / twin if twin and r.get("tflops") is not None
-                                 else None)
-
-
-def table_columns(rows: Sequence[dict]) -> list[tuple[str, str]]:
-    """TABLE_COLUMNS, with RATIO_COLUMN after TFLOPS when some row has a ratio."""
-    if not any(r.get(RATIO_COLUMN[0]) is not None for r in rows):
-        return list(TABLE_COLUMNS)
-    i = [k for k, _ in TABLE_COLUMNS].index("tflops") + 1
-    return [*TABLE_COLUMNS[:i], RATIO_COLUMN, *TABLE_COLUMNS[i:]]
-
-
 # ---------------------------------------------------------------------------------------------
 # Main
 
@@ -488,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            if matmul is not None and r["tflops"] is not None else None)
         r.setdefault("note", "")
         r.update(meta)
-    print_table(rows, table_columns(rows))
+    print_table(rows, table_columns(rows, TABLE_COLUMNS))
 
     write_rows(rows, csv_path=args.csv, json_path=args.json)
     for flag in ("csv", "json"):

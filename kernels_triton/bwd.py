@@ -34,6 +34,19 @@ B*Hq*N*4 B = 33.6 MB; dK1/dV1 partials 2 x B*Hk*SPLIT*n_chunks*(L + w1 - 1)*D*4 
 n_programs*BLOCK_M*D*4 B = 134 MB; 432 MB in all, against 2.7 GB of inputs and gradients.
 Supports every shape the forward's tiling takes: G a power of two up to 128, D in {64, 128}, any B,
 N, Hk, w1 <= w2 (the launcher swaps the pairs and their gradients).
+
+Form "det" (constexpr DET = +-1, kernels_triton/det.py): both GEMM kernels build A_j as the
+forward does (two permuted Q tiles, K1's rotations packed once by `launch`, det_keys), so dK2 =
+c sum dS^T A_j is unchanged. X_j = dL/dA_j is in registers with its columns in place, and the
+rotations dQ and dK1 need are applied where a sum is read back: `_dq_kernel` keeps two fp32 tiles
+(U += X_j K1a[j], W += X_j K1b[j]) and reads dQ = pi^(3-R) U - chi pi^R W through permuted
+addresses once per row tile; its dK1 partials are two slices (sum_r X_j Qa, sum_r X_j Qb), which
+`_dkv1_kernel` reads through permuted columns. Tensor-core work is the trilinear form's; the
+epilogue does two tile read-add-writes and two column sums per j instead of one each, and the
+permuted loads' addresses take registers, so det has its own tile configs (dkv2_config,
+dq_config) and every column vector built from tl.arange is rebuilt per use (an opaque copy,
+`_fresh_rows`) so the compiler cannot hoist it into registers held over the key loop (that alone
+spilled 1,132 bytes). Scratch: twice the dQ tiles and the dK1 partials, and the packed K1.
 """
 from __future__ import annotations
 
@@ -147,7 +160,8 @@ def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
 
 
 def det_of(spec: ProblemSpec) -> int:
-    """The kernels' DET constexpr: 0 for the trilinear form, +-1 for "det" (kernels_triton/det.py)."""
+    """The kernels' DET constexpr: 0 for the trilinear form, +-1 for "det" (kernels_triton/det.py).
+    """
     return det_sign(spec.swapped) if spec.form == "det" else 0
 
 

@@ -8,9 +8,8 @@ On CUDA tensors (bf16) they run the kernels: the forward variant `variant`, the 
 `bwd_variant` ("auto": the fastest registered backward that takes the shape). On CPU tensors
 (bf16, fp16, fp32 or fp64) they run the plain-PyTorch reference in fp64 and its closed-form
 backward (`reference_backward`): slow, exact, so CI can check gradients, opcheck and compile
-without a GPU. Form "det" has a forward kernel (`triton`) but no backward yet: on CUDA tensors
-that need gradients it raises NotImplementedError before any launch (`launcher.pick`); with none
-(no input requires grad, or grad mode off) the forward runs.
+without a GPU. Form "det" runs the `triton` forward and backward on CUDA (the only variants
+that compute it: "auto" takes them, a named TLX variant refuses the form with ValueError).
 
 Saved for backward: q, k1, k2, v1, v2, out and lse (as FlashAttention saves q, k, v, out, lse).
 """
@@ -109,16 +108,6 @@ def check_variant_names(variant, bwd_variant) -> None:
             registry.get(v, pass_)
 
 
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-def _has_backward(form: str) -> bool:
-    """Whether some backward variant computes `form`. Where none does (form "det" today) the
-    backward is checked only when gradients will be asked for: the forward alone runs."""
-    return any(form in v.forms for v in registry.all_variants("bwd"))
-
-
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",
               bwd_variant: str = "auto", form: str = "trilinear"):
     """Differentiable 2-simplicial attention.
@@ -132,15 +121,14 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
     `variant` / `bwd_variant` name the forward / backward kernels ("auto": the fastest that takes
     the shape). form="det": logits from 3x3 determinants over the 3-chunks of D, the D mod 3
     leftover dims trilinear, sm_scale again defaulting to 1/sqrt(D) (`simplicial_attn.reference`
-    states the form); on CUDA forward only for now: inputs that require grad raise
-    NotImplementedError before any launch (no backward kernel computes it). Bad input raises TypeError / ValueError naming the argument before anything is
-    launched; a wrong-shape or complex incoming gradient is refused by torch's autograd, which
-    casts one of another real dtype to the output's.
+    states the form; on CUDA only the `triton` variants compute it). Bad input raises TypeError /
+    ValueError naming the argument before anything is launched; a wrong-shape or complex
+    incoming gradient is refused by torch's autograd, which casts one of another real dtype to
+    the output's.
     """
     check_variant_names(variant, bwd_variant)
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=_dtypes_for(q), form=form)
-    if q.device.type == "cuda" and not torch.compiler.is_compiling() and (
-            _needs_grad(q, k1, k2, v1, v2) or _has_backward(spec.form)):
+    if q.device.type == "cuda" and not torch.compiler.is_compiling():
         _bwd.check_variant(bwd_variant, spec)  # shape errors now, not at backward
     # the op takes int64 windows: pass the spec's, clamped to N (the same function, and 10**40
     # fits), in the caller's order

@@ -20,12 +20,8 @@ def pick(spec: ProblemSpec, variant: str, hopper: bool = True,
     `spec.form`). `hopper=False` makes "auto" skip the sm_90-only variants."""
     v = registry.get(variant, pass_) if variant != "auto" else None  # an unknown name first
     if not any(spec.form in o.forms for o in registry.all_variants(pass_)):
-        fwd_only = pass_ == "bwd" and any(spec.form in o.forms for o in registry.all_variants())
-        hint = (f"; the forward alone runs on CUDA: simplicial_attn.forward(..., "
-                f"form={spec.form!r}), or attention on inputs that do not require grad"
-                if fwd_only else "")
         raise NotImplementedError(
-            f"no {pass_} kernel computes form={spec.form!r} yet{hint}; on CPU tensors "
+            f"no {pass_} kernel computes form={spec.form!r} yet; on CPU tensors "
             f"simplicial_attn.attention and reference compute it (the fp64 reference)")
     if v is not None:
         why = v.cannot_take(spec)

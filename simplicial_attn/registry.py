@@ -138,7 +138,7 @@ register(Variant(name="tlx_pipelined_pingpong", pass_="fwd",
 # Backward ranks: "auto" takes the highest that supports the shape.
 register(Variant(name="triton", pass_="bwd", module="kernels_triton.bwd", needs_hopper=True,
                  rank=1, supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; "
-                 "D in {64, 128}", warps=8, scopes=BWD_SCOPES))
+                 "D in {64, 128}", warps=8, scopes=BWD_SCOPES, forms=("trilinear", "det")))
 register(Variant(name="tlx_ws", pass_="bwd", module="kernels_tlx.bwd_ws", needs_hopper=True,
                  rank=lambda s: 2 if s.D == 128 else 0,  # measured: ahead at D = 128 only
                  supports="as `triton`, with G = Hq/Hk in {64, 128}", warps=12,

@@ -84,6 +84,10 @@ BWD_BAD = {
     "csv_no_dir": (["--csv", os.path.join("no", "such", "dir", "rows.csv")], "does not exist"),
     "json_no_dir": (["--json", os.path.join("no", "such", "dir", "rows.json")], "does not exist"),
     "preset_unknown": (["--preset", "huge"], "argument --preset: invalid choice"),
+    "form_unknown": (["--form", "nope"], "argument --form: invalid choice: 'nope'"),
+    "form_det_tlx": (["--variant", "tlx_ws", "--form", "det"],
+                     "--form det: variant 'tlx_ws' computes form trilinear only; variants that "
+                     "compute det: triton"),
 }
 
 
@@ -97,7 +101,9 @@ def test_bwd_bad_arguments_exit_2(args: list[str], needle: str) -> None:
 
 @pytest.mark.parametrize("args", [[], ["--variant", "auto"], ["--variant", "triton", "--d", "64"],
                                   ["--variant", "tlx_ws", "--layer", "4096"],
-                                  ["--preset", "small", "--hk", "2", "--w1", "100000"]])
+                                  ["--preset", "small", "--hk", "2", "--w1", "100000"],
+                                  ["--form", "trilinear", "det"],
+                                  ["--variant", "triton", "--form", "det", "--layer", "1024"]])
 def test_bwd_good_arguments_reach_the_gpu_check(args: list[str]) -> None:
     res = run_cli(*args, script="bwd.py", env=no_gpu_env())
     assert res.returncode == 2 and res.stdout == ""
@@ -232,15 +238,15 @@ def test_det_rows_get_their_ratio_to_trilinear() -> None:
             row("triton", "det", "c", 440.0), row("tlx_ws", "trilinear", "a", 600.0),
             {"kind": "peer", "variant": "cudnn_sdpa", "shape": "a", "tflops": 630.0}]
     plain = [dict(r) for r in rows if r.get("form") != "det"]
-    assert fwd.table_columns(plain) == fwd.TABLE_COLUMNS
-    fwd.add_form_ratios(plain)
+    assert common.table_columns(plain, fwd.TABLE_COLUMNS) == fwd.TABLE_COLUMNS
+    common.add_form_ratios(plain)
     assert all("vs_trilinear" not in r for r in plain)
 
-    fwd.add_form_ratios(rows)
+    common.add_form_ratios(rows)
     assert rows[1]["vs_trilinear"] == pytest.approx(0.92)
     assert rows[2]["vs_trilinear"] is None and rows[4]["vs_trilinear"] is None
     assert all("vs_trilinear" not in r for r in rows if r.get("form") != "det")
-    cols = fwd.table_columns(rows)
+    cols = common.table_columns(rows, fwd.TABLE_COLUMNS)
     keys = [k for k, _ in cols]
     assert keys[keys.index("tflops") + 1] == "vs_trilinear"
     header = format_table(rows, cols).splitlines()[0]

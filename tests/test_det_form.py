@@ -279,3 +279,28 @@ def test_triton_det_columns_build_the_cross_product(D, det, gen):
     a = qa * packed[:, 0] + qb * packed[:, 1]
     want = cross3(q if det > 0 else ref_mod._negate_chunks(q), k1)
     assert max_err(a, want) <= 1e-15
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("det", [1, -1])
+def test_triton_det_backward_columns_are_the_gradient(D, det, gen):
+    """The Triton backward's bookkeeping (kernels_triton/det.py): with A = Qa * K1a + Qb * K1b as
+    the kernels build it and X = dL/dA, dQ = pi^(3-R)(X * K1a) - chi pi^R(X * K1b) (`_dq_kernel`'s
+    U and W, read back through permuted columns) and dK1 = pi^R(X * Qa) + pi^(3-R)(X * Qb)
+    (`_dkv1_kernel`'s two partials) equal autograd's gradients, in fp64."""
+    pytest.importorskip("triton")
+    from kernels_triton.det import det_keys
+    q, k1 = (torch.randn(5, D, generator=gen, dtype=torch.float64, requires_grad=True)
+             for _ in range(2))
+    x = torch.randn(5, D, generator=gen, dtype=torch.float64)
+    r = 1 if det > 0 else 2
+    chi = ref_mod._chunk_dims(q)
+    qa, qb = ref_mod._pi(q, r), -(chi * ref_mod._pi(q, 3 - r))
+    packed = det_keys(k1[:, None, None], det)[:, 0, 0]
+    k1a, k1b = packed[:, 0], packed[:, 1]
+    (qa * k1a + qb * k1b).mul(x).sum().backward()
+    with torch.no_grad():
+        dq = ref_mod._pi(x * k1a, 3 - r) - chi * ref_mod._pi(x * k1b, r)
+        dk1 = ref_mod._pi(x * qa, r) + ref_mod._pi(x * qb, 3 - r)
+    assert max_err(dq, q.grad) <= 1e-14
+    assert max_err(dk1, k1.grad) <= 1e-14

@@ -408,11 +408,11 @@ def test_det_form_with_grad_refused_before_launch(rand):
     assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
 
 
-DET_SHAPES = {k: SHAPES[k] for k in ("N1000_Hq16Hk2", "swap_N300_G16", "G1_N300",
+REPRO_SHAPES = {k: SHAPES[k] for k in ("N1000_Hq16Hk2", "swap_N300_G16", "G1_N300",
                                      "G128_Hk2_N300_w7_129")}
 
 
-@pytest.mark.parametrize("shape", DET_SHAPES.values(), ids=DET_SHAPES.keys())
+@pytest.mark.parametrize("shape", REPRO_SHAPES.values(), ids=REPRO_SHAPES.keys())
 @pytest.mark.parametrize("v", VARIANTS, ids=VIDS)
 def test_bitwise_reproducible(v, shape, rand, seed):
     x = inputs(rand, shape)

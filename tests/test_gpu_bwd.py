@@ -13,6 +13,7 @@ for the max and the mean absolute error, against `reference_backward` in fp64.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ import simplicial_attn as sa
 from conftest import Shape, compiled_grads_differ, previous_token_losses
 from simplicial_attn import backward as bwd_launcher
 from simplicial_attn import registry
-from simplicial_attn.reference import _window
+from simplicial_attn.reference import _chunk_dims, _pi, _window
 from simplicial_attn.spec import validate, validate_shape
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
@@ -69,11 +70,16 @@ def cases(shapes: dict) -> list:
             for name, s in shapes.items() if v.cannot_take(validate_shape(*s)) is None]
 
 
-def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale):
-    """The backward variants' arithmetic in fp64 with their bf16 roundings (module docstring)."""
-    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale)
+def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
+                     form="trilinear"):
+    """The backward variants' arithmetic in fp64 with their bf16 roundings (module docstring).
+    form="det": A_j = bf16(Qa * K1a + bf16(Qb * K1b)) as the forward builds it
+    (tests/test_gpu.py emulate_bf16, kernels_triton/det.py), r = 2 when the pairs are exchanged,
+    and dQ, dK1 through the rotations of kernels_triton/det.py, unrounded."""
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form)
     B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
     w1, w2, c = spec.w1, spec.w2, spec.sm_scale
+    r = 2 if spec.swapped else 1
     if spec.swapped:
         k1, v1, k2, v2 = k2, v2, k1, v1
 
@@ -96,7 +102,13 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale):
         v1w, _ = _window(v1, i0, i1, w1)
         k2w, ok2 = _window(k2, i0, i1, w2)
         v2w, _ = _window(v2, i0, i1, w2)
-        A = bf16(qc[:, :, :, :, None] * k1w.permute(0, 1, 3, 2, 4)[:, :, :, None])  # bcghjd
+        k1g = k1w.permute(0, 1, 3, 2, 4)[:, :, :, None]  # [B, C, Hk, 1, w1, D]
+        if form == "det":
+            qa, qb = _pi(qc, r), -(_chunk_dims(qc) * _pi(qc, 3 - r))
+            k1a, k1b = _pi(k1g, 3 - r), _pi(k1g, r)
+            A = bf16(qa[:, :, :, :, None] * k1a + bf16(qb[:, :, :, :, None] * k1b))  # bcghjd
+        else:
+            A = bf16(qc[:, :, :, :, None] * k1g)  # bcghjd
         dOj = bf16(do[:, :, :, :, None] * v1w.permute(0, 1, 3, 2, 4)[:, :, :, None])
         s = c * torch.einsum("bcghjd,bckgd->bcghjk", A, k2w)
         l2 = lse.double()[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
@@ -107,12 +119,21 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale):
         ds = p * (dp - dl[..., None, None])
         X = torch.einsum("bcghjk,bckgd->bcghjd", bf16(ds), k2w)
         Z = torch.einsum("bcghjk,bckgd->bcghjd", bf16(p), v2w)
-        dq[:, i0:i1] = (c * torch.einsum("bcghjd,bcjgd->bcghd", X, k1w)).reshape(B, C, Hq, D)
+        if form == "det":
+            k1a, k1b = _pi(k1w, 3 - r), _pi(k1w, r)
+            dqc = (_pi(torch.einsum("bcghjd,bcjgd->bcghd", X, k1a), 3 - r)
+                   - _chunk_dims(X) * _pi(torch.einsum("bcghjd,bcjgd->bcghd", X, k1b), r))
+            dk1c = (_pi(torch.einsum("bcghjd,bcghd->bcjgd", X, qa), r)
+                    + _pi(torch.einsum("bcghjd,bcghd->bcjgd", X, qb), 3 - r))
+        else:
+            dqc = torch.einsum("bcghjd,bcjgd->bcghd", X, k1w)
+            dk1c = torch.einsum("bcghjd,bcghd->bcjgd", X, qc)
+        dq[:, i0:i1] = (c * dqc).reshape(B, C, Hq, D)
         pos1 = (torch.arange(i0, i1)[:, None] - w1 + 1 + torch.arange(w1)).clamp(min=0)
         pos2 = (torch.arange(i0, i1)[:, None] - w2 + 1 + torch.arange(w2)).clamp(min=0)
         pos1, pos2 = pos1.flatten().to(q.device), pos2.flatten().to(q.device)
         for grad, pos, part in (
-                (dk1, pos1, c * torch.einsum("bcghjd,bcghd->bcjgd", X, qc)),
+                (dk1, pos1, c * dk1c),
                 (dv1, pos1, torch.einsum("bcghjd,bcghd->bcjgd", Z, do)),
                 (dk2, pos2, c * torch.einsum("bcghjk,bcghjd->bckgd", bf16(ds), A)),
                 (dv2, pos2, torch.einsum("bcghjk,bcghjd->bckgd", bf16(p), dOj))):
@@ -131,9 +152,9 @@ def draw(shape: Shape, gen, device="cuda"):
     return x, dout, dlse
 
 
-def check_grads(grads, x, out, lse, dout, dlse, shape: Shape, label: str):
-    ref = sa.reference_backward(*x, shape.w1, shape.w2, dout, dlse)
-    emu = emulate_bwd_bf16(*x, shape.w1, shape.w2, out, lse, dout, dlse, None)
+def check_grads(grads, x, out, lse, dout, dlse, shape: Shape, label: str, form="trilinear"):
+    ref = sa.reference_backward(*x, shape.w1, shape.w2, dout, dlse, form=form)
+    emu = emulate_bwd_bf16(*x, shape.w1, shape.w2, out, lse, dout, dlse, None, form)
     lines, ok = [label], True
     for name, g, r, e in zip(GRAD_NAMES, grads, ref, emu):
         assert g.shape == r.shape and g.dtype == torch.bfloat16, f"{label}: {name} shape/dtype"
@@ -165,20 +186,58 @@ def test_gradients_match_reference(variant, shape, gen, seed):
                 f"{variant} backward {shape} seed={seed}")
 
 
-DET_SHAPES = {k: SHAPES[k] for k in ("ragged_N333_G128", "swap_N300_G16", "G1_N300")}
+# Form "det" (the determinant logits) on the backward variants that compute it: N < w1,
+# w1 <= N < w2, ragged N, Hk > 1, G from 1 to 128, D 64 and 128, the pairs exchanged (the
+# determinants change sign), w1 = 1.
+DET_FORM_SHAPES = ("N5_lt_w1_G128", "N7_Hq32Hk2", "w1_le_N_lt_w2_G64", "ragged_N333_G128",
+                   "ragged_N300_G128_Hk2", "swap_N300_G16", "swap_N257_G128", "G1_N129_D128",
+                   "G8_N500", "G64_N700_D64", "ragged_N333_G64", "w1eq1_G64", "B3_Hq16Hk2")
+DET_VARIANTS = [v for v in VARIANTS if "det" in v.forms]
 
 
-@pytest.mark.parametrize("variant,shape", cases(DET_SHAPES))
-def test_bitwise_reproducible_and_every_element_written(variant, shape, gen, seed):
+def det_cases(names) -> list:
+    return [pytest.param(v.name, SHAPES[n], id=f"{v.name}-{n}") for v in DET_VARIANTS
+            for n in names if v.cannot_take(replace(validate_shape(*SHAPES[n]), form="det")) is None]
+
+
+@pytest.mark.parametrize("variant,shape", det_cases(DET_FORM_SHAPES))
+def test_det_gradients_match_reference(variant, shape, gen, seed):
+    """form="det" through `attention` (forward `auto`, which takes a det forward): gradients
+    against the fp64 reference with the bf16 yardstick of the det build, finite, and unlike the
+    trilinear form's."""
+    x, dout, dlse = draw(shape, gen)
+    xs = [t.clone().requires_grad_() for t in x]
+    out, lse = sa.attention(*xs, shape.w1, shape.w2, bwd_variant=variant, form="det")
+    torch.autograd.backward((out, lse), (dout, dlse))
+    grads = [t.grad for t in xs]
+    for name, g in zip(GRAD_NAMES, grads):
+        assert torch.isfinite(g).all(), f"{shape} seed={seed}: non-finite {name}"
+    check_grads(grads, x, out.detach(), lse.detach(), dout, dlse, shape,
+                f"{variant} det backward {shape} seed={seed}", form="det")
+    plain = bwd_launcher.backward(dout, dlse, *x, *sa.forward(*x, shape.w1, shape.w2),
+                                  shape.w1, shape.w2, variant=variant)
+    assert not torch.equal(grads[0], plain[0]), f"{shape}: det dq equals the trilinear one"
+
+
+REPRO_SHAPES = {k: SHAPES[k] for k in ("ragged_N333_G128", "swap_N300_G16", "G1_N300")}
+REPRO_CASES = ([pytest.param(*c.values, "trilinear", id=f"{c.id}-trilinear")
+                for c in cases(REPRO_SHAPES)]
+               + [pytest.param(*c.values, "det", id=f"{c.id}-det")
+                  for c in det_cases(REPRO_SHAPES)])
+
+
+@pytest.mark.parametrize("variant,shape,form", REPRO_CASES)
+def test_bitwise_reproducible_and_every_element_written(variant, shape, form, gen, seed):
     """Three runs agree bit for bit; gradients launched into NaN-filled buffers have no NaN."""
     x, dout, dlse = draw(shape, gen)
-    out, lse = sa.forward(*x, shape.w1, shape.w2)
-    runs = [bwd_launcher.backward(dout, dlse, *x, out, lse, shape.w1, shape.w2, variant=variant)
+    out, lse = sa.forward(*x, shape.w1, shape.w2, form=form)
+    runs = [bwd_launcher.backward(dout, dlse, *x, out, lse, shape.w1, shape.w2, variant=variant,
+                                  form=form)
             for _ in range(3)]
     for i, r in enumerate(runs[1:], 1):
         for name, a, b in zip(GRAD_NAMES, runs[0], r):
             assert torch.equal(a, b), f"{shape} seed={seed}: run {i} {name} differs from run 0"
-    spec = validate(*x, shape.w1, shape.w2)
+    spec = validate(*x, shape.w1, shape.w2, form=form)
     q, k1, k2, v1, v2 = x
     if spec.swapped:
         k1, v1, k2, v2 = k2, v2, k1, v1

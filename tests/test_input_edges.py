@@ -137,7 +137,8 @@ BWD_BAD = {  # name -> (changed arguments, exception, message)
     "variant_unknown": (dict(variant="nope"), ValueError, "unknown variant 'nope' of pass 'bwd'"),
     "all_good_but_cpu": (dict(), ValueError, "needs the tensors on a CUDA GPU"),
     "form_unknown": (dict(form="nope"), ValueError, "form must be one of"),
-    "form_det": (dict(form="det"), NotImplementedError, "no bwd kernel computes form='det' yet"),
+    "form_det_tlx": (dict(form="det", variant="tlx_ws"), ValueError,
+                     r"variant 'tlx_ws' cannot take .* form=det: .*not 'det'"),
 }
 
 

@@ -244,65 +244,61 @@ def _det_variants(pass_: str = "fwd") -> list[str]:
     return [v.name for v in registry.all_variants(pass_) if "det" in v.forms]
 
 
-def test_auto_takes_a_det_kernel_on_hopper():
-    """Form "det": "auto" on an sm_90 GPU takes a forward variant that computes it (today only
-    `triton`), at every G and D; the trilinear pick at the same shape is unchanged."""
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_auto_takes_a_det_kernel_on_hopper(pass_):
+    """Form "det": "auto" on an sm_90 GPU takes a variant that computes it (today only `triton`,
+    forward and backward), at every G and D; the trilinear pick at the same shape is unchanged."""
     from simplicial_attn.launcher import pick
     from simplicial_attn.spec import validate_shape
-    assert _det_variants() == ["triton"]
+    assert _det_variants(pass_) == ["triton"]
     for hq, hk, d in ((128, 1, 128), (64, 1, 64), (8, 1, 128), (32, 4, 128), (1, 1, 64)):
         spec = dataclasses.replace(validate_shape(1, 300, hq, hk, d, 32, 512), form="det")
-        assert pick(spec, "auto", True).name == "triton", (hq, hk, d)
-        assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True).forms
+        assert pick(spec, "auto", True, pass_).name == "triton", (hq, hk, d)
+        assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True, pass_).forms
 
 
-@pytest.mark.parametrize("variant", [v for v in variants() if v not in _det_variants()])
-def test_named_variant_without_det_refuses_it(variant):
-    """A named forward variant that computes only the trilinear form refuses "det" with a
-    ValueError naming the form and the variants that can (before the device check)."""
+@pytest.mark.parametrize("pass_, variant", [(p, v) for p in ("fwd", "bwd") for v in variants(p)
+                                             if v not in _det_variants(p)])
+def test_named_variant_without_det_refuses_it(pass_, variant):
+    """A named variant that computes only the trilinear form refuses "det" with a ValueError
+    naming the form and the variants that can (before the device check)."""
     from simplicial_attn.launcher import pick
     from simplicial_attn.spec import validate_shape
     spec = dataclasses.replace(validate_shape(1, 300, 128, 1, 128, 32, 512), form="det")
     with pytest.raises(ValueError, match=r"not 'det'.*variants that can: triton"):
-        pick(spec, variant, True)
+        pick(spec, variant, True, pass_)
 
 
-@pytest.mark.parametrize("variant", ["auto", *variants()])
-def test_det_form_needing_gradients_on_cuda_raises_before_any_launch(variant, monkeypatch):
-    """No backward kernel computes form "det" yet: attention on (fake) Hopper tensors that
-    require grad, and the backward itself, raise NotImplementedError naming the form and the
-    forward-only way, from the variant pick, before the device check or a launch (no kernel
-    module is loaded)."""
+@pytest.mark.parametrize("bwd_variant", [v for v in variants("bwd") if v not in _det_variants("bwd")])
+def test_det_with_a_trilinear_backward_refused_before_any_launch(bwd_variant, monkeypatch):
+    """attention(form="det", bwd_variant=<one without det>) on (fake) Hopper tensors: ValueError
+    naming the form at the call, before the forward runs (fake tensors: a launch would fail
+    otherwise); the backward entry point likewise."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
-    from simplicial_attn import backward, registry
-    monkeypatch.setattr(registry.Variant, "load", lambda self: pytest.fail("a kernel was loaded"))
+    from simplicial_attn import backward
     x = [t.requires_grad_() for t in _fake_cuda_inputs(128, 1)]
-    bwd_variant = variant if variant in variants("bwd") else "auto"
-    msg = r"no bwd kernel computes form='det' yet; the forward alone runs on CUDA"
-    with pytest.raises(NotImplementedError, match=msg):
-        simplicial_attn.attention(*x, 2, 4, variant=variant, bwd_variant=bwd_variant,
-                                  form="det")
+    with pytest.raises(ValueError, match=r"not 'det'.*variants that can: triton"):
+        simplicial_attn.attention(*x, 2, 4, bwd_variant=bwd_variant, form="det")
     x = [t.detach() for t in x]
     fake_tensor = pytest.importorskip("torch._subclasses.fake_tensor")
     with fake_tensor.FakeTensorMode():
         lse = torch.empty(1, 128, 8, device="cuda")
-    with pytest.raises(NotImplementedError, match=msg):
+    with pytest.raises(ValueError, match=r"not 'det'.*variants that can: triton"):
         backward.backward(x[0], None, *x, x[0], lse, 2, 4, variant=bwd_variant, form="det")
 
 
-def test_det_form_without_gradients_passes_the_backward_check(monkeypatch):
-    """form="det" on (fake) Hopper tensors that need no gradients: the launcher selects `triton`
-    for the device, and attention (inputs that do not require grad, or grad mode off) gets past
-    the backward check (FakeTensorMode runs the op's fake implementation, no kernel)."""
+def test_det_form_on_hopper_selects_triton_both_passes(monkeypatch):
+    """form="det" on (fake) Hopper tensors: the launcher selects `triton` for the forward and
+    the backward, and attention gets past both checks (FakeTensorMode runs the op's fake
+    implementation, no kernel)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     from simplicial_attn.launcher import select
     x = _fake_cuda_inputs(128, 1)
     spec = validate(*x, 2, 4, form="det")
     assert select(spec, "auto", x[0].device).name == "triton"
+    assert select(spec, "auto", x[0].device, "bwd").name == "triton"
     out, lse = simplicial_attn.attention(*x, 2, 4, form="det")
     assert out.shape == x[0].shape and lse.shape == (1, 128, 8)
-    with torch.no_grad():
-        simplicial_attn.attention(*[t.requires_grad_() for t in x], 2, 4, form="det")
 
 
 @pytest.mark.parametrize("name", list(variants()))
