@@ -395,19 +395,6 @@ def test_det_form_matches_reference(v, name, rand, seed):
     assert not torch.equal(lse, plain[1]), f"{label}: the det logits equal the trilinear ones"
 
 
-def test_det_form_with_grad_refused_before_launch(rand):
-    """attention(form="det") on inputs that require grad: NotImplementedError (no backward
-    kernel), nothing launched, outputs of a later no-grad call unaffected."""
-    from simplicial_attn import attention
-    x = [t.requires_grad_() for t in inputs(rand, SHAPES["N65_Hq16Hk2"])]
-    with pytest.raises(NotImplementedError, match="no bwd kernel computes form='det'"):
-        attention(*x, 64, 128, form="det")
-    with torch.no_grad():
-        out, lse = attention(*x, 64, 128, form="det")
-    ref = forward(*[t.detach() for t in x], 64, 128, form="det")
-    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
-
-
 REPRO_SHAPES = {k: SHAPES[k] for k in ("N1000_Hq16Hk2", "swap_N300_G16", "G1_N300",
                                      "G128_Hk2_N300_w7_129")}
 
