@@ -198,13 +198,22 @@ sys.path.insert(0, {root!r})
 import torch, triton
 from kernels_triton import bwd
 torch.manual_seed(0)
-for B, N, Hk, D, w1, L, split in [(2, 37, 2, 64, 5, 4, 2), (1, 50, 1, 64, 8, 8, 1),
-                                  (1, 9, 3, 64, 20, 3, 1)]:
+d = torch.arange(64)
+chunk = d < 63
+def rot(r):  # the columns of pi^r (kernels_triton/det.py): x[rot(r)] = pi^r x
+    return torch.where(chunk, d - d % 3 + (d % 3 + r) % 3, d)
+for (B, N, Hk, D, w1, L, split), det in [((2, 37, 2, 64, 5, 4, 2), 0), ((1, 50, 1, 64, 8, 8, 1), 0),
+                                         ((1, 9, 3, 64, 20, 3, 1), 0), ((2, 37, 2, 64, 5, 4, 2), 1),
+                                         ((1, 50, 1, 64, 8, 8, 1), -1)]:
     n_chunks, R = triton.cdiv(N, L), L + w1 - 1
-    pk, pv = torch.randn(2, B * Hk * split * n_chunks * R * D)
+    pk, pkb, pv = torch.randn(3, B * Hk * split * n_chunks * R * D)
     dk1, dv1 = torch.zeros(2, B, N, Hk, D, dtype=torch.bfloat16)
     bwd._dkv1_kernel[(triton.cdiv(N, bwd.DKV1_ROWS) * B * Hk,)](
-        pk, pv, dk1, dv1, N, w1, 0.5, L, n_chunks, HK=Hk, D=D, SPLIT=split, ROWS=bwd.DKV1_ROWS)
+        pk, pkb, pv, dk1, dv1, N, w1, 0.5, L, n_chunks, HK=Hk, D=D, SPLIT=split,
+        ROWS=bwd.DKV1_ROWS, DET=det)
+    if det:  # dK1 = pi^R PK1 + pi^(3-R) PK1b, R = 1 (det = +1) or 2
+        r = 1 if det > 0 else 2
+        pk = pk.view(-1, D)[:, rot(r)].flatten() + pkb.view(-1, D)[:, rot(3 - r)].flatten()
     want_k, want_v = torch.zeros(2, B, N, Hk, D)
     for bg in range(B * Hk):  # chunk c holds rows j = c*L - w1 + 1 + slot, slot < R
         for s in range(split):
@@ -225,7 +234,8 @@ print("ok")
 
 def test_dkv1_reduce_kernel_in_the_interpreter():
     """`_dkv1_kernel` (no tensor cores, so Triton's CPU interpreter runs it) sums exactly the
-    partial rows that cover each j, against a plain-Python loop over the partial layout."""
+    partial rows that cover each j, against a plain-Python loop over the partial layout; with
+    DET = +-1 the two partial buffers through their column rotations (kernels_triton/det.py)."""
     import subprocess
     import sys
     from pathlib import Path
