@@ -198,26 +198,27 @@ def pass_flops(pass_: str, s: Shape) -> float:
     return USEFUL_FLOPS_PER_F[pass_] * flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)
 
 
-def pass_inputs(pass_: str, s: Shape, seed: int = 0) -> tuple[torch.Tensor | None, ...]:
+def pass_inputs(pass_: str, s: Shape, seed: int = 0,
+                form: str = "trilinear") -> tuple[torch.Tensor | None, ...]:
     """The tensors one call of pass `pass_` takes on the GPU (run_pass): the forward's
     (q, k1, k2, v1, v2) from make_inputs; the backward's (dout, dlse, q, k1, k2, v1, v2, out, lse),
-    with out and lse from a plain forward ("auto"), a random dout and dlse None (what autograd
-    passes when LSE is not used)."""
+    with out and lse from a plain forward ("auto") in the logits' `form`, a random dout and dlse
+    None (what autograd passes when LSE is not used)."""
     x = make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cuda", seed=seed)
     if pass_ == "fwd":
         return x
-    out, lse = launcher.run(*x, s.w1, s.w2)
+    out, lse = launcher.run(*x, s.w1, s.w2, form=form)
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     dout = torch.randn(out.shape, generator=gen, device="cuda", dtype=torch.bfloat16)
     return (dout, None, *x, out, lse)
 
 
 def run_pass(pass_: str, variant: str, inputs: Sequence, s: Shape,
-             profile: bool | str = False) -> tuple[torch.Tensor, ...]:
+             profile: bool | str = False, form: str = "trilinear") -> tuple[torch.Tensor, ...]:
     """One call of `variant` of pass `pass_` on pass_inputs' tensors: launcher.run for the
-    forward, backward.backward for the backward; `profile` as they take it."""
+    forward, backward.backward for the backward; `profile` and `form` as they take them."""
     run = launcher.run if pass_ == "fwd" else backward.backward
-    return run(*inputs, s.w1, s.w2, variant=variant, profile=profile)
+    return run(*inputs, s.w1, s.w2, variant=variant, profile=profile, form=form)
 
 
 # ---------------------------------------------------------------------------------------------

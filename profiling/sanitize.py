@@ -1,13 +1,15 @@
 """Compute-sanitizer runs anyone can repeat: memcheck, racecheck and synccheck on every registered
-variant, forward and backward, at two small shapes each, failing on any finding that the
-allow-list (ALLOWED, one entry per explained finding) does not name. docs/sanitizers.md says what
-is allowed and why.
+variant, forward and backward, in each logits' form it computes (form "det": `triton`), at two
+small shapes each, failing on any finding that the allow-list (ALLOWED, one entry per explained
+finding, for every form of the variant) does not name. docs/sanitizers.md says what is allowed
+and why.
 
     python3 profiling/sanitize.py                                   # everything (GPU)
     python3 profiling/sanitize.py --tool racecheck --pass fwd --variant tlx_ws
     python3 profiling/sanitize.py --jobs 4                          # 4 children at once
     python3 profiling/sanitize.py --tool racecheck --pass probe     # the warp-specialization probe
     python3 profiling/sanitize.py --dry-run                         # the runs, no GPU needed
+    python3 profiling/sanitize.py --form det                        # form "det" only
 
 Each run is one child process, `compute-sanitizer --tool T --error-exitcode 1 ... python3
 profiling/sanitize.py --worker ...`, that calls one variant of one pass once on one shape
@@ -55,6 +57,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from profiling.common import (Shape, format_table, gpu_problem, positive_int,  # noqa: E402
                               variant_names)
 from simplicial_attn import registry  # noqa: E402
+from simplicial_attn.spec import FORMS  # noqa: E402
 
 PROG = "profiling/sanitize.py"
 SCRIPT = os.path.abspath(__file__)
@@ -153,16 +156,20 @@ class Run:
     pass_: str           # "fwd", "bwd" or PROBE
     variant: str         # a registered variant, or PROBE_NAME
     shape: Shape | None  # None for the probe (its launch is its own)
+    form: str = "trilinear"  # the logits' form (one of the variant's `forms`)
 
     def tag(self) -> str:
         s = self.shape
         if s is None:
             return f"{self.tool}-{self.pass_}-{self.variant}"
+        form = "" if self.form == "trilinear" else f"-{self.form}"
         return (f"{self.tool}-{self.pass_}-{self.variant}-B{s.B}-N{s.N}-H{s.Hq}x{s.Hk}-D{s.D}"
-                f"-w{s.w1}x{s.w2}")
+                f"-w{s.w1}x{s.w2}{form}")
 
     def shape_text(self) -> str:
-        return self.shape.short() if self.shape is not None else "probe launch"
+        if self.shape is None:
+            return "probe launch"
+        return self.shape.short() + ("" if self.form == "trilinear" else f" form={self.form}")
 
 
 @dataclass
@@ -179,20 +186,22 @@ class Report:
 # Shapes and runs (no GPU)
 
 
-def shapes_for(v: registry.Variant) -> list[Shape]:
-    """The variant's two shapes: the first it takes of SMALL_G_OR_HK and of RAGGED_N (fewer when
-    it takes none of a list: plan() refuses that)."""
-    return [s for s in (next((c for c in cands if v.cannot_take(c.spec()) is None), None)
+def shapes_for(v: registry.Variant, form: str = "trilinear") -> list[Shape]:
+    """The variant's two shapes in the logits' `form`: the first it takes of SMALL_G_OR_HK and of
+    RAGGED_N (fewer when it takes none of a list: plan() refuses that)."""
+    return [s for s in (next((c for c in cands if v.cannot_take(c.spec(form)) is None), None)
                         for cands in (SMALL_G_OR_HK, RAGGED_N)) if s is not None]
 
 
 def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | None,
-         shape_sets: Sequence[str] = SHAPE_SETS) -> list[Run]:
-    """Every (tool, pass, variant, shape) to run: the probe's first (one per tool, when PROBE is
-    among `passes`), then grouped by variant; `names` None: every registered variant of the
-    passes; `shape_sets`: which of each variant's two shapes ("small": of SMALL_G_OR_HK,
-    "ragged": of RAGGED_N). ValueError for a name no chosen pass has, or a variant that takes no
-    candidate shape of a list."""
+         shape_sets: Sequence[str] = SHAPE_SETS,
+         forms: Sequence[str] | None = None) -> list[Run]:
+    """Every (tool, pass, variant, shape, form) to run: the probe's first (one per tool, when
+    PROBE is among `passes`), then grouped by variant and form; `names` None: every registered
+    variant of the passes; `shape_sets`: which of each variant's two shapes ("small": of
+    SMALL_G_OR_HK, "ragged": of RAGGED_N); `forms` None: every form each variant computes (its
+    `forms`), else those of them in `forms`. ValueError for a name no chosen pass has, or a
+    variant that takes no candidate shape of a list."""
     runs = [Run(t, PROBE, PROBE_NAME, None) for t in tools] if PROBE in passes else []
     variants = [v for p in passes if p != PROBE for v in registry.all_variants(p)
                 if names is None or v.name in names]
@@ -201,12 +210,13 @@ def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | Non
             real = [p for p in passes if p != PROBE] or [PROBE]
             raise ValueError(f"--variant {n}: not a variant of pass {' or '.join(real)}")
     for v in variants:
-        shapes = shapes_for(v)
-        if len(shapes) < 2:
-            raise ValueError(f"{v.name} ({v.pass_}) takes no shape of SMALL_G_OR_HK or of "
-                             f"RAGGED_N in {PROG}: add one it takes")
-        shapes = [s for s, name in zip(shapes, SHAPE_SETS) if name in shape_sets]
-        runs += [Run(t, v.pass_, v.name, s) for s in shapes for t in tools]
+        for form in (f for f in v.forms if forms is None or f in forms):
+            shapes = shapes_for(v, form)
+            if len(shapes) < 2:
+                raise ValueError(f"{v.name} ({v.pass_}, form {form}) takes no shape of "
+                                 f"SMALL_G_OR_HK or of RAGGED_N in {PROG}: add one it takes")
+            shapes = [s for s, name in zip(shapes, SHAPE_SETS) if name in shape_sets]
+            runs += [Run(t, v.pass_, v.name, s, form) for s in shapes for t in tools]
     return runs
 
 
@@ -238,8 +248,10 @@ def command(sanitizer: str, run: Run, racecheck_report: str = "analysis") -> lis
                       "--worker", "--pass", PROBE]
     if run.pass_ == "bwd":
         cmd += ["--kernel-name-exclude", f"kns={FWD_KERNEL_PREFIX}"]
+    form = [] if run.form == "trilinear" else ["--form", run.form]
     return cmd + [sys.executable, SCRIPT, "--worker", "--pass", run.pass_, "--variant",
-                  run.variant, "--shape", *map(str, (s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2))]
+                  run.variant, "--shape", *map(str, (s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2)),
+                  *form]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,9 +399,9 @@ def run_all(runs: Sequence[Run], sanitizer: str, out_dir: str, timeout: int, job
     return rows
 
 
-def worker(pass_: str, variant: str | None, s: Shape | None) -> int:
-    """One call of `variant` of `pass_` on `s` (what a run checks), or the probe's one launch
-    (pass_ PROBE), then WORKER_DONE."""
+def worker(pass_: str, variant: str | None, s: Shape | None, form: str = "trilinear") -> int:
+    """One call of `variant` of `pass_` on `s` in the logits' `form` (what a run checks), or the
+    probe's one launch (pass_ PROBE), then WORKER_DONE."""
     import torch
 
     from profiling.common import pass_inputs, run_pass
@@ -401,10 +413,10 @@ def worker(pass_: str, variant: str | None, s: Shape | None) -> int:
         ws_probe.run()
         print(f"{WORKER_DONE}: {PROBE} {PROBE_NAME} {ws_probe.GRID} CTAs", flush=True)
         return 0
-    inputs = pass_inputs(pass_, s)
-    run_pass(pass_, variant, inputs, s)
+    inputs = pass_inputs(pass_, s, form=form)
+    run_pass(pass_, variant, inputs, s, form=form)
     torch.cuda.synchronize()
-    print(f"{WORKER_DONE}: {pass_} {variant} {s.short()}", flush=True)
+    print(f"{WORKER_DONE}: {pass_} {variant} {s.short()} form={form}", flush=True)
     return 0
 
 
@@ -444,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds one run may take before it is killed (default: 1800)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the runs and their commands, run nothing (no GPU needed)")
+    p.add_argument("--form", nargs="+", choices=FORMS, metavar="FORM",
+                   help=f"the logits' forms to check: {', '.join(FORMS)} (default: every form "
+                        f"each variant computes, its registry `forms`)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shape", nargs=7, type=positive_int, help=argparse.SUPPRESS)
     return p
@@ -457,9 +472,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return worker(PROBE, None, None)
         if not args.shape or not args.variant or len(args.variant) != 1 or len(args.passes) != 1:
             parser.error("--worker needs --shape B N Hq Hk D w1 w2, one --variant and one --pass")
-        return worker(args.passes[0], args.variant[0], Shape(*args.shape))
+        if args.form is not None and len(args.form) != 1:
+            parser.error("--worker takes one --form")
+        return worker(args.passes[0], args.variant[0], Shape(*args.shape),
+                      (args.form or ["trilinear"])[0])
     try:
-        runs = plan(args.tool, args.passes, args.variant, args.shapes)
+        runs = plan(args.tool, args.passes, args.variant, args.shapes, args.form)
     except ValueError as e:
         parser.error(str(e))
     sanitizer = find_sanitizer()

@@ -266,10 +266,14 @@ def test_two_shapes_per_variant():
 
 def test_plan_of_the_runs():
     runs = sanitize.plan(sanitize.TOOLS, registry.PASSES, None)
-    n = len(registry.all_variants(None))
+    n = sum(len(v.forms) for v in registry.all_variants(None))  # each form a variant computes
     assert len(runs) == 3 * 2 * n and len(set(runs)) == len(runs)
-    assert {(r.pass_, r.variant) for r in runs} == {(v.pass_, v.name)
-                                                    for v in registry.all_variants(None)}
+    assert {(r.pass_, r.variant, r.form) for r in runs} == {
+        (v.pass_, v.name, f) for v in registry.all_variants(None) for f in v.forms}
+    assert {(r.pass_, r.variant) for r in runs if r.form == "det"} == {("fwd", "triton"),
+                                                                       ("bwd", "triton")}
+    assert len(sanitize.plan(sanitize.TOOLS, registry.PASSES, None, forms=["trilinear"])) == (
+        3 * 2 * len(registry.all_variants(None)))
     runs = sanitize.plan(["racecheck"], ["fwd", "bwd"], ["tlx_ws"])
     assert [(r.pass_, r.shape.Hq, r.shape.Hk) for r in runs] == [
         ("fwd", 64, 2), ("fwd", 128, 1), ("bwd", 128, 2), ("bwd", 128, 1)]
@@ -286,7 +290,8 @@ def test_plan_with_the_probe_and_one_shape_set():
     assert sanitize.plan(["memcheck"], ["probe"], None) == [
         Run("memcheck", "probe", "ws_probe", None)]
     ragged = sanitize.plan(["memcheck"], ["fwd"], ["triton"], ["ragged"])
-    assert [r.shape for r in ragged] == list(sanitize.RAGGED_N)
+    assert [(r.shape, r.form) for r in ragged] == [(s, f) for f in ("trilinear", "det")
+                                                   for s in sanitize.RAGGED_N]
     with pytest.raises(ValueError, match="tlx_ws: not a variant of pass probe"):
         sanitize.plan(["memcheck"], ["probe"], ["tlx_ws"])
     # the default passes are the registered ones: no probe
@@ -318,6 +323,10 @@ def test_the_childs_command():
     fwd = sanitize.command("cs", Run("memcheck", "fwd", "triton", SMALL))
     assert "--kernel-name-exclude" not in fwd and "--racecheck-report" not in fwd
     assert run.tag() == "racecheck-bwd-tlx_ws-B1-N256-H8x1-D64-w32x64"
+    det = Run("memcheck", "bwd", "triton", SMALL, "det")
+    assert sanitize.command("cs", det)[-2:] == ["--form", "det"]
+    assert det.tag() == "memcheck-bwd-triton-B1-N256-H8x1-D64-w32x64-det"
+    assert det.shape_text().endswith(" form=det")
 
 
 def test_the_backward_runs_exclude_every_forward_kernel_and_no_backward_one():
@@ -344,8 +353,9 @@ def test_dry_run_needs_no_gpu():
     r = run_cli("--dry-run", "--tool", "memcheck", "--pass", "bwd", env=no_gpu_env())
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 2 * len(registry.all_variants("bwd"))
+    assert len(lines) == 2 * sum(len(v.forms) for v in registry.all_variants("bwd"))
     assert all("--tool memcheck" in line and "--worker --pass bwd" in line for line in lines)
+    assert sum(line.endswith("--form det") for line in lines) == 2  # triton's det backward
     r = run_cli("--dry-run", "--tool", "racecheck", "--pass", "probe", "--racecheck-report",
                 "hazard", env=no_gpu_env())
     assert r.returncode == 0, r.stderr
@@ -500,5 +510,5 @@ def test_find_sanitizer(tmp_path, monkeypatch):
 @pytest.mark.gpu
 def test_the_worker_of_every_run(capsys):
     for r in sanitize.plan(["memcheck"], sanitize.PASSES, None):
-        assert sanitize.worker(r.pass_, r.variant, r.shape) == 0, r
+        assert sanitize.worker(r.pass_, r.variant, r.shape, r.form) == 0, r
         assert sanitize.WORKER_DONE in capsys.readouterr().out
