@@ -47,7 +47,7 @@ from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release
 from kernels_tlx.hadamard import mul_bf16x2, row_tile
 from kernels_triton import bwd as triton_bwd
 from kernels_triton.host import kv_descriptor
-from kernels_triton.tiling import BF16_BYTES, LOG2E, enter, leave
+from kernels_triton.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
@@ -277,7 +277,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                 ok = tc < N             # of one token: then every score is masked)
                 head = g * G + (cid % HALVES) * ROWS + triton_bwd._fresh_rows(t, ROWS)
                 row_off = (b.to(tl.int64) * HQ + head) * N + tc
-                lse2 = _load(Lse + row_off, ok, T > 1) * 1.4426950408889634  # LSE in log2 units
+                lse2 = _load(Lse + row_off, ok, T > 1) * LOG2E_JIT  # LSE in log2 units
                 delta = _load(Delta + row_off, ok, T > 1)
                 for j in range(j_first, t_last + 1):
                     sees_j = ok & (j <= tc) & (j > tc - w1)  # (at G = 128 always true)
@@ -369,8 +369,7 @@ def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, d
     sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
     if sc.n_programs * SPLIT.value * ROWS.value >= 2 ** 31:  # the scratch tiles' int32 TMA rows
         raise ValueError(f"{spec}: too many row-owner programs ({sc.n_programs}) for int32 rows")
-    pk1, pv1 = (torch.zeros(sc.partial, dtype=torch.float32, device=q.device) for _ in range(2))
-    dq_acc = torch.empty(sc.dq_tiles, dtype=torch.float32, device=q.device)
+    pk1, pv1, dq_acc = sc.buffers(q.device)
     k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
     _dq_ws_kernel[(sc.n_programs,)](
         q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, dq_descriptor(dq_acc, spec), pk1, pv1,

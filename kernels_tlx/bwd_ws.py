@@ -42,7 +42,7 @@ from kernels_tlx.common import NUM_CONSUMERS, dot_pair_release, opaque
 from kernels_tlx.hadamard import build, row_tile
 from kernels_triton import bwd as triton_bwd
 from kernels_triton.host import kv_descriptor, q_descriptor
-from kernels_triton.tiling import BF16_BYTES, LOG2E, enter, leave
+from kernels_triton.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
 from kernels_triton.tiling import supports as tiling_supports
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -202,7 +202,7 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
                 i0 = kb + u // split
                 head = g * G + (u % split) * 64 + offs_h
                 row_off = (b.to(tl.int64) * HQ + head) * N + i0
-                lse2 = tl.load(Lse + row_off) * 1.4426950408889634  # LSE in log2 units
+                lse2 = tl.load(Lse + row_off) * LOG2E_JIT  # LSE in log2 units
                 delta = tl.load(Delta + row_off)
                 n_j = i0 + 1 - tl.maximum(i0 - w1 + 1, 0)
                 dk2, dv2, cnt = consume_tile(dk2, dv2, k2_tile, v2_tile, a_tiles, doj_tiles,

@@ -59,8 +59,8 @@ import triton.language as tl
 
 from kernels_triton.det import det_cols, det_keys, det_sign, load_q_cols, load_q_det
 from kernels_triton.host import kv_descriptor
-from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, enter, leave, load_q, row_coords,
-                                   row_ptrs)
+from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, LOG2E_JIT, enter, leave, load_q,
+                                   row_coords, row_ptrs)
 from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -149,6 +149,15 @@ class Scratch(NamedTuple):
     partial: int      # each of the dK1 and dV1 partial buffers
     dq_tiles: int     # the programs' fp32 dQ tiles
 
+    def buffers(self, device, det: bool = False):
+        """(pk1, pv1, dq_acc): the dK1 and dV1 partials (zeroed: read-add-written) and the dQ
+        tiles (each tile zeroed by its program), fp32; form "det" (det) twice pk1 and dq_acc (the
+        Qa and Qb partials, the U and W tiles)."""
+        n = 2 if det else 1
+        return (torch.zeros(n * self.partial, dtype=torch.float32, device=device),
+                torch.zeros(self.partial, dtype=torch.float32, device=device),
+                torch.empty(n * self.dq_tiles, dtype=torch.float32, device=device))
+
 
 def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
     _, _, split = tiling(spec)
@@ -200,7 +209,7 @@ def _row_tile(Lse, Delta, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
     """One row tile's tokens and heads, LSE in log2 units and Delta (0 past N)."""
     tok, head = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)
     row_off = (b.to(tl.int64) * HQ + g * G + head) * N + tok
-    lse2 = tl.load(Lse + row_off, mask=tok < N, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(Lse + row_off, mask=tok < N, other=0.0) * LOG2E_JIT
     delta = tl.load(Delta + row_off, mask=tok < N, other=0.0)
     return tok, head, lse2, delta
 
@@ -569,11 +578,8 @@ def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, d
     "det": k1 packed by det_keys)."""
     sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
     dqc = dq_config(spec)
-    n = 1 + (spec.form == "det")  # det: U and W tiles, the Qa and Qb partials
-    pk1 = torch.zeros(n * sc.partial, dtype=torch.float32, device=q.device)
-    pv1 = torch.zeros(sc.partial, dtype=torch.float32, device=q.device)
+    pk1, pv1, dq_acc = sc.buffers(q.device, spec.form == "det")
     k2d, v2d = (kv_descriptor(t, spec, dqc["BLOCK_N"]) for t in (k2, v2))
-    dq_acc = torch.empty(n * sc.dq_tiles, dtype=torch.float32, device=q.device)
     _dq_kernel[(sc.n_programs,)](
         q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, pk1, pv1, spec.N, spec.w1, spec.w2,
         spec.sm_scale * LOG2E, spec.sm_scale, sc.L, sc.n_chunks, HQ=spec.Hq, HK=spec.Hk, G=spec.G,

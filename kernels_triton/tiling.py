@@ -15,6 +15,7 @@ from simplicial_attn.spec import ProblemSpec
 pl.enable_semantic("triton")  # Proton scopes in Triton-DSL kernels (off unless PROFILE is set)
 
 LOG2E = 1.4426950408889634
+LOG2E_JIT = tl.constexpr(LOG2E)  # the same, for kernels (LSE to log2 units)
 # The running max of an online softmax before any score (log2 units): finite, so that a row whose
 # scores are all masked gives p = 0 and alpha = 1, never NaN (softmax_step).
 M_START = tl.constexpr(-1.0e30)
