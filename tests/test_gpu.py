@@ -329,6 +329,17 @@ def check_accuracy(out, lse, x, shape: Shape, label: str, rounding: dict | None 
     return report
 
 
+def assert_written_and_repeatable(out, lse, out2, lse2, guards_ok: bool, label: str) -> None:
+    """out2/lse2 (a launch into NaN-filled buffers, launch_into_nan) have every element written,
+    nothing outside them was, and they equal out/lse of an earlier call bit for bit."""
+    n_out, n_lse = int(torch.isnan(out2).sum()), int(torch.isnan(lse2).sum())
+    assert n_out == 0 and n_lse == 0, (f"{label}: the kernel left {n_out} of {out2.numel()} out "
+                                       f"and {n_lse} of {lse2.numel()} lse elements unwritten")
+    assert guards_ok, f"{label}: the kernel wrote outside out/lse"
+    assert torch.equal(out, out2) and torch.equal(lse, lse2), (
+        f"{label}: two runs on the same inputs differ (not bitwise reproducible)")
+
+
 # ------------------------------------------------------------------------------------------------
 # Tests
 
@@ -346,12 +357,7 @@ def test_matches_reference(v, shape, rand, seed):
     assert out.device == x[0].device and lse.device == x[0].device
 
     out2, lse2, guards_ok = launch_into_nan(v, spec, x, shape.w1, shape.w2, shape.sm_scale)
-    n_out, n_lse = int(torch.isnan(out2).sum()), int(torch.isnan(lse2).sum())
-    assert n_out == 0 and n_lse == 0, (f"{label}: the kernel left {n_out} of {out2.numel()} out "
-                                       f"and {n_lse} of {lse2.numel()} lse elements unwritten")
-    assert guards_ok, f"{label}: the kernel wrote outside out/lse"
-    assert torch.equal(out, out2) and torch.equal(lse, lse2), (
-        f"{label}: two runs on the same inputs differ (not bitwise reproducible)")
+    assert_written_and_repeatable(out, lse, out2, lse2, guards_ok, label)
     check_accuracy(out, lse, x, shape, label, roundings(v))
 
 
@@ -381,12 +387,7 @@ def test_det_form_matches_reference(v, name, rand, seed):
                        form="det")
     out2, lse2, guards_ok = launch_into_nan(v, spec, x, shape.w1, shape.w2, shape.sm_scale,
                                             form="det")
-    n_out, n_lse = int(torch.isnan(out2).sum()), int(torch.isnan(lse2).sum())
-    assert n_out == 0 and n_lse == 0, (f"{label}: the kernel left {n_out} of {out2.numel()} out "
-                                       f"and {n_lse} of {lse2.numel()} lse elements unwritten")
-    assert guards_ok, f"{label}: the kernel wrote outside out/lse"
-    assert torch.equal(out, out2) and torch.equal(lse, lse2), (
-        f"{label}: two runs on the same inputs differ (not bitwise reproducible)")
+    assert_written_and_repeatable(out, lse, out2, lse2, guards_ok, label)
     if pick(spec, "auto", True).name == v.name:
         auto = forward(*x, shape.w1, shape.w2, sm_scale=shape.sm_scale, form="det")
         assert torch.equal(out, auto[0]) and torch.equal(lse, auto[1]), label
