@@ -537,7 +537,7 @@ def _stand_ins(monkeypatch, traces: list[str]) -> dict:
 
     calls = {"launch": [], "start": []}
 
-    def run(*args, variant, out=None, lse=None, profile=False):
+    def run(*args, variant, out=None, lse=None, profile=False, form="trilinear"):
         calls["launch"].append((variant, profile))
         return "out", "lse"
 
