@@ -50,14 +50,14 @@ spilled 1,132 bytes). Scratch: twice the dQ tiles and the dK1 partials, and the 
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels_triton.det import det_cols, det_keys, det_sign, load_q_cols, load_q_det
+from kernels_triton.det import (det_cols, det_keys, det_of, det_specs, form_suffix, load_q_cols,
+                                load_q_det)
 from kernels_triton.host import kv_descriptor
 from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, LOG2E_JIT, enter, leave, load_q,
                                    row_coords, row_ptrs)
@@ -166,12 +166,6 @@ def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
     n_programs = spec.B * spec.Hk * split * n_chunks
     return Scratch(L, n_chunks, n_programs, n_programs * (L + spec.w1 - 1) * spec.D,
                    n_programs * dq_config(spec)["BLOCK_M"] * spec.D)
-
-
-def det_of(spec: ProblemSpec) -> int:
-    """The kernels' DET constexpr: 0 for the trilinear form, +-1 for "det" (kernels_triton/det.py).
-    """
-    return det_sign(spec.swapped) if spec.form == "det" else 0
 
 
 def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
@@ -621,20 +615,9 @@ def kernel_config(kern: str, fn, spec: ProblemSpec, cfg: dict, sig: dict) -> Com
     consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
                   **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
     tile = "".join(f"_{k[-1]}{cfg[k]}" for k in ("BLOCK_M", "BLOCK_N") if k in cfg)
-    form = "" if spec.form == "trilinear" else f"_{spec.form}" + ("_swapped" * spec.swapped)
-    return CompileConfig(f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{tile}{form}", fn,
+    return CompileConfig(f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{tile}{form_suffix(spec)}", fn,
                          {**sig, **{k: "constexpr" for k in consts}}, consts, cfg["num_warps"],
                          cfg["num_stages"])
-
-
-def _with_forms(spec: ProblemSpec):
-    """`spec`, then its form "det" copy, and at G = 128, Hk = 1 also "det" with the pairs
-    exchanged (DET = -1, a kernel of its own)."""
-    yield spec
-    det = replace(spec, form="det")
-    yield det
-    if (spec.G, spec.Hk) == (128, 1):
-        yield replace(det, swapped=True)
 
 
 def _det_cfg(spec: ProblemSpec, cfg: dict) -> dict:
@@ -646,7 +629,7 @@ def compile_configs() -> list[CompileConfig]:
     """The two GEMM kernels at every compile shape, in both forms (the Delta and reduce kernels
     are small)."""
     out = []
-    for spec in (s for base in compile_specs() for s in _with_forms(base)):
+    for spec in (s for base in compile_specs() for s in (base, *det_specs(base))):
         out.append(kernel_config("dkv2", _dkv2_kernel, spec, _det_cfg(spec, dkv2_config(spec)),
                                  {**SIGNATURE, "DK2": "*bf16", "DV2": "*bf16", **SCALARS}))
         cfg = _det_cfg(spec, dq_config(spec))

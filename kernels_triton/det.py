@@ -20,14 +20,44 @@ Each sum is formed on unpermuted columns and the rotation applied when it is rea
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
 
+from simplicial_attn.reference import pi_chunks
+from simplicial_attn.spec import ProblemSpec
 
-def det_sign(swapped: bool) -> int:
-    """The kernels' DET constexpr for form "det": +1, or -1 when the launcher exchanged the pairs."""
-    return -1 if swapped else 1
+
+def det_of(spec: ProblemSpec) -> int:
+    """The kernels' DET constexpr: 0 for the trilinear form; for "det" +1, or -1 when the
+    launcher exchanged the pairs (R = 1 or 2)."""
+    if spec.form != "det":
+        return 0
+    return -1 if spec.swapped else 1
+
+
+def det_specs(spec: ProblemSpec) -> list[ProblemSpec]:
+    """The form "det" copies of a trilinear compile spec: the spec itself in form "det" and, at
+    G = 128, Hk = 1, also with the pairs exchanged (DET = -1, a kernel of its own)."""
+    det = replace(spec, form="det")
+    return [det, replace(det, swapped=True)] if (spec.G, spec.Hk) == (128, 1) else [det]
+
+
+def form_suffix(spec: ProblemSpec) -> str:
+    """A compile config's name suffix for the spec's form: "", "_det" or "_det_swapped"."""
+    if spec.form == "trilinear":
+        return ""
+    return f"_{spec.form}" + ("_swapped" if spec.swapped else "")
+
+
+def rotations(x: torch.Tensor, det: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host (and test) side: (pi^R x, pi^(3-R) x) for DET = det (R = 1 or 2), pi rotating each
+    3-chunk of the last dim as simplicial_attn.reference.pi_chunks does. Qa is the first for q;
+    Qb minus the second with the leftover dims zeroed; K1a, K1b the second and first for k1."""
+    r = 1 if det > 0 else 2
+    return pi_chunks(x, r), pi_chunks(x, 3 - r)
 
 
 @triton.jit
@@ -68,11 +98,5 @@ def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:
     pi^(3-R) K1, slot 1 = K1b = pi^R K1 (module docstring); the leftover columns in place. Two
     contiguous rows per j keep the kernels' K1 loads as cheap as the trilinear ones (permuted-
     column loads of K1[j] in the j loop spilled at D = 64). 2x K1's size: Hk/Hq of Q's."""
-    D = k1.shape[-1]
-    r = 1 if det > 0 else 2
-    c = torch.arange(D, device=k1.device)
-    chunk = c < D // 3 * 3
-    base = c - c % 3
-    cols_a = torch.where(chunk, base + (c % 3 + r) % 3, c)
-    cols_b = torch.where(chunk, base + (c % 3 + 3 - r) % 3, c)
-    return torch.stack((k1[..., cols_b], k1[..., cols_a]), dim=3)
+    k1b, k1a = rotations(k1, det)
+    return torch.stack((k1a, k1b), dim=3)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels_triton.det import det_keys, det_sign, load_q_det
+from kernels_triton.det import det_keys, det_of, load_q_det
 from kernels_triton.host import entry_points
 from kernels_triton.tiling import (M_START, enter, key_block, leave, load_q, mask_scores,
                                    row_coords, softmax_step, store_rows, supports, tile_setup)
@@ -133,7 +133,7 @@ def _config(spec: ProblemSpec) -> dict:
     change sign; the leftover dims' trilinear term does not)."""
     cfg = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1)
     if spec.form == "det":
-        cfg["DET"] = det_sign(spec.swapped)
+        cfg["DET"] = det_of(spec)
     return cfg
 
 

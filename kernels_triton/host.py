@@ -8,10 +8,9 @@ The common signature: kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale, H
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
-
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels_triton.det import det_specs, form_suffix
 from kernels_triton.tiling import COMPILE_SHAPES, LOG2E, grid
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
@@ -63,19 +62,13 @@ def launch(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, pr
 
 
 def _compile_specs(forms: tuple[str, ...]):
-    """(name suffix, spec) at every (Hq, Hk, D) of tiling.COMPILE_SHAPES for each of `forms`;
-    form "det" also with the pairs swapped (a kernel of its own: the determinants' sign) at
-    G = 128, Hk = 1, both D."""
+    """(name suffix, spec) at every (Hq, Hk, D) of tiling.COMPILE_SHAPES for each of `forms`
+    (form "det": det.det_specs, the pairs also exchanged at G = 128, Hk = 1)."""
     for form in forms:
         for hq, hk, d in COMPILE_SHAPES:
-            base = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5,
-                               form=form)
-            if form == "trilinear":
-                yield "", base
-                continue
-            yield f"_{form}", base
-            if (hq, hk) == (128, 1):
-                yield f"_{form}_swapped", replace(base, swapped=True)
+            base = ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
+            for spec in [base] if form == "trilinear" else det_specs(base):
+                yield form_suffix(spec), spec
 
 
 def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = False,

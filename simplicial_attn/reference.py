@@ -43,29 +43,29 @@ def _window(x: torch.Tensor, i0: int, i1: int, w: int) -> tuple[torch.Tensor, to
     return x[:, pos.clamp(min=0)], valid
 
 
-def _chunk_dims(x: torch.Tensor) -> torch.Tensor:
+def chunk_dims(x: torch.Tensor) -> torch.Tensor:
     """Which of x's last-dim entries lie in a whole 3-chunk (bool [D]; False on the D mod 3
     leftover dims)."""
     D = x.shape[-1]
     return torch.arange(D, device=x.device) < D // 3 * 3
 
 
-def _pi(x: torch.Tensor, r: int) -> torch.Tensor:
+def pi_chunks(x: torch.Tensor, r: int) -> torch.Tensor:
     """pi^r x: each 3-chunk of the last dim rotated r places, (pi x)[3l+m] = x[3l + (m+1) mod 3];
     the leftover dims as they are."""
     d = torch.arange(x.shape[-1], device=x.device)
-    return x[..., torch.where(_chunk_dims(x), d - d % 3 + (d % 3 + r) % 3, d)]
+    return x[..., torch.where(chunk_dims(x), d - d % 3 + (d % 3 + r) % 3, d)]
 
 
 def cross3(u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """u x3 w: the cross product of each 3-chunk of the last dim, u * w on the leftover dims
     (broadcasting as `*` does)."""
-    return _pi(u, 1) * _pi(w, 2) - _chunk_dims(u) * _pi(u, 2) * _pi(w, 1)
+    return pi_chunks(u, 1) * pi_chunks(w, 2) - chunk_dims(u) * pi_chunks(u, 2) * pi_chunks(w, 1)
 
 
 def _negate_chunks(x: torch.Tensor) -> torch.Tensor:
     """x with its chunk dims negated (a reflection of every 3-chunk; the leftover dims kept)."""
-    return torch.where(_chunk_dims(x), -x, x)
+    return torch.where(chunk_dims(x), -x, x)
 
 
 def _coords(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -95,8 +95,8 @@ def _products(eq: str, p: torch.Tensor, u: torch.Tensor, w: torch.Tensor, form: 
     "det" of u x3 w (`cross3`, term by term)."""
     if form == "trilinear":
         return torch.einsum(eq, p, u, w)
-    return (torch.einsum(eq, p, _pi(u, 1), _pi(w, 2))
-            - _chunk_dims(u) * torch.einsum(eq, p, _pi(u, 2), _pi(w, 1)))
+    return (torch.einsum(eq, p, pi_chunks(u, 1), pi_chunks(w, 2))
+            - chunk_dims(u) * torch.einsum(eq, p, pi_chunks(u, 2), pi_chunks(w, 1)))
 
 
 def _in_spec_order(q, k1, k2, v1, v2, spec):

@@ -272,8 +272,8 @@ def test_triton_det_columns_build_the_cross_product(D, det, gen):
     from kernels_triton.det import det_keys
     q, k1 = (torch.randn(3, D, generator=gen, dtype=torch.float64) for _ in range(2))
     r = 1 if det > 0 else 2
-    qa = ref_mod._pi(q, r)
-    qb = -(ref_mod._chunk_dims(q) * ref_mod._pi(q, 3 - r))
+    qa = ref_mod.pi_chunks(q, r)
+    qb = -(ref_mod.chunk_dims(q) * ref_mod.pi_chunks(q, 3 - r))
     packed = det_keys(k1[:, None, None], det)[:, 0, 0]  # [3, 2, D]
     assert packed.shape == (3, 2, D)
     a = qa * packed[:, 0] + qb * packed[:, 1]
@@ -294,13 +294,13 @@ def test_triton_det_backward_columns_are_the_gradient(D, det, gen):
              for _ in range(2))
     x = torch.randn(5, D, generator=gen, dtype=torch.float64)
     r = 1 if det > 0 else 2
-    chi = ref_mod._chunk_dims(q)
-    qa, qb = ref_mod._pi(q, r), -(chi * ref_mod._pi(q, 3 - r))
+    chi = ref_mod.chunk_dims(q)
+    qa, qb = ref_mod.pi_chunks(q, r), -(chi * ref_mod.pi_chunks(q, 3 - r))
     packed = det_keys(k1[:, None, None], det)[:, 0, 0]
     k1a, k1b = packed[:, 0], packed[:, 1]
     (qa * k1a + qb * k1b).mul(x).sum().backward()
     with torch.no_grad():
-        dq = ref_mod._pi(x * k1a, 3 - r) - chi * ref_mod._pi(x * k1b, r)
-        dk1 = ref_mod._pi(x * qa, r) + ref_mod._pi(x * qb, 3 - r)
+        dq = ref_mod.pi_chunks(x * k1a, 3 - r) - chi * ref_mod.pi_chunks(x * k1b, r)
+        dk1 = ref_mod.pi_chunks(x * qa, r) + ref_mod.pi_chunks(x * qb, 3 - r)
     assert max_err(dq, q.grad) <= 1e-14
     assert max_err(dk1, k1.grad) <= 1e-14

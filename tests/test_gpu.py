@@ -23,7 +23,7 @@ import torch
 
 from simplicial_attn import flops, forward, reference, registry
 from simplicial_attn.launcher import pick, run
-from simplicial_attn.reference import _chunk_dims, _pi
+from simplicial_attn.reference import chunk_dims, pi_chunks
 from simplicial_attn.spec import validate, validate_shape
 
 from conftest import Shape, hq_taken_by
@@ -237,8 +237,8 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
             KK = bf16(K1[:, :, :, :, None] * K2[:, :, :, None])   # [B, C, Hk, w1, w2, D]
             s = sm_scale * torch.einsum("bchgd,bchjkd->bchgjk", Q, KK)
         elif form == "det":
-            Qa, Qb = _pi(Q, r), -(_chunk_dims(Q) * _pi(Q, 3 - r))
-            K1a, K1b = _pi(K1, 3 - r), _pi(K1, r)
+            Qa, Qb = pi_chunks(Q, r), -(chunk_dims(Q) * pi_chunks(Q, 3 - r))
+            K1a, K1b = pi_chunks(K1, 3 - r), pi_chunks(K1, r)
             A = bf16(Qa[:, :, :, :, None, :] * K1a[:, :, :, None]
                      + bf16(Qb[:, :, :, :, None, :] * K1b[:, :, :, None]))
             s = sm_scale * (A.flatten(3, 4) @ K2.transpose(-1, -2)).unflatten(3, (G, w1))

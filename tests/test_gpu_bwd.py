@@ -22,7 +22,7 @@ import simplicial_attn as sa
 from conftest import Shape, compiled_grads_differ, previous_token_losses
 from simplicial_attn import backward as bwd_launcher
 from simplicial_attn import registry
-from simplicial_attn.reference import _chunk_dims, _pi, _window
+from simplicial_attn.reference import chunk_dims, pi_chunks, _window
 from simplicial_attn.spec import validate, validate_shape
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
@@ -104,8 +104,8 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
         v2w, _ = _window(v2, i0, i1, w2)
         k1g = k1w.permute(0, 1, 3, 2, 4)[:, :, :, None]  # [B, C, Hk, 1, w1, D]
         if form == "det":
-            qa, qb = _pi(qc, r), -(_chunk_dims(qc) * _pi(qc, 3 - r))
-            k1a, k1b = _pi(k1g, 3 - r), _pi(k1g, r)
+            qa, qb = pi_chunks(qc, r), -(chunk_dims(qc) * pi_chunks(qc, 3 - r))
+            k1a, k1b = pi_chunks(k1g, 3 - r), pi_chunks(k1g, r)
             A = bf16(qa[:, :, :, :, None] * k1a + bf16(qb[:, :, :, :, None] * k1b))  # bcghjd
         else:
             A = bf16(qc[:, :, :, :, None] * k1g)  # bcghjd
@@ -120,11 +120,11 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
         X = torch.einsum("bcghjk,bckgd->bcghjd", bf16(ds), k2w)
         Z = torch.einsum("bcghjk,bckgd->bcghjd", bf16(p), v2w)
         if form == "det":
-            k1a, k1b = _pi(k1w, 3 - r), _pi(k1w, r)
-            dqc = (_pi(torch.einsum("bcghjd,bcjgd->bcghd", X, k1a), 3 - r)
-                   - _chunk_dims(X) * _pi(torch.einsum("bcghjd,bcjgd->bcghd", X, k1b), r))
-            dk1c = (_pi(torch.einsum("bcghjd,bcghd->bcjgd", X, qa), r)
-                    + _pi(torch.einsum("bcghjd,bcghd->bcjgd", X, qb), 3 - r))
+            k1a, k1b = pi_chunks(k1w, 3 - r), pi_chunks(k1w, r)
+            dqc = (pi_chunks(torch.einsum("bcghjd,bcjgd->bcghd", X, k1a), 3 - r)
+                   - chunk_dims(X) * pi_chunks(torch.einsum("bcghjd,bcjgd->bcghd", X, k1b), r))
+            dk1c = (pi_chunks(torch.einsum("bcghjd,bcghd->bcjgd", X, qa), r)
+                    + pi_chunks(torch.einsum("bcghjd,bcghd->bcjgd", X, qb), 3 - r))
         else:
             dqc = torch.einsum("bcghjd,bcjgd->bcghd", X, k1w)
             dk1c = torch.einsum("bcghjd,bcghd->bcjgd", X, qc)
