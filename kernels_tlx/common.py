@@ -1,5 +1,5 @@
 """Device pieces every TLX variant shares: the consumer count, named barriers, accumulator layouts,
-the TMA producer loop, the pingpong turns, the split-j merge epilogue, `opaque`. The host side
+the TMA producer loop, the pingpong turns, the split-j merge epilogue, `opaque`, `held`. The host side
 (descriptors, launch, compile configs) is kernels_triton/host.py, shared with the Triton kernel;
 the G = 128 build pieces are in hadamard.py. A variant file holds only its technique."""
 from __future__ import annotations
@@ -106,6 +106,16 @@ def opaque(x):
     of a warp-specialized region or keeping it alive across a loop (ptxas then spills it)."""
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True,
                                      pack=1)
+
+
+@triton.jit
+def held(x):
+    """A bf16 tensor equal to x, made by a volatile inline-asm move where it stands: a tile
+    loaded from shared memory and passed through it stays in registers from there on. (Without
+    it the compiler may sink the load to the tile's uses, re-reading shared memory in a loop:
+    it does so for the Q of `tlx_ws_kv`'s consumers.)"""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.bfloat16,
+                                     is_pure=False, pack=2)
 
 
 @tl.core.builtin

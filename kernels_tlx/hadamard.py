@@ -40,6 +40,13 @@ def mul_bf16x2(x, y):
 
 
 @triton.jit
+def fma_bf16x2(x, y, z):
+    """x * y + z for bf16 tensors, rounded once, two elements per instruction."""
+    return tl.inline_asm_elementwise("fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r", [x, y, z],
+                                     dtype=tl.bfloat16, is_pure=True, pack=2)
+
+
+@triton.jit
 def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr):
     """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
     the proxy fence that makes it visible to the consumers' wgmma."""
@@ -73,3 +80,17 @@ def start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.cons
     tlx.fence_async_shared()
     m_i = tl.full([HALF], M_START, tl.float32)
     return tok, head, m_i, tl.zeros([HALF], tl.float32), tl.zeros([HALF, D], tl.float32)
+
+
+@triton.jit
+def build_det(row_a, row_b, src_a, src_b, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr,
+              CH: tl.constexpr):
+    """Producer, form "det": dst = bf16(row_a * src_a + bf16(row_b * src_b)), two blocks scaled by
+    one row each (K1[j]'s and K2's rotations, kernels_triton/det.py: det_keys_side), CH rows at a
+    time, then the proxy fence."""
+    for ch in tl.static_range(BLOCK_N // CH):
+        xa = tlx.local_load(tlx.local_slice(src_a, [ch * CH, 0], [CH, D]))
+        xb = tlx.local_load(tlx.local_slice(src_b, [ch * CH, 0], [CH, D]))
+        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]),
+                        fma_bf16x2(xa, row_a, mul_bf16x2(xb, row_b)))
+    tlx.fence_async_shared()

@@ -14,12 +14,12 @@ PV. A version whose softmax does run under PV was slower (docs/history/perf-note
 
 Everything else (the two producers of B_j = K1[j] * K2 and C_j = V1[j] * V2, tile, rings) is
 `tlx_ws_kv`'s kernel, run with PIPELINE=True. Supports the same shapes: G = Hq/Hk = 128.
+Also computes form "det" (the keys-side det build, kernels_tlx/ws_kv.py).
 """
 from __future__ import annotations
 
 from kernels_tlx import ws_kv
 from kernels_tlx.ws_kv import supports
-from kernels_triton.host import entry_points
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -27,4 +27,4 @@ def config(spec: ProblemSpec) -> dict:
     return ws_kv.config(spec, pipelined=True)
 
 
-launch, compile_configs = entry_points(ws_kv.simplicial_fwd_ws_kv_kernel, config, supports)
+launch, compile_configs = ws_kv.pipelined_entry_points(config)

@@ -23,6 +23,15 @@ step together with the PV wgmma of the one before (consume_pipelined); `PINGPONG
 `tlx_pipelined_pingpong` variant) makes the two consumers take turns issuing those wgmma pairs.
 Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys).
 Rounds K1[j] * K2 and V1[j] * V2 to bf16 (tests/test_gpu.py emulates both).
+
+Form "det" (DET = +-1, the pipelined variants only: PIPELINED_FORMS) is built keys-side, since
+det[q; k1; k2] = q . (k1 x3 k2): the B producer builds B_j = K1[j] x3 K2 = K1a[j] * K2a +
+K1b[j] * K2b from the host-packed rotations (kernels_triton/det.py: det_keys_side), so each K2
+block is two TMA loads and the consumers are unchanged. K2b's slot is the consumers' Q tiles
+(shared memory has no 32 KB more): the consumers hold Q in registers (`held`) and release the
+tiles on `q_free` before the producer's first load; the epilogue's use of them comes after the
+last build. Rounds B_j as bf16(K1a[j] * K2a + bf16(K1b[j] * K2b)) (one fma.rn.bf16x2 and one
+mul.rn.bf16x2 per pair).
 """
 from __future__ import annotations
 
@@ -30,8 +39,10 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import NUM_CONSUMERS, pass_turn, take_turn
-from kernels_tlx.hadamard import build, row_tile, start_consumer, supports, token_tile
+from kernels_tlx.common import (NUM_CONSUMERS, acc_layout, held, pass_turn, release_layout,
+                               take_turn)
+from kernels_tlx.hadamard import build, build_det, row_tile, start_consumer, supports, token_tile
+from kernels_triton.det import det_keys_side, det_of
 from kernels_triton.host import entry_points
 from kernels_triton.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores, normalized,
                                    softmax_step, write_rows)
@@ -173,19 +184,60 @@ def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, 
 
 
 @triton.jit
+def produce_det(K1, K2, k2a_tile, k2b_tile, full, q_free, dst_tiles, fulls, empties, b, g, N,
+                kv_base, j_first, n_j, n_blocks, k_lo, n_lo, n_hi, HK: tl.constexpr,
+                D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, CH: tl.constexpr,
+                PROFILE: tl.constexpr):
+    """`produce` of B_j = K1[j] x3 K2 (form "det"): K1 and K2 are det_keys_side's packed
+    [B, N, HK, 2, D], so a K2 block is two TMA loads (K2a, K2b) and a K1 row two rows (K1a[j],
+    K1b[j]); B_j = K1a[j] * K2a + K1b[j] * K2b. K2b's slot is the consumers' Q tiles: the first
+    load waits until both consumers hold Q in registers (`q_free`)."""
+    tlx.barrier_wait(q_free, 0)
+    for t in range(0, n_blocks):
+        kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+        enter("load_kv", PROFILE)
+        tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)
+        tlx.async_descriptor_load(K2, k2a_tile, [b, kb, 2 * g * D], full)
+        tlx.async_descriptor_load(K2, k2b_tile, [b, kb, (2 * g + 1) * D], full)
+        tlx.barrier_wait(full, t & 1)
+        leave("load_kv", PROFILE)
+        for jj in range(0, n_j):
+            # K1[j]'s two packed rows: at twice the offset of K1[j] in an unpacked K1
+            row = 2 * (kv_base + (j_first + jj).to(tl.int64) * (HK * D))
+            row_a = row_tile(K1, row, D, CH)
+            row_b = row_tile(K1, row + D, D, CH)
+            enter("build_b", PROFILE)
+            c = t * n_j + jj
+            bs = c % NUM_B
+            tlx.barrier_wait(tlx.local_view(empties, bs), ((c // NUM_B) & 1) ^ 1)
+            build_det(row_a, row_b, k2a_tile, k2b_tile, tlx.local_view(dst_tiles, bs), D,
+                      BLOCK_N, CH)
+            tlx.barrier_arrive(tlx.local_view(fulls, bs), 1)
+            leave("build_b", PROFILE)
+
+
+@triton.jit
 def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                                 HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 NUM_B: tl.constexpr, CH: tl.constexpr,
                                 CONSUMER_REGS: tl.constexpr, PRODUCER_REGS: tl.constexpr,
                                 PIPELINE: tl.constexpr, PINGPONG: tl.constexpr = False,
-                                PROFILE: tl.constexpr = False):
+                                PROFILE: tl.constexpr = False, DET: tl.constexpr = 0):
     HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    tl.static_assert(PIPELINE or not DET, "form det: pipelined consumers only (PIPELINED_FORMS)")
     b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base = token_tile(
         N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N)
 
-    q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)  # consumer c's rows
-    kv_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 2)   # K2, V2: read by their producer
+    if DET:  # K2b's slot shares the Q tiles' bytes (shared memory has no 32 KB more)
+        q_slot = tlx.storage_alias_spec()
+        q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS, reuse=q_slot)
+        k2b_tile = tlx.local_view(tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 1, reuse=q_slot), 0)
+        q_free = tlx.local_view(tlx.alloc_warp_barrier(num_barriers=1,
+                                                       num_warps=4 * NUM_CONSUMERS), 0)
+    else:
+        q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)  # consumer c's rows
+    kv_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 2)   # K2 (K2a), V2: read by a producer
     b_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
     c_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
     kv_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
@@ -197,10 +249,16 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
     c_empties = tlx.alloc_warp_barrier(num_barriers=NUM_B, num_warps=4 * NUM_CONSUMERS)
 
     with tlx.async_tasks():
-        with tlx.async_task("default"):  # producer of B_j = K1[j] * K2
-            produce(K1, K2, tlx.local_view(kv_tiles, 0), tlx.local_view(kv_fulls, 0), b_tiles,
-                    b_fulls, b_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
-                    n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_b", PROFILE)
+        with tlx.async_task("default"):  # producer of B_j = K1[j] * K2 (K1[j] x3 K2)
+            if DET:
+                produce_det(K1, K2, tlx.local_view(kv_tiles, 0), k2b_tile,
+                            tlx.local_view(kv_fulls, 0), q_free, b_tiles, b_fulls, b_empties, b,
+                            g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo, n_hi, HK, D,
+                            BLOCK_N, NUM_B, CH, PROFILE)
+            else:
+                produce(K1, K2, tlx.local_view(kv_tiles, 0), tlx.local_view(kv_fulls, 0),
+                        b_tiles, b_fulls, b_empties, b, g, N, kv_base, j_first, n_j, n_blocks,
+                        k_lo, n_lo, n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_b", PROFILE)
         with tlx.async_task(num_warps=4, registers=PRODUCER_REGS):  # producer of C_j = V1[j] * V2
             produce(V1, V2, tlx.local_view(kv_tiles, 1), tlx.local_view(kv_fulls, 1), c_tiles,
                     c_fulls, c_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
@@ -213,7 +271,14 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                                       BLOCK_M)
             # Q into registers once: the register operand of every QK wgmma, so a step reads only
             # B_j from shared memory (16 KB less per step, docs/history/perf-notes.md session 10)
-            q = tlx.local_load(q_smem)
+            if DET:  # Q's tile becomes K2b's slot: Q is held in registers (`held`: never re-
+                # loaded from the tile; the accumulator's layout is the wgmma A operand's), and
+                # these reads end before the producer's first TMA
+                q = held(release_layout(tlx.local_load(q_smem, layout=acc_layout(D))))
+                tlx.fence_async_shared()
+                tlx.barrier_arrive(q_free, 1)
+            else:
+                q = tlx.local_load(q_smem)
             n_steps = n_blocks * n_j
             if PIPELINE:
                 if PINGPONG:
@@ -240,9 +305,26 @@ def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -
     """Every shape: 128-row tile, 128-key blocks, two B and two C slots (all that fits in shared
     memory at D = 128 beside Q and the K2/V2 slots), 8-row build chunks (docs/history/perf-notes.md
     session 5); consumers at 224 registers, which Q in registers needs (216 spill), and so the two
-    producers at 32 (24 spill; session 10)."""
-    return dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=224, PRODUCER_REGS=32,
-                PIPELINE=pipelined, PINGPONG=pingpong, num_warps=4, num_stages=1)
+    producers at 32 (24 spill; session 10). Form "det" adds DET (kernels_triton/det.py: det_of)."""
+    cfg = dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=224, PRODUCER_REGS=32,
+               PIPELINE=pipelined, PINGPONG=pingpong, num_warps=4, num_stages=1)
+    if spec.form == "det":
+        cfg["DET"] = det_of(spec)
+    return cfg
+
+
+# The forms of the pipelined variants that run this kernel (form "det": keys-side, det_keys_side).
+# `tlx_ws_kv` itself computes the trilinear form only: with DET and PIPELINE off, ptxas put the
+# softmax's P into the registers that hold Q, which the next step's QK wgmma reads (wrong scores
+# from the second step on; the pipelined consumers keep them apart).
+PIPELINED_FORMS = ("trilinear", "det")
+
+
+def pipelined_entry_points(config_of):
+    """host.entry_points of this kernel for the pipelined variants (`config_of`: their copy of
+    this module's config), which also compute form "det"."""
+    return entry_points(simplicial_fwd_ws_kv_kernel, config_of, supports, forms=PIPELINED_FORMS,
+                        det_pack=det_keys_side)
 
 
 launch, compile_configs = entry_points(simplicial_fwd_ws_kv_kernel, config, supports)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from simplicial_attn.reference import pi_chunks
+from simplicial_attn.reference import chunk_dims, pi_chunks
 from simplicial_attn.spec import ProblemSpec
 
 
@@ -100,3 +100,17 @@ def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:
     column loads of K1[j] in the j loop spilled at D = 64). 2x K1's size: Hk/Hq of Q's."""
     k1b, k1a = rotations(k1, det)
     return torch.stack((k1a, k1b), dim=3)
+
+
+def det_keys_side(k1: torch.Tensor, k2: torch.Tensor, det: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K1 and K2 a keys-side kernel (one that builds B_j = K1[j] x3 K2 and computes
+    S = Q @ B_j^T, kernels_tlx/ws_kv.py) reads with DET = det: both [B, N, Hk, 2, D] (contiguous),
+    with B_j = K1a[j] * K2a + K1b[j] * K2b for
+        K1a = pi^R K1,  K1b = -chi pi^(3-R) K1,  K2a = pi^(3-R) K2,  K2b = pi^R K2
+    in slots 0 and 1. For R = 1 that is (pi k1)(pi^2 k2) - (pi^2 k1)(pi k2) = k1 x3 k2, and
+    q . (k1 x3 k2) is the determinant; R = 2 negates it on the chunk columns. The leftover
+    columns keep k1 * k2 (K1b is 0 there). 2x the size of K1 and of K2."""
+    k1r, k1s = rotations(k1, det)
+    k2r, k2s = rotations(k2, det)
+    return (torch.stack((k1r, -(chunk_dims(k1) * k1s)), dim=3),
+            torch.stack((k2s, k2r), dim=3))

@@ -137,12 +137,5 @@ def _config(spec: ProblemSpec) -> dict:
     return cfg
 
 
-_launch, compile_configs = entry_points(simplicial_fwd_kernel, _config, supports, forms=FORMS)
-
-
-def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False) -> None:
-    """host.launch of the kernel (the registry's `launch`); form "det" first packs K1's two
-    column rotations (det_keys)."""
-    if spec.form == "det":
-        k1 = det_keys(k1, _config(spec)["DET"])
-    _launch(spec, q, k1, k2, v1, v2, out, lse, profile)
+launch, compile_configs = entry_points(simplicial_fwd_kernel, _config, supports, forms=FORMS,
+                                      det_pack=lambda k1, k2, det: (det_keys(k1, det), k2))

@@ -7,26 +7,31 @@ The common signature: kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale, H
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.det import det_specs, form_suffix
+from kernels_triton.det import det_of, det_specs, form_suffix
 from kernels_triton.tiling import COMPILE_SHAPES, LOG2E, grid
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
 Config = Callable[[ProblemSpec], dict]   # spec -> the kernel's constexprs + num_warps, num_stages
 Supports = Callable[[ProblemSpec], str | None]
+# form "det": (k1, k2, DET) -> the (k1, k2) the kernel reads (kernels_triton/det.py packs them)
+DetPack = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, Hk, D] K2 or V2 as [B, N, Hk*D]; a block is one head's
-    [1, block_n, D] token run, at coordinates [b, first token, g*D].
+    """TMA view of a contiguous [B, N, Hk, D] K2 or V2 as [B, N, Hk*D] (or of form "det"'s packed
+    [B, N, Hk, 2, D] K2 as [B, N, Hk*2*D]); a block is one head's [1, block_n, D] token run, at
+    coordinates [b, first token, g*D] (of the packed K2: 2g*D and (2g + 1)*D).
     Rows past N: a block that runs past a batch's last token reads zeros there (TMA fills what
     lies outside the view), never the next batch's rows. Their scores are masked (P = 0), and
     P = 0 times a zero is 0, so no value of one batch element, not even inf or NaN, reaches
     another's output."""
-    hd = spec.Hk * spec.D
+    hd = math.prod(t.shape[2:])
     return TensorDescriptor(t, shape=[spec.B, spec.N, hd], strides=[spec.N * hd, hd, 1],
                             block_shape=[1, block_n, spec.D])
 
@@ -93,12 +98,17 @@ def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = Fa
 
 
 def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False,
-                 forms: tuple[str, ...] = ("trilinear",)):
+                 forms: tuple[str, ...] = ("trilinear",), det_pack: DetPack | None = None):
     """A variant module's `launch` and `compile_configs` (simplicial_attn/registry.py) for
     `kernel` run with `config(spec)` (q_tma: as in launch; forms: the logits' forms it computes,
-    its registry record's `forms`, each of which gets compile configs)."""
+    its registry record's `forms`, each of which gets compile configs; det_pack: how form "det"
+    packs K1 and K2 for the kernel, given DET = det.det_of(spec))."""
+    assert ("det" in forms) == (det_pack is not None), "form 'det' needs its packing"
+
     def launch_variant(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
                        profile: bool = False) -> None:
+        if spec.form == "det":
+            k1, k2 = det_pack(k1, k2, det_of(spec))
         launch(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma)
 
     def variant_compile_configs() -> list[CompileConfig]:

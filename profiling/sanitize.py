@@ -1,5 +1,6 @@
 """Compute-sanitizer runs anyone can repeat: memcheck, racecheck and synccheck on every registered
-variant, forward and backward, in each logits' form it computes (form "det": `triton`), at two
+variant, forward and backward, in each logits' form it computes (form "det": `triton`, and
+the forward's `tlx_pipelined_kv` and `tlx_pipelined_pingpong`), at two
 small shapes each, failing on any finding that the allow-list (ALLOWED, one entry per explained
 finding, for every form of the variant) does not name. docs/sanitizers.md says what is allowed
 and why.
@@ -127,6 +128,8 @@ def _race(severity: str, *write_at: str) -> str:
 # places no other shared-memory instruction there), Triton's descriptor loads, a producer's store
 # into a ring slot that consumers read with plain loads.
 WS_FWD_ENTRY = _at("simplicial_fwd_ws_kernel", "kernels_tlx/ws.py", "def simplicial_fwd_ws_kernel(")
+WS_KV_ENTRY = _at("simplicial_fwd_ws_kv_kernel", "kernels_tlx/ws_kv.py",
+                  "def simplicial_fwd_ws_kv_kernel(")
 WS_BWD_ENTRY = _at("_dkv2_ws_kernel", "kernels_tlx/bwd_ws.py", "def _dkv2_ws_kernel(")
 FWD_TMA_INIT = _at("simplicial_fwd_kernel", "kernels_triton/fwd.py", "2.load([b, kb, g * D])")
 DQ_TMA_INIT = "|".join((_at("_dq_kernel", "kernels_triton/bwd.py", "for kb in range(k_lo, i_hi"),
@@ -139,6 +142,11 @@ ALLOWED: dict[tuple[str, str, str], Allowance] = {
     # against the workers' dispatch load.
     ("racecheck", "fwd", "tlx_ws"): Allowance(DISPATCH_DOC, 1, _race("Error", WS_FWD_ENTRY)),
     ("racecheck", "fwd", "tlx_pingpong"): Allowance(DISPATCH_DOC, 1, _race("Error", WS_FWD_ENTRY)),
+    # the same in the pipelined tlx_ws_kv kernels, reported in their form "det" runs only
+    ("racecheck", "fwd", "tlx_pipelined_kv"): Allowance(DISPATCH_DOC, 1,
+                                                        _race("Error", WS_KV_ENTRY)),
+    ("racecheck", "fwd", "tlx_pipelined_pingpong"): Allowance(DISPATCH_DOC, 1,
+                                                              _race("Error", WS_KV_ENTRY)),
     # Triton's TMA load: warp 0 inits an mbarrier, then thread 0 arrives on it (ordered in SASS).
     ("racecheck", "fwd", "triton"): Allowance(TMA_INIT_DOC, 2, _race("Warning", FWD_TMA_INIT)),
     ("racecheck", "bwd", "triton"): Allowance(TMA_INIT_DOC, 1, _race("Warning", DQ_TMA_INIT)),

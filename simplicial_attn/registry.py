@@ -108,14 +108,16 @@ def register(v: Variant) -> None:
 # (docs/perf.md; measured in docs/history/perf-notes.md, session 11). tlx_ws is ahead of triton
 # at 7 of 8 shapes timed with G from 16 to 128 and D = 64 or 128; at D = 64 it is also ahead of
 # tlx_pipelined_kv (450 vs 417 at G = 128).
-# tlx_pipelined_pingpong is on par with tlx_pipelined_kv: it stays below the rest, so "auto" never
-# takes it.
+# tlx_pipelined_pingpong is on par with tlx_pipelined_kv in the trilinear form: it stays below the
+# rest there. In form "det" at D = 128 it is the fastest (575.4 against tlx_pipelined_kv's 545.6
+# and triton's 490.9 at S*, H100, session 19), so "auto" takes it for det; det at D = 64 (G = 128)
+# is tlx_pipelined_kv's (383.0 against triton's 352.1; pingpong not timed there).
 _G128 = "G = Hq/Hk = 128; any B, N, Hk, w1, w2; D in {64, 128}"
 _G16 = "any B, N, Hk, w1, w2; G = Hq/Hk in {16, 32, 64, 128}; D in {64, 128}"
 register(Variant(name="tlx_pipelined_kv", pass_="fwd", module="kernels_tlx.pipelined_kv",
                  needs_hopper=True, rank=lambda spec: 8 if spec.D == 128 else 6, supports=_G128,
                  warps=16, scopes=KV_SCOPES, rounds_keys_side=True, rounds_values_side=True,
-                 pipelined=True))
+                 pipelined=True, forms=("trilinear", "det")))
 register(Variant(name="tlx_ws", pass_="fwd", module="kernels_tlx.ws", needs_hopper=True, rank=7,
                  supports=_G16, warps=12, scopes=WS_SCOPES))
 register(Variant(name="tlx_ws_kv", pass_="fwd", module="kernels_tlx.ws_kv", needs_hopper=True,
@@ -130,9 +132,10 @@ register(Variant(name="triton", pass_="fwd", module="kernels_triton.fwd", needs_
                  rank=2, warps=4, scopes=TRITON_SCOPES, forms=("trilinear", "det"),
                  supports="any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"))
 register(Variant(name="tlx_pipelined_pingpong", pass_="fwd",
-                 module="kernels_tlx.pipelined_pingpong", needs_hopper=True, rank=-3,
+                 module="kernels_tlx.pipelined_pingpong", needs_hopper=True,
+                 rank=lambda spec: 9 if spec.form == "det" and spec.D == 128 else -3,
                  supports=_G128, warps=16, scopes=KV_SCOPES, rounds_keys_side=True,
-                 rounds_values_side=True, pipelined=True))
+                 rounds_values_side=True, pipelined=True, forms=("trilinear", "det")))
 
 
 # Backward ranks: "auto" takes the highest that supports the shape.

@@ -49,9 +49,9 @@ def run_cli(*args: str, script: str = "fwd.py",
     # --form: a named variant that does not compute an asked form, whatever the shape
     (["--form", "det", "--variant", "tlx_ws"],
      ("--form det: variant 'tlx_ws' computes form trilinear only; variants that compute det: "
-      "triton")),
-    (["--form", "trilinear", "det", "--variant", "triton", "--variant", "tlx_pipelined_kv"],
-     "--form det: variant 'tlx_pipelined_kv' computes form trilinear only"),
+      "tlx_pipelined_kv, triton, tlx_pipelined_pingpong")),
+    (["--form", "trilinear", "det", "--variant", "triton", "--variant", "tlx_ws_keys"],
+     "--form det: variant 'tlx_ws_keys' computes form trilinear only"),
     (["--form", "cubic"], "argument --form: invalid choice: 'cubic'"),
     (["--form"], "argument --form: expected at least one argument"),
     (["--form", "det", "--hq", "12", "--hk", "5"], "--hq 12 must be a multiple of --hk 5"),

@@ -283,6 +283,23 @@ def test_triton_det_columns_build_the_cross_product(D, det, gen):
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("det", [1, -1])
+def test_keys_side_det_columns_build_the_cross_product(D, det, gen):
+    """det_keys_side's packing, as the TLX producer combines it (kernels_tlx/ws_kv.py: B_j =
+    K1a[j] * K2a + K1b[j] * K2b) is k1 x3 k2 for every (j, k) pair for DET = +1 and, for DET = -1
+    (pairs swapped), k1 x3 k2 with its chunk dims negated (the leftover k1 * k2 kept), in fp64."""
+    pytest.importorskip("triton")
+    from kernels_triton.det import det_keys_side
+    k1 = torch.randn(3, D, generator=gen, dtype=torch.float64)
+    k2 = torch.randn(4, D, generator=gen, dtype=torch.float64)
+    p1, p2 = (p[:, 0, 0] for p in det_keys_side(k1[:, None, None], k2[:, None, None], det))
+    assert p1.shape == (3, 2, D) and p2.shape == (4, 2, D)
+    b = p1[:, None, 0] * p2[None, :, 0] + p1[:, None, 1] * p2[None, :, 1]  # [3, 4, D]
+    want = cross3(k1[:, None], k2[None])
+    assert max_err(b, want if det > 0 else ref_mod._negate_chunks(want)) <= 1e-15
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("det", [1, -1])
 def test_triton_det_backward_columns_are_the_gradient(D, det, gen):
     """The Triton backward's bookkeeping (kernels_triton/det.py): with A = Qa * K1a + Qb * K1b as
     the kernels build it and X = dL/dA, dQ = pi^(3-R)(X * K1a) - chi pi^R(X * K1b) (`_dq_kernel`'s

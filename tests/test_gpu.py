@@ -202,15 +202,16 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
 
     form="det" (the `triton` kernel's build, kernels_triton/fwd.py): A = bf16(Qa * K1a + bf16(Qb
     * K1b)), Qa = pi^r Q, K1a = pi^(3-r) K1, Qb = -pi^(3-r) Q (0 on the leftover dims), K1b = pi^r
-    K1, r = 1, or r = 2 when the pairs are exchanged (the determinants' sign flips).
+    K1, r = 1, or r = 2 when the pairs are exchanged (the determinants' sign flips). With
+    keys_side (the producer's build, kernels_tlx/ws_kv.py): bf16(K1a[j] * K2a + bf16(K1b[j] *
+    K2b)) in place of bf16(K1[j] * K2), K1a = pi^r K1, K1b = -pi^(3-r) K1 (0 on the leftover
+    dims), K2a = pi^(3-r) K2, K2b = pi^r K2.
     (K1, V1) is the pair with the smaller window, as the launcher arranges. Returns (out, lse) in
     `dtype`, out holding bf16-representable values."""
     r = 1
     if w1 > w2:
         k1, v1, k2, v2, w1, w2 = k2, v2, k1, v1, w2, w1
         r = 2
-    if form == "det" and keys_side:
-        raise NotImplementedError("no keys-side kernel computes form 'det'")
     B, N, Hq, D = q.shape
     Hk = k1.shape[2]
     G = Hq // Hk
@@ -233,7 +234,13 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
         K2 = k2[:, k.clamp(min=0)].permute(0, 1, 3, 2, 4)  # [B, C, Hk, w2, D]
         V2 = v2[:, k.clamp(min=0)].permute(0, 1, 3, 2, 4)
         Q = q[:, i].unflatten(2, (Hk, G))                  # [B, C, Hk, G, D]
-        if keys_side:
+        if keys_side and form == "det":
+            K1a, K1b = pi_chunks(K1, r), -(chunk_dims(K1) * pi_chunks(K1, 3 - r))
+            K2a, K2b = pi_chunks(K2, 3 - r), pi_chunks(K2, r)
+            KK = bf16(K1a[:, :, :, :, None] * K2a[:, :, :, None]
+                      + bf16(K1b[:, :, :, :, None] * K2b[:, :, :, None]))
+            s = sm_scale * torch.einsum("bchgd,bchjkd->bchgjk", Q, KK)
+        elif keys_side:
             KK = bf16(K1[:, :, :, :, None] * K2[:, :, :, None])   # [B, C, Hk, w1, w2, D]
             s = sm_scale * torch.einsum("bchgd,bchjkd->bchgjk", Q, KK)
         elif form == "det":

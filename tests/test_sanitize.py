@@ -270,8 +270,9 @@ def test_plan_of_the_runs():
     assert len(runs) == 3 * 2 * n and len(set(runs)) == len(runs)
     assert {(r.pass_, r.variant, r.form) for r in runs} == {
         (v.pass_, v.name, f) for v in registry.all_variants(None) for f in v.forms}
-    assert {(r.pass_, r.variant) for r in runs if r.form == "det"} == {("fwd", "triton"),
-                                                                       ("bwd", "triton")}
+    assert {(r.pass_, r.variant) for r in runs if r.form == "det"} == {
+        ("fwd", "triton"), ("bwd", "triton"), ("fwd", "tlx_pipelined_kv"),
+        ("fwd", "tlx_pipelined_pingpong")}
     assert len(sanitize.plan(sanitize.TOOLS, registry.PASSES, None, forms=["trilinear"])) == (
         3 * 2 * len(registry.all_variants(None)))
     runs = sanitize.plan(["racecheck"], ["fwd", "bwd"], ["tlx_ws"])

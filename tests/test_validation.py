@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -246,14 +247,20 @@ def _det_variants(pass_: str = "fwd") -> list[str]:
 
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 def test_auto_takes_a_det_kernel_on_hopper(pass_):
-    """Form "det": "auto" on an sm_90 GPU takes a variant that computes it (today only `triton`,
-    forward and backward), at every G and D; the trilinear pick at the same shape is unchanged."""
+    """Form "det": "auto" on an sm_90 GPU takes a variant that computes it, the fastest measured:
+    the forward's `tlx_pipelined_pingpong` at G = 128 and D = 128, `tlx_pipelined_kv` at G = 128
+    and D = 64 (the TLX det build, keys-side), `triton` at other G and for the backward; the
+    trilinear pick at the same shape is unchanged."""
     from simplicial_attn.launcher import pick
     from simplicial_attn.spec import validate_shape
-    assert _det_variants(pass_) == ["triton"]
-    for hq, hk, d in ((128, 1, 128), (64, 1, 64), (8, 1, 128), (32, 4, 128), (1, 1, 64)):
+    assert "triton" in _det_variants(pass_)
+    for hq, hk, d in ((128, 1, 128), (256, 2, 64), (64, 1, 64), (8, 1, 128), (32, 4, 128),
+                      (1, 1, 64)):
         spec = dataclasses.replace(validate_shape(1, 300, hq, hk, d, 32, 512), form="det")
-        assert pick(spec, "auto", True, pass_).name == "triton", (hq, hk, d)
+        want = "triton"
+        if pass_ == "fwd" and hq // hk == 128:
+            want = "tlx_pipelined_pingpong" if d == 128 else "tlx_pipelined_kv"
+        assert pick(spec, "auto", True, pass_).name == want, (hq, hk, d)
         assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True, pass_).forms
 
 
@@ -265,7 +272,8 @@ def test_named_variant_without_det_refuses_it(pass_, variant):
     from simplicial_attn.launcher import pick
     from simplicial_attn.spec import validate_shape
     spec = dataclasses.replace(validate_shape(1, 300, 128, 1, 128, 32, 512), form="det")
-    with pytest.raises(ValueError, match=r"not 'det'.*variants that can: triton"):
+    can = ", ".join(_det_variants(pass_))
+    with pytest.raises(ValueError, match=rf"not 'det'.*variants that can: {re.escape(can)}$"):
         pick(spec, variant, True, pass_)
 
 
@@ -287,15 +295,15 @@ def test_det_with_a_trilinear_backward_refused_before_any_launch(bwd_variant, mo
         backward.backward(x[0], None, *x, x[0], lse, 2, 4, variant=bwd_variant, form="det")
 
 
-def test_det_form_on_hopper_selects_triton_both_passes(monkeypatch):
-    """form="det" on (fake) Hopper tensors: the launcher selects `triton` for the forward and
-    the backward, and attention gets past both checks (FakeTensorMode runs the op's fake
-    implementation, no kernel)."""
+def test_det_form_on_hopper_selects_det_kernels_both_passes(monkeypatch):
+    """form="det" on (fake) Hopper tensors at G = 128: the launcher selects a TLX det forward
+    and the `triton` backward, and attention gets past both checks
+    (FakeTensorMode runs the op's fake implementation, no kernel)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     from simplicial_attn.launcher import select
     x = _fake_cuda_inputs(128, 1)
     spec = validate(*x, 2, 4, form="det")
-    assert select(spec, "auto", x[0].device).name == "triton"
+    assert select(spec, "auto", x[0].device).name == "tlx_pipelined_pingpong"  # D = 128
     assert select(spec, "auto", x[0].device, "bwd").name == "triton"
     out, lse = simplicial_attn.attention(*x, 2, 4, form="det")
     assert out.shape == x[0].shape and lse.shape == (1, 128, 8)
