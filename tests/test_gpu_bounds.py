@@ -17,13 +17,14 @@ from conftest import hq_taken_by
 
 pytestmark = pytest.mark.gpu
 
-VARIANTS = registry.all_variants()
+# every variant in each logits' form it computes (form "det" packs K1 and K2 on the host)
+CASES = [(v, form) for v in registry.all_variants() for form in v.forms]
 
 
-@pytest.mark.parametrize("v", VARIANTS, ids=[v.name for v in VARIANTS])
+@pytest.mark.parametrize("v, form", CASES, ids=[f"{v.name}-{form}" for v, form in CASES])
 @pytest.mark.parametrize("poisoned", ["q", "k1", "k2", "v1", "v2"])
 @pytest.mark.parametrize("value", [math.inf, math.nan], ids=["inf", "nan"])
-def test_no_value_crosses_batches(v, poisoned, value, rand, seed):
+def test_no_value_crosses_batches(v, form, poisoned, value, rand, seed):
     """B = 2, N = 700, w1 x w2 = 32 x 200 (the last key block of a tile passes N: 200 is no
     multiple of the 128-key blocks, and G = 16 packs 4 tokens per tile), inf or NaN in one input
     at batch 1's first 64 tokens: batch 0's outputs are finite and bitwise those of batch 0 run
@@ -39,9 +40,10 @@ def test_no_value_crosses_batches(v, poisoned, value, rand, seed):
     q, k1, k2, v1, v2 = rand(B, N, Hq, Hk, D, device="cuda")
     x = dict(q=q, k1=k1, k2=k2, v1=v1, v2=v2)
     x[poisoned][1, :64] = value
-    out, lse = run(*x.values(), w1, w2, variant=v.name)
-    alone_out, alone_lse = run(*(t[:1] for t in x.values()), w1, w2, variant=v.name)
-    label = f"variant={v.name} {spec.short()} {value} in batch 1's {poisoned}, seed={seed}"
+    out, lse = run(*x.values(), w1, w2, variant=v.name, form=form)
+    alone_out, alone_lse = run(*(t[:1] for t in x.values()), w1, w2, variant=v.name, form=form)
+    label = (f"variant={v.name} form={form} {spec.short()} {value} in batch 1's {poisoned}, "
+             f"seed={seed}")
     bad = int((~torch.isfinite(out[0])).sum())
     assert bad == 0, f"{label}: {bad} non-finite outputs in batch 0"
     assert torch.isfinite(lse[0]).all(), f"{label}: non-finite LSE in batch 0"
