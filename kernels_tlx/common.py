@@ -1,7 +1,7 @@
 """Device pieces every TLX variant shares: the consumer count, named barriers, accumulator layouts,
-the TMA producer loop, the pingpong turns, the split-j merge epilogue, `opaque`, `held`. The host side
-(descriptors, launch, compile configs) is kernels_triton/host.py, shared with the Triton kernel;
-the G = 128 build pieces are in hadamard.py. A variant file holds only its technique."""
+the TMA producer loop, the pingpong turns, the split-j merge epilogue, `opaque`, `held`. The host
+side (descriptors, launch, compile configs) is kernels_triton/host.py, shared with the Triton
+kernel; the G = 128 build pieces are in hadamard.py. A variant file holds only its technique."""
 from __future__ import annotations
 
 import triton

@@ -1,4 +1,5 @@
-"""The determinant form's pieces that the Triton forward and backward share (form "det").
+"""The determinant form's pieces that the Triton forward and backward share (form "det"), and the
+host packing of the TLX keys-side det forward (det_keys_side).
 
 pi rotates each 3-chunk of D, (pi x)[3l+m] = x[3l + (m+1) mod 3], and leaves the D mod 3 leftover
 columns in place (simplicial_attn/reference.py states the form). A kernel builds
@@ -102,7 +103,8 @@ def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:
     return torch.stack((k1a, k1b), dim=3)
 
 
-def det_keys_side(k1: torch.Tensor, k2: torch.Tensor, det: int) -> tuple[torch.Tensor, torch.Tensor]:
+def det_keys_side(k1: torch.Tensor, k2: torch.Tensor,
+                  det: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The K1 and K2 a keys-side kernel (one that builds B_j = K1[j] x3 K2 and computes
     S = Q @ B_j^T, kernels_tlx/ws_kv.py) reads with DET = det: both [B, N, Hk, 2, D] (contiguous),
     with B_j = K1a[j] * K2a + K1b[j] * K2b for
