@@ -13,7 +13,9 @@ The numbers come from the wheel's own tools in `triton/backends/nvidia/bin/`:
   cuobjdump     -res-usage on Triton's cubin: REG as a cross-check (`cubin_registers`) and SHARED;
                 -sass (same call): "ex2 under wgmma", the exp2 issued between a wait that leaves
                 one wgmma group in flight and the full wait (parse_sass_overlap): whether a
-                pipelined consumer's softmax really runs under its PV wgmma in the compiled code.
+                pipelined consumer's softmax really runs under its PV wgmma in the compiled code;
+                and the wgmma register operands a loop overwrites (parse_sass_clobbered_operands:
+                ptxas once put P into the registers holding Q; a gate, like spills).
   the PTX text  wgmma.mma_async count, setmaxnreg.{inc,dec} values, bar.sync/bar.arrive ids.
 
 smem_bytes = dynamic (`k.metadata.shared`, what Triton allocates) + static (ptxas "N bytes smem").
@@ -24,7 +26,8 @@ Named barrier ids: every literal id other than 0 is listed. Warp-specialized (TL
 compiler-made per-partition barriers (small ids such as 1-3) besides the ones the kernel names
 (e.g. 9/10 for pingpong), so read the ids, not just yes/no.
 
-Exit status: 0 when every config compiles, spills nothing and fits in shared memory; 1 otherwise,
+Exit status: 0 when every config compiles, spills nothing, fits in shared memory and keeps its
+wgmma register operands; 1 otherwise,
 with one line per offending config on stderr.
 """
 from __future__ import annotations
@@ -168,6 +171,70 @@ def parse_sass_overlap(sass: str) -> int | None:
     return best
 
 
+_INSN = re.compile(r"^\s*/\*([0-9a-f]{4,6})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_REG = re.compile(r"^R(\d+)$")
+_HGMMA_N = re.compile(r"^HGMMA\.64x(\d+)x\d+\.(F32|F16)")
+# opcodes whose first operand is not a register they write
+_NO_DEST = ("ST", "RED", "BRA", "BAR", "SYNCS", "WARPGROUP", "EXIT", "RET", "CALL", "UTMA",
+            "FENCE", "MEMBAR", "DEPBAR", "NOP", "BSSY", "BSYNC", "WARPSYNC", "YIELD")
+
+
+def _writes(op: str, operands: list[str]) -> range:
+    """The registers an instruction writes (its first operand and the registers that follow it
+    for a vector result), empty when its first operand is no register it writes."""
+    m = _REG.match(operands[0]) if operands else None
+    if m is None or op.startswith(_NO_DEST):
+        return range(0)
+    if hgmma := _HGMMA_N.match(op):  # the accumulator: N/2 fp32 (N/4 fp16) registers a thread
+        return range(int(m.group(1)), int(m.group(1)) + int(hgmma.group(1)) // (
+            2 if hgmma.group(2) == "F32" else 4))
+    parts = op.split(".")
+    width = 4 if "128" in parts or (op.startswith("LDSM") and parts[-1] == "4") else (
+        2 if "64" in parts or "WIDE" in parts or (op.startswith("LDSM") and parts[-1] == "2")
+        else 1)
+    return range(int(m.group(1)), int(m.group(1)) + width)
+
+
+def parse_sass_clobbered_operands(sass: str) -> list[str]:
+    """Register A operands of a zero-initialized wgmma chain inside a loop (S = Q @ B^T: Q held in
+    registers over the loop) that the innermost such loop overwrites after the chain, with no
+    write of them before the chain in the loop body: the next iteration's chain would read the
+    overwritten values. One text per such register, e.g. "R180 (HGMMA at 0x3c40, written at
+    0x4c90)". This is what ptxas did to `tlx_ws_kv`'s consumers with the det build
+    (docs/perf.md), where the PTX keeps the registers apart."""
+    insns = []
+    for line in sass.splitlines():
+        if m := _INSN.match(line):
+            operands = [o.strip() for o in m.group(4).split(",") if o.strip()]
+            insns.append((int(m.group(1), 16), m.group(3), operands))
+    loops = [(int(ops[0], 16), addr) for addr, op, ops in insns
+             if op.startswith("BRA") and ops and re.fullmatch(r"0x[0-9a-f]+", ops[0])
+             and int(ops[0], 16) < addr]
+    found = []
+    for i, (addr, op, ops) in enumerate(insns):
+        # a chain's first HGMMA zero-initializes its accumulator ("RZ, !UPT"); A in registers
+        if not (op.startswith("HGMMA") and "!UPT" in ops and _REG.match(ops[1])):
+            continue
+        acc, regs, end = ops[0], {}, addr  # the chain: HGMMAs into the same accumulator
+        for a2, op2, ops2 in insns[i:]:
+            if op2.startswith("HGMMA"):
+                if ops2[0] != acc or (a2 != addr and "!UPT" in ops2):
+                    break
+                if m := _REG.match(ops2[1]):
+                    regs.update((r, addr) for r in range(int(m.group(1)), int(m.group(1)) + 4))
+                end = a2
+        enclosing = [(hi - lo, lo, hi) for lo, hi in loops if lo <= addr <= hi]
+        for _, lo, hi in sorted(enclosing)[:1]:  # the innermost loop (not, e.g., the dispatch's)
+            before = {r for a2, op2, ops2 in insns if lo <= a2 < addr for r in _writes(op2, ops2)}
+            for a2, op2, ops2 in insns:
+                if end < a2 <= hi:
+                    for r in _writes(op2, ops2):
+                        if r in regs and r not in before:
+                            found.append(f"R{r} (HGMMA at {addr:#x}, written at {a2:#x})")
+                            before.add(r)
+    return found
+
+
 # ------------------------------------------------------------------------------------------- tools
 
 def tool_dir() -> Path:
@@ -218,7 +285,8 @@ def _empty_row(v: registry.Variant, c) -> dict:
             "smem_dynamic_bytes": None, "smem_static_bytes": None, "cubin_shared": None,
             "wgmma": None, "setmaxnreg": None, "setmaxnreg_values": [], "setmaxnreg_inc": [],
             "setmaxnreg_dec": [], "named_barriers": None, "named_barrier_ids": [],
-            "ptxas_barriers": None, "ex2_overlap": None, "notes": [], "error": None}
+            "ptxas_barriers": None, "ex2_overlap": None, "operand_clobbers": [], "notes": [],
+            "error": None}
 
 
 def measure(v: registry.Variant, c, tools: dict, keep: Path | None = None) -> dict:
@@ -271,6 +339,7 @@ def _measure(v: registry.Variant, c, tools: dict, keep: Path | None) -> dict:
                 (work / "cuobjdump.txt").write_text(text)
                 cuobj = parse_cuobjdump(text)
                 row["ex2_overlap"] = parse_sass_overlap(text)
+                row["operand_clobbers"] = parse_sass_clobbered_operands(text)
             except RuntimeError as e:
                 notes.append(str(e))
 
@@ -342,7 +411,8 @@ def report(variant_names=None, keep: str | Path | None = None,
 
 
 def problems(row: dict) -> list[str]:
-    """Why a row fails the gate: compile error, any spill, shared memory over HOPPER_SMEM_LIMIT."""
+    """Why a row fails the gate: compile error, any spill, shared memory over HOPPER_SMEM_LIMIT,
+    a wgmma register operand that its loop overwrites (parse_sass_clobbered_operands)."""
     if row["error"]:
         return [row["error"]]
     out = []
@@ -351,6 +421,9 @@ def problems(row: dict) -> list[str]:
                    f"{row['spill_loads']} loads)")
     if row["smem_bytes"] > HOPPER_SMEM_LIMIT:
         out.append(f"shared memory {row['smem_bytes']} bytes > limit {HOPPER_SMEM_LIMIT}")
+    if row["operand_clobbers"]:
+        out.append("wgmma register operands overwritten in their loop: "
+                   + ", ".join(row["operand_clobbers"][:4]))
     return out
 
 

@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:  # plain `pytest` from anywhere
 
 from profiling import resources  # noqa: E402
 from profiling.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx,  # noqa: E402
-                                 parse_ptxas, parse_sass_overlap)
+                                 parse_ptxas, parse_sass_clobbered_operands,
+                                 parse_sass_overlap)
 from simplicial_attn import registry  # noqa: E402
 
 REQUIRED_KEYS = {"pass", "variant", "config", "registers", "spill_bytes", "smem_bytes", "wgmma",
@@ -50,6 +51,8 @@ def test_config_resources(rows, variant, config):
                                    f"{r['registers']} registers")
     assert r["smem_bytes"] <= HOPPER_SMEM_LIMIT, (f"{where} needs {r['smem_bytes']} bytes of "
                                                   f"shared memory > {HOPPER_SMEM_LIMIT}")
+    assert not r["operand_clobbers"], (f"{where}: its loop overwrites the registers its QK "
+                                       f"wgmma reads: {r['operand_clobbers'][:4]}")
     if variant.needs_hopper:
         assert r["wgmma"] >= 1, f"{where} is Hopper-only but its PTX has no wgmma.mma_async"
     assert r["total_warps"] <= variant.warps, (f"{where}: the kernel runs {r['total_warps']} "
@@ -189,3 +192,33 @@ def test_parse_sass_overlap():
     assert parse_sass_overlap(no_ex2) == 0
     unclosed = "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;\nMUFU.EX2 R1, R1 ;"
     assert parse_sass_overlap(unclosed) is None  # a window never closed by a full wait
+
+
+# A consumer loop as ptxas compiled `tlx_ws_kv` with the det build (docs/perf.md): the QK chain
+# reads Q from R180-R183, and the softmax then writes P into R180 before the back edge.
+CLOBBER_SASS = """
+        /*3ae0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8+0x382f0], R3 ;
+        /*3c40*/                   HGMMA.64x128x16.F32.BF16 R24, R180, gdesc[UR4], RZ, !UPT ;
+        /*3c80*/                   HGMMA.64x128x16.F32.BF16 R24, R184, gdesc[UR4], R24, gsb0 ;
+        /*4c90*/                   FFMA R180, R24, UR20, -R4 ;
+        /*6270*/                   HGMMA.64x128x16.F32.BF16 R88, R180, gdesc[UR4].tnspB, R88 ;
+        /*64d0*/               @P0 BRA 0x3ae0 ;
+"""
+
+
+def test_parse_sass_clobbered_operands():
+    assert parse_sass_clobbered_operands(CLOBBER_SASS) == [
+        "R180 (HGMMA at 0x3c40, written at 0x4c90)"]
+    # Q re-loaded at the top of each iteration (the trilinear tlx_ws_kv): fine
+    reload = CLOBBER_SASS.replace(
+        "        /*3c40*/",
+        "        /*3b00*/                   LDSM.16.M88.4 R180, [R6+0x34000] ;\n        /*3c40*/")
+    assert parse_sass_clobbered_operands(reload) == []
+    # the write after the loop's back edge (an epilogue) is no clobber
+    assert parse_sass_clobbered_operands(CLOBBER_SASS.replace("/*4c90*/", "/*6500*/")) == []
+    # Q's registers written by a vector load in the loop: LDS.128 R176 covers R176-R179 only
+    assert parse_sass_clobbered_operands(CLOBBER_SASS.replace(
+        "FFMA R180, R24, UR20, -R4", "LDS.128 R176, [R2]")) == []
+    assert parse_sass_clobbered_operands(CLOBBER_SASS.replace(
+        "FFMA R180, R24, UR20, -R4", "LDS.128 R178, [R2]")) == [
+        "R180 (HGMMA at 0x3c40, written at 0x4c90)", "R181 (HGMMA at 0x3c40, written at 0x4c90)"]
