@@ -47,12 +47,20 @@ def fma_bf16x2(x, y, z):
 
 
 @triton.jit
-def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr):
+def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr,
+          DET: tl.constexpr = 0, row_b=None, src_b=None):
     """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
-    the proxy fence that makes it visible to the consumers' wgmma."""
+    the proxy fence that makes it visible to the consumers' wgmma. DET (form "det", K1[j]'s and
+    K2's rotations, kernels_triton/det.py: det_keys_side): dst = bf16(row * src + bf16(row_b *
+    src_b)), one more block scaled by one more row."""
     for ch in tl.static_range(BLOCK_N // CH):
         x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
-        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), mul_bf16x2(x, row))
+        if DET:
+            xb = tlx.local_load(tlx.local_slice(src_b, [ch * CH, 0], [CH, D]))
+            y = fma_bf16x2(x, row, mul_bf16x2(xb, row_b))
+        else:
+            y = mul_bf16x2(x, row)
+        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), y)
     tlx.fence_async_shared()
 
 
@@ -81,16 +89,3 @@ def start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.cons
     m_i = tl.full([HALF], M_START, tl.float32)
     return tok, head, m_i, tl.zeros([HALF], tl.float32), tl.zeros([HALF, D], tl.float32)
 
-
-@triton.jit
-def build_det(row_a, row_b, src_a, src_b, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr,
-              CH: tl.constexpr):
-    """Producer, form "det": dst = bf16(row_a * src_a + bf16(row_b * src_b)), two blocks scaled by
-    one row each (K1[j]'s and K2's rotations, kernels_triton/det.py: det_keys_side), CH rows at a
-    time, then the proxy fence."""
-    for ch in tl.static_range(BLOCK_N // CH):
-        xa = tlx.local_load(tlx.local_slice(src_a, [ch * CH, 0], [CH, D]))
-        xb = tlx.local_load(tlx.local_slice(src_b, [ch * CH, 0], [CH, D]))
-        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]),
-                        fma_bf16x2(xa, row_a, mul_bf16x2(xb, row_b)))
-    tlx.fence_async_shared()

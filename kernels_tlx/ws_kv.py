@@ -41,7 +41,7 @@ import triton.language.extra.tlx as tlx
 
 from kernels_tlx.common import (NUM_CONSUMERS, acc_layout, held, pass_turn, release_layout,
                                take_turn)
-from kernels_tlx.hadamard import build, build_det, row_tile, start_consumer, supports, token_tile
+from kernels_tlx.hadamard import build, row_tile, start_consumer, supports, token_tile
 from kernels_triton.det import det_keys_side, det_of
 from kernels_triton.host import entry_points
 from kernels_triton.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores, normalized,
@@ -51,11 +51,13 @@ from simplicial_attn.spec import ProblemSpec
 
 @triton.jit
 def produce_step(row, src_tile, dst_tiles, fulls, empties, c, D: tl.constexpr,
-                 BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, CH: tl.constexpr):
-    """Producer: wait for slot c % NUM_B of a ring, build row * src into it, mark it full."""
+                 BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, CH: tl.constexpr,
+                 DET: tl.constexpr = 0, row_b=None, src_b=None):
+    """Producer: wait for slot c % NUM_B of a ring, build row * src into it (DET: row * src +
+    row_b * src_b, hadamard.build), mark it full."""
     bs = c % NUM_B
     tlx.barrier_wait(tlx.local_view(empties, bs), ((c // NUM_B) & 1) ^ 1)
-    build(row, src_tile, tlx.local_view(dst_tiles, bs), D, BLOCK_N, CH)
+    build(row, src_tile, tlx.local_view(dst_tiles, bs), D, BLOCK_N, CH, DET, row_b, src_b)
     tlx.barrier_arrive(tlx.local_view(fulls, bs), 1)
 
 
@@ -165,55 +167,38 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
 @triton.jit
 def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, j_first, n_j,
             n_blocks, k_lo, n_lo, n_hi, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_B: tl.constexpr, CH: tl.constexpr, SCOPE: tl.constexpr, PROFILE: tl.constexpr):
+            NUM_B: tl.constexpr, CH: tl.constexpr, SCOPE: tl.constexpr, PROFILE: tl.constexpr,
+            DET: tl.constexpr = 0, x2b_tile=None, q_free=None):
     """A producer warp group: per key block, TMA-load X2 (K2 or V2) into `x2_tile` (free: this
-    warp group's last builds read it before), then per j build X1[j] * X2 into the ring."""
+    warp group's last builds read it before), then per j build X1[j] * X2 into the ring.
+    DET (the B producer of form "det"): X1, X2 are det_keys_side's packed [B, N, HK, 2, D] K1
+    and K2, so a key block is two TMA loads (K2a into x2_tile, K2b into x2b_tile), a j two K1
+    rows, and B_j = K1a[j] * K2a + K1b[j] * K2b. x2b_tile is the consumers' Q tiles: the first
+    load waits until both consumers hold Q in registers (`q_free`)."""
+    SLOTS: tl.constexpr = 2 if DET else 1  # packed rows per token and head (det_keys_side)
+    if DET:
+        tlx.barrier_wait(q_free, 0)
     for t in range(0, n_blocks):
         kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
         enter("load_kv", PROFILE)
-        tlx.barrier_expect_bytes(full, BLOCK_N * D * BF16_BYTES)
-        tlx.async_descriptor_load(X2, x2_tile, [b, kb, g * D], full)
+        tlx.barrier_expect_bytes(full, SLOTS * BLOCK_N * D * BF16_BYTES)
+        tlx.async_descriptor_load(X2, x2_tile, [b, kb, SLOTS * g * D], full)
+        if DET:
+            tlx.async_descriptor_load(X2, x2b_tile, [b, kb, (2 * g + 1) * D], full)
         tlx.barrier_wait(full, t & 1)
         leave("load_kv", PROFILE)
         for jj in range(0, n_j):
-            row = row_tile(X1, kv_base + (j_first + jj).to(tl.int64) * (HK * D), D, CH)
+            # X1[j] (packed: its rows at SLOTS times the offset of an unpacked X1[j])
+            x1_row = SLOTS * (kv_base + (j_first + jj).to(tl.int64) * (HK * D))
+            row = row_tile(X1, x1_row, D, CH)
+            if DET:
+                row_b = row_tile(X1, x1_row + D, D, CH)
+            else:
+                row_b = row
             enter(SCOPE, PROFILE)
             produce_step(row, x2_tile, dst_tiles, fulls, empties, t * n_j + jj, D, BLOCK_N, NUM_B,
-                         CH)
+                         CH, DET, row_b, x2b_tile)
             leave(SCOPE, PROFILE)
-
-
-@triton.jit
-def produce_det(K1, K2, k2a_tile, k2b_tile, full, q_free, dst_tiles, fulls, empties, b, g, N,
-                kv_base, j_first, n_j, n_blocks, k_lo, n_lo, n_hi, HK: tl.constexpr,
-                D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, CH: tl.constexpr,
-                PROFILE: tl.constexpr):
-    """`produce` of B_j = K1[j] x3 K2 (form "det"): K1 and K2 are det_keys_side's packed
-    [B, N, HK, 2, D], so a K2 block is two TMA loads (K2a, K2b) and a K1 row two rows (K1a[j],
-    K1b[j]); B_j = K1a[j] * K2a + K1b[j] * K2b. K2b's slot is the consumers' Q tiles: the first
-    load waits until both consumers hold Q in registers (`q_free`)."""
-    tlx.barrier_wait(q_free, 0)
-    for t in range(0, n_blocks):
-        kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
-        enter("load_kv", PROFILE)
-        tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)
-        tlx.async_descriptor_load(K2, k2a_tile, [b, kb, 2 * g * D], full)
-        tlx.async_descriptor_load(K2, k2b_tile, [b, kb, (2 * g + 1) * D], full)
-        tlx.barrier_wait(full, t & 1)
-        leave("load_kv", PROFILE)
-        for jj in range(0, n_j):
-            # K1[j]'s two packed rows: at twice the offset of K1[j] in an unpacked K1
-            row = 2 * (kv_base + (j_first + jj).to(tl.int64) * (HK * D))
-            row_a = row_tile(K1, row, D, CH)
-            row_b = row_tile(K1, row + D, D, CH)
-            enter("build_b", PROFILE)
-            c = t * n_j + jj
-            bs = c % NUM_B
-            tlx.barrier_wait(tlx.local_view(empties, bs), ((c // NUM_B) & 1) ^ 1)
-            build_det(row_a, row_b, k2a_tile, k2b_tile, tlx.local_view(dst_tiles, bs), D,
-                      BLOCK_N, CH)
-            tlx.barrier_arrive(tlx.local_view(fulls, bs), 1)
-            leave("build_b", PROFILE)
 
 
 @triton.jit
@@ -237,6 +222,7 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                                        num_warps=4 * NUM_CONSUMERS), 0)
     else:
         q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)  # consumer c's rows
+        k2b_tile, q_free = None, None
     kv_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, 2)   # K2 (K2a), V2: read by a producer
     b_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
     c_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_B)
@@ -250,15 +236,9 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer of B_j = K1[j] * K2 (K1[j] x3 K2)
-            if DET:
-                produce_det(K1, K2, tlx.local_view(kv_tiles, 0), k2b_tile,
-                            tlx.local_view(kv_fulls, 0), q_free, b_tiles, b_fulls, b_empties, b,
-                            g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo, n_hi, HK, D,
-                            BLOCK_N, NUM_B, CH, PROFILE)
-            else:
-                produce(K1, K2, tlx.local_view(kv_tiles, 0), tlx.local_view(kv_fulls, 0),
-                        b_tiles, b_fulls, b_empties, b, g, N, kv_base, j_first, n_j, n_blocks,
-                        k_lo, n_lo, n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_b", PROFILE)
+            produce(K1, K2, tlx.local_view(kv_tiles, 0), tlx.local_view(kv_fulls, 0), b_tiles,
+                    b_fulls, b_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
+                    n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_b", PROFILE, DET, k2b_tile, q_free)
         with tlx.async_task(num_warps=4, registers=PRODUCER_REGS):  # producer of C_j = V1[j] * V2
             produce(V1, V2, tlx.local_view(kv_tiles, 1), tlx.local_view(kv_fulls, 1), c_tiles,
                     c_fulls, c_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -1,8 +1,8 @@
 """Compute-sanitizer runs anyone can repeat: memcheck, racecheck and synccheck on every registered
-variant, forward and backward, in each logits' form it computes (form "det": `triton`, and
-the forward's `tlx_pipelined_kv` and `tlx_pipelined_pingpong`), at two
-small shapes each, failing on any finding that the allow-list (ALLOWED, one entry per explained
-finding, for every form of the variant) does not name. docs/sanitizers.md says what is allowed
+variant, forward and backward, in each logits' form it computes (form "det": `triton`, and the
+forward's `tlx_pipelined_kv` and `tlx_pipelined_pingpong`), at two small shapes each, failing on
+any finding that the allow-list (ALLOWED, one entry per explained finding, for every form of the
+variant) does not name. docs/sanitizers.md says what is allowed
 and why.
 
     python3 profiling/sanitize.py                                   # everything (GPU)
