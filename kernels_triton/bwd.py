@@ -46,7 +46,11 @@ epilogue does two tile read-add-writes and two column sums per j instead of one 
 permuted loads' addresses take registers, so det has its own tile configs (dkv2_config,
 dq_config) and every column vector built from tl.arange is rebuilt per use (an opaque copy,
 `_fresh_rows`) so the compiler cannot hoist it into registers held over the key loop (that alone
-spilled 1,132 bytes). Scratch: twice the dQ tiles and the dK1 partials, and the packed K1.
+spilled 1,132 bytes). A permuted load is one narrow load per element, so with STAGE_Q (the 64-row
+tiles) `_dq_kernel` loads Qa and Qb through permuted columns once per row tile into the program's
+scratch and reads them back contiguously at each j, for the build and for the column sums.
+Scratch: twice the dK1 partials, the dQ tiles two or three times (U, W and the staged Qa/Qb:
+acc_tiles), and the packed K1.
 """
 from __future__ import annotations
 
@@ -94,14 +98,16 @@ def dq_config(spec: ProblemSpec) -> dict:
     G <= 2, Z_j in a second pass over the keys (TWO_PASS). 16 keys are 1.4x slower at S*.
     Form "det" (a longer epilogue): 32 keys at D = 64; at D = 128 the 4-warp tile for every
     G >= 64 (8 warps spill 16 bytes at G = 64, Hk = 2), elsewhere 8 warps, 16 keys, FRESH_ROWS,
-    TWO_PASS above G = 2 (each of these spilled 8-88 bytes otherwise)."""
+    TWO_PASS above G = 2 (each of these spilled 8-88 bytes otherwise). STAGE_Q (det, the 64-row
+    tiles): the row tile's Qa and Qb staged once per tile in the program's scratch, so that the
+    per-j build and epilogue read them contiguously (at 128 rows it spills 24-128 bytes)."""
     if spec.form == "det":
         if spec.D == 64:
-            return dict(BLOCK_M=64, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=True, num_warps=4,
-                        num_stages=3)
+            return dict(BLOCK_M=64, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=True, STAGE_Q=True,
+                        num_warps=4, num_stages=3)
         if spec.G >= 64:
-            return dict(BLOCK_M=64, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=True, num_warps=4,
-                        num_stages=3 if (spec.G, spec.Hk) == (128, 1) else 2)
+            return dict(BLOCK_M=64, BLOCK_N=32, TWO_PASS=False, FRESH_ROWS=True, STAGE_Q=True,
+                        num_warps=4, num_stages=3 if (spec.G, spec.Hk) == (128, 1) else 2)
         return dict(BLOCK_M=128, BLOCK_N=16, TWO_PASS=spec.G > 2, FRESH_ROWS=True, num_warps=8,
                     num_stages=2)
     if spec.D == 64:
@@ -115,6 +121,12 @@ def dq_config(spec: ProblemSpec) -> dict:
                     num_stages=2)
     return dict(BLOCK_M=128, BLOCK_N=16, TWO_PASS=spec.G <= 2, FRESH_ROWS=True, num_warps=8,
                 num_stages=2)
+
+
+def acc_tiles(det: bool, stage_q: bool) -> int:
+    """`_dq_kernel`'s fp32 [BLOCK_M, D] scratch tiles per program: the dQ tile; form "det" the
+    U and W tiles, and with STAGE_Q also the row tile's Qa and Qb (bf16, one fp32 tile's bytes)."""
+    return 1 if not det else 3 if stage_q else 2
 
 
 DELTA_ROWS = 64  # rows of O per program of the Delta kernel
@@ -148,6 +160,7 @@ class Scratch(NamedTuple):
     n_programs: int
     partial: int      # each of the dK1 and dV1 partial buffers
     dq_tiles: int     # the programs' fp32 dQ tiles
+    acc_tiles: int    # tile-sized fp32 buffers per program (acc_tiles): the dQ tile's, U/W, Qa/Qb
 
     def buffers(self, device, det: bool = False):
         """(pk1, pv1, dq_acc): the dK1 and dV1 partials (zeroed: read-add-written) and the dQ
@@ -156,7 +169,7 @@ class Scratch(NamedTuple):
         n = 2 if det else 1
         return (torch.zeros(n * self.partial, dtype=torch.float32, device=device),
                 torch.zeros(self.partial, dtype=torch.float32, device=device),
-                torch.empty(n * self.dq_tiles, dtype=torch.float32, device=device))
+                torch.empty(self.acc_tiles * self.dq_tiles, dtype=torch.float32, device=device))
 
 
 def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
@@ -164,18 +177,21 @@ def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
     L = chunk_tokens(spec, n_sm)
     n_chunks = triton.cdiv(spec.N, L)
     n_programs = spec.B * spec.Hk * split * n_chunks
+    cfg = dq_config(spec)
     return Scratch(L, n_chunks, n_programs, n_programs * (L + spec.w1 - 1) * spec.D,
-                   n_programs * dq_config(spec)["BLOCK_M"] * spec.D)
+                   n_programs * cfg["BLOCK_M"] * spec.D,
+                   acc_tiles(spec.form == "det", cfg.get("STAGE_Q", False)))
 
 
 def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
     """Bytes of scratch the backward allocates beyond the gradients: Delta, the dK1/dV1 partials
-    and the dQ tiles; form "det" twice the dK1 partials and the dQ tiles (`_dq_kernel`), and the
+    and the dQ tiles; form "det" twice the dK1 partials, the dQ tiles acc_tiles times, and the
     packed K1 (det_keys)."""
     sc = scratch(spec, n_sm)
     n = 1 + (spec.form == "det")
     packed = 2 * 2 * spec.B * spec.N * spec.Hk * spec.D if spec.form == "det" else 0
-    return 4 * (spec.B * spec.Hq * spec.N + (n + 1) * sc.partial + n * sc.dq_tiles) + packed
+    return (4 * (spec.B * spec.Hq * spec.N + (n + 1) * sc.partial + sc.acc_tiles * sc.dq_tiles)
+            + packed)
 
 
 @triton.jit
@@ -365,12 +381,15 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                sm_scale, L, n_chunks, HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr,
                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                TWO_PASS: tl.constexpr = False, FRESH_ROWS: tl.constexpr = True,
-               PROFILE: tl.constexpr = False, DET: tl.constexpr = 0):
+               PROFILE: tl.constexpr = False, DET: tl.constexpr = 0,
+               STAGE_Q: tl.constexpr = False):
     """Row-owner: dQ of the row tiles of L tokens (one head split), and their dK1/dV1 partials.
     DET = +-1 (kernels_triton/det.py): A_j is the det build; two fp32 tiles per program, U and W,
     sum X_j * K1a[j] and X_j * K1b[j], and dQ = pi^(3-R) U - chi pi^R W is read back through
     permuted columns at the tile's end; PK1 holds two partial slices per program, sum_r X_j * Qa
-    then sum_r X_j * Qb (`_dkv1_kernel` rotates and adds them)."""
+    then sum_r X_j * Qb (`_dkv1_kernel` rotates and adds them). STAGE_Q (DET only): Qa and Qb
+    staged once per row tile in the program's scratch (dq_config)."""
+    tl.static_assert(DET != 0 or not STAGE_Q, "STAGE_Q stages the det build's Qa and Qb")
     HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
     T: tl.constexpr = BLOCK_M // HPT
     SPLIT: tl.constexpr = G // HPT
@@ -386,9 +405,11 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
     # this program's partial slice: rows j in [j_base, j_base + L + w1 - 1)
     j_base = chunk * L - w1 + 1
     part = ((bg * SPLIT + s).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D
-    # this program's fp32 dQ tile, accumulated in memory (registers hold X_j and Z_j); DET: U, W
-    N_ACC: tl.constexpr = 2 if DET else 1
+    # this program's fp32 dQ tile, accumulated in memory (registers hold X_j and Z_j); DET: U, W,
+    # then (STAGE_Q) the row tile's Qa and Qb (bf16)
+    N_ACC: tl.constexpr = (3 if STAGE_Q else 2) if DET else 1  # acc_tiles
     acc = DQacc + pid.to(tl.int64) * (N_ACC * BLOCK_M * D)
+    q_stage = (acc + 2 * BLOCK_M * D).to(tl.pointer_type(tl.bfloat16))
     t_end = tl.cdiv(tl.minimum(N, chunk * L + L), T)
     for t in range(chunk * L // T, t_end):
         i0 = t * T
@@ -399,6 +420,12 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
         tl.store(_tile(acc, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
         if DET:  # W
             tl.store(_tile(acc + BLOCK_M * D, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
+        if STAGE_Q:  # Qa and Qb once per row tile (permuted loads), read back per j contiguously
+            rows = _fresh_rows(t, BLOCK_M)  # no address held over the tile loop
+            qa, qb = load_q_det(Q, b, g, tok, head, N, _fresh_rows(t + 1, D), HQ, G, D, DET)
+            tl.store(_tile(q_stage, rows, D), qa)
+            tl.store(_tile(q_stage + BLOCK_M * D, rows, D), qb)
+            tl.debug_barrier()
         for j in range(j_lo, i_hi + 1):
             if not DET:
                 k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
@@ -412,8 +439,12 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             if not DET:
                 a = load_q(Q, b, g, tok_j, head_j, N, HQ, G, D) * k1j[None, :]
             else:
-                qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, _fresh_rows(j + 3, D), HQ, G, D,
-                                    DET)
+                if STAGE_Q:
+                    qa = tl.load(_tile(q_stage, rows, D))
+                    qb = tl.load(_tile(q_stage + BLOCK_M * D, rows, D))
+                else:
+                    qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, _fresh_rows(j + 3, D), HQ, G,
+                                        D, DET)
                 a = tl.fma(qa, k1j[None, :], qb * k1b[None, :])
             doj = load_q(DO, b, g, tok_j, head_j, N, HQ, G, D) * v1j[None, :]
             x = tl.zeros([BLOCK_M, D], tl.float32)
@@ -450,11 +481,18 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                 w_tile = _tile(acc + BLOCK_M * D, rows, D)
                 tl.store(w_tile, tl.load(w_tile) + x * k1b[None, :].to(tl.float32))
                 cols_a, cols_b, in_chunk = det_cols(_fresh_rows(j + 4, D), D, DET)
-                qa = load_q_cols(Q, b, g, tok_j, head_j, N, cols_a, cols_a >= 0, HQ, G, D)
+                if STAGE_Q:
+                    qa = tl.load(_tile(q_stage, rows, D))
+                else:
+                    qa = load_q_cols(Q, b, g, tok_j, head_j, N, cols_a, cols_a >= 0, HQ, G, D)
                 pa = tl.sum(qa.to(tl.float32) * x, 0)
                 tl.store(PK1 + slot, tl.load(PK1 + slot) + pa)
-                qb = load_q_cols(Q, b, g, tok_j, head_j, N, cols_b, in_chunk, HQ, G, D)
-                pb = tl.sum(qb.to(tl.float32) * x, 0)  # Qb is minus this tile: pb subtracted
+                if STAGE_Q:  # the staged Qb
+                    qb = tl.load(_tile(q_stage + BLOCK_M * D, rows, D))
+                    pb = -tl.sum(qb.to(tl.float32) * x, 0)
+                else:  # Qb is minus this tile
+                    qb = load_q_cols(Q, b, g, tok_j, head_j, N, cols_b, in_chunk, HQ, G, D)
+                    pb = tl.sum(qb.to(tl.float32) * x, 0)
                 tl.store(PK1 + pk1b + slot, tl.load(PK1 + pk1b + slot) - pb)
             tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
             leave("epilogue", PROFILE)
