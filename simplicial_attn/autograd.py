@@ -121,7 +121,8 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
     `variant` / `bwd_variant` name the forward / backward kernels ("auto": the fastest that takes
     the shape). form="det": logits from 3x3 determinants over the 3-chunks of D, the D mod 3
     leftover dims trilinear, sm_scale again defaulting to 1/sqrt(D) (`simplicial_attn.reference`
-    states the form; on CUDA only the `triton` variants compute it). Bad input raises TypeError /
+    states the form; on CUDA the `triton` variants and, forward only, `tlx_pipelined_kv` and
+    `tlx_pipelined_pingpong` at G = 128 compute it). Bad input raises TypeError /
     ValueError naming the argument before anything is launched; a wrong-shape or complex
     incoming gradient is refused by torch's autograd, which casts one of another real dtype to
     the output's.

@@ -131,7 +131,8 @@ def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None,
     Returns out [B, N, Hq, D] bfloat16 and lse [B, Hq, N] float32 (natural log). Forward only:
     inputs that require grad (with grad mode on) are refused rather than silently cut off; use
     `simplicial_attn.attention` for gradients. form: "trilinear" or "det" (the determinant form,
-    `simplicial_attn.reference` states it; only the `triton` variant computes it, so "auto"
-    takes `triton` there and a named TLX variant refuses it with ValueError).
+    `simplicial_attn.reference` states it; `triton` computes it, and `tlx_pipelined_kv` and
+    `tlx_pipelined_pingpong` at G = 128; "auto" takes the fastest measured of them, and a named
+    variant that does not compute it refuses it with ValueError).
     """
     return run(q, k1, k2, v1, v2, w1, w2, variant=variant, sm_scale=sm_scale, form=form)
