@@ -160,7 +160,7 @@ class Scratch(NamedTuple):
     n_programs: int
     partial: int      # each of the dK1 and dV1 partial buffers
     dq_tiles: int     # the programs' fp32 dQ tiles
-    acc_tiles: int    # tile-sized fp32 buffers per program (acc_tiles): the dQ tile's, U/W, Qa/Qb
+    acc_tiles: int = 1  # fp32 tiles per program (acc_tiles): the dQ tile; det U, W (Qa, Qb)
 
     def buffers(self, device, det: bool = False):
         """(pk1, pv1, dq_acc): the dK1 and dV1 partials (zeroed: read-add-written) and the dQ

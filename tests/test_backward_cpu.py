@@ -243,3 +243,23 @@ def test_dkv1_reduce_kernel_in_the_interpreter():
     p = subprocess.run([sys.executable, "-c", REDUCE_PROBE.format(root=root)], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("hq", [64, 128])
+def test_every_row_owner_sizes_its_scratch(hq, form):
+    """The host side of each backward variant's launch, without a GPU: every row-owner's scratch
+    (`triton`'s and, at G in {64, 128}, the `tlx_ws` one's) is a Scratch whose sizes cover its
+    programs. (A launcher that fails here fails on the GPU before any kernel runs.)"""
+    pytest.importorskip("triton")
+    from kernels_tlx import bwd_dq_ws
+    from kernels_triton import bwd
+    from simplicial_attn.spec import ProblemSpec
+    for n in (333, 2048, 16384):
+        spec = ProblemSpec(B=4, N=n, Hq=hq, Hk=1, D=128, w1=32, w2=512, sm_scale=128 ** -0.5,
+                           form=form)
+        sizes = [bwd.scratch(spec)] + ([bwd_dq_ws.scratch(spec)] if form == "trilinear" else [])
+        for sc in sizes:
+            assert sc.n_programs >= 1 and sc.L >= 1 and sc.n_chunks * sc.L >= n
+            assert sc.partial > 0 and sc.dq_tiles > 0 and sc.acc_tiles in (1, 2, 3)
+        assert bwd.scratch_bytes(spec) > 4 * spec.B * spec.Hq * spec.N
