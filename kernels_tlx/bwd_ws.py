@@ -30,15 +30,22 @@ Differs from `triton`: A_j and dO_j are built once per (tile, j) by a producer w
 shared memory for both consumers (the `triton` kernel builds them in every warp, in registers),
 two consumers of 64 keys each instead of one 8-warp program on 128 keys, 64-row tiles instead of
 32, and the per-consumer skip of edge tiles.
+Small grids (`key_block_parts`): at G = 128, when twice the key blocks fit in one wave of the
+SMs (N = 2048 at B = 4: 64 blocks on 132 SMs), each block is two programs, one per head half
+(PARTIAL), that write fp32 partials of dK2/dV2; `_sum_parts_kernel` adds the two in a fixed
+order. Deterministic, but not bitwise the one-program sums (a different fp32 order).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx import bwd_dq_ws
-from kernels_tlx.common import NUM_CONSUMERS, dot_pair_release, opaque
+from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release, opaque
 from kernels_tlx.hadamard import build, row_tile
 from kernels_triton import bwd as triton_bwd
 from kernels_triton.host import kv_descriptor, q_descriptor
@@ -107,11 +114,11 @@ def load_rows(Q, DO, q_tiles, do_tiles, q_fulls, slot, b, g, kb, u, N, HQ: tl.co
 
 @triton.jit
 def skip_tiles(a_fulls, a_empties, cnt, u_lo, u_hi, kb, w1, SPLIT: tl.constexpr,
-               NUM_A: tl.constexpr):
-    """One consumer passes over tiles u_lo .. u_hi - 1 (none sees its keys): it releases each of
-    their ring slots once the slot is full (an early release would count toward the slot's
-    previous use). Returns the step count after them."""
-    for u in range(u_lo, u_hi):
+               NUM_A: tl.constexpr, STEP: tl.constexpr = 1):
+    """One consumer passes over tiles u_lo, u_lo + STEP, .. < u_hi (none sees its keys): it
+    releases each of their ring slots once the slot is full (an early release would count toward
+    the slot's previous use). Returns the step count after them."""
+    for u in range(u_lo, u_hi, STEP):
         i0 = kb + u // SPLIT
         for _ in range(0, i0 + 1 - tl.maximum(i0 - w1 + 1, 0)):
             s = cnt % NUM_A
@@ -122,17 +129,77 @@ def skip_tiles(a_fulls, a_empties, cnt, u_lo, u_hi, kb, w1, SPLIT: tl.constexpr,
 
 
 @triton.jit
+def part_first(PARTIAL: tl.constexpr):
+    """This program's first tile: 0, or (PARTIAL) its head half, tl.program_id(1); a part visits
+    every SPLIT-th tile from there (tile u is head half u % SPLIT of token kb + u // SPLIT)."""
+    if PARTIAL:
+        return tl.program_id(1)
+    return 0
+
+
+@triton.jit
+def store_staged(base, k_first, N, x, stage, cid, HK: tl.constexpr, D: tl.constexpr,
+                 R: tl.constexpr, CHUNK: tl.constexpr):
+    """One consumer stores its fp32 [R, D] accumulator x (keys k_first .. k_first + R - 1, those
+    < N) to rows of a [*, N, HK, D] tensor at base, through `stage` (an fp32 [R, D] shared-memory
+    tile): x goes there as it lies in registers and comes back in a coalesced layout, CHUNK rows
+    at a time. (The compiler's own conversion of the whole tile would take another 32 KB of
+    shared memory per consumer, which the rings leave no room for, and spilled registers.)"""
+    tlx.local_store(stage, x)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    for c in tl.static_range(R // CHUNK):
+        chunk = tlx.local_load(tlx.local_slice(stage, [c * CHUNK, 0], [CHUNK, D]))
+        kpos = k_first + c * CHUNK + tl.arange(0, CHUNK)
+        off = kpos.to(tl.int64)[:, None] * (HK * D) + tl.arange(0, D)[None, :]
+        tl.store(base + off, chunk, mask=(kpos < N)[:, None])
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every chunk read: stage is free
+
+
+@triton.jit
+def _sum_parts_kernel(DK2P, DV2P, DK2, DV2, numel, sm_scale, PARTS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """dK2 = sm_scale * the sum of the PARTS fp32 partials, dV2 = theirs, in part order, stored
+    in bf16."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < numel
+    dk = tl.zeros([BLOCK], tl.float32)
+    dv = tl.zeros([BLOCK], tl.float32)
+    for p in tl.static_range(PARTS):
+        dk += tl.load(DK2P + p * numel + i, mask=ok, other=0.0)
+        dv += tl.load(DV2P + p * numel + i, mask=ok, other=0.0)
+    tl.store(DK2 + i, (dk * sm_scale).to(tl.bfloat16), mask=ok)
+    tl.store(DV2 + i, dv.to(tl.bfloat16), mask=ok)
+
+
+@triton.jit
 def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scale, sm_scale,
                     HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                     BLOCK_N: tl.constexpr, NUM_A: tl.constexpr, CH: tl.constexpr,
-                    CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
+                    CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False,
+                    PARTIAL: tl.constexpr = False):
+    """PARTIAL (G = 128): the grid's second axis splits each key block's tiles into its two head
+    halves (`part_first`), and DK2/DV2 are fp32 partials [2, B, N, HK, D] (unscaled) that
+    `_sum_parts_kernel` adds up; otherwise one part, and DK2/DV2 the bf16 gradients."""
     HALF: tl.constexpr = BLOCK_N // NUM_CONSUMERS
     SPLIT: tl.constexpr = G // 64
+    STEP: tl.constexpr = SPLIT if PARTIAL else 1  # PARTIAL: a part is one head half's tiles
+    tl.static_assert(STEP == 2 or not PARTIAL, "PARTIAL splits the two head halves of G = 128")
 
     k2_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)
     v2_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)
-    q_tiles = tlx.local_alloc((64, D), tl.bfloat16, 2)
-    do_tiles = tlx.local_alloc((64, D), tl.bfloat16, 2)
+    if PARTIAL:
+        # consumer 0's fp32 staging tile is the Q row ring's bytes and consumer 1's the dO row
+        # ring's (2 x 16 KB each): only the producer reads them, and a consumer past its last
+        # step has seen the producer's last build, so they are free then
+        rows_q = tlx.storage_alias_spec()
+        rows_do = tlx.storage_alias_spec()
+        q_tiles = tlx.local_alloc((64, D), tl.bfloat16, 2, reuse=rows_q)
+        do_tiles = tlx.local_alloc((64, D), tl.bfloat16, 2, reuse=rows_do)
+        stage_q = tlx.local_alloc((HALF, D), tl.float32, 1, reuse=rows_q)
+        stage_do = tlx.local_alloc((HALF, D), tl.float32, 1, reuse=rows_do)
+    else:
+        q_tiles = tlx.local_alloc((64, D), tl.bfloat16, 2)
+        do_tiles = tlx.local_alloc((64, D), tl.bfloat16, 2)
     a_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_A)
     doj_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_A)
     kv_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
@@ -153,16 +220,18 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
                 tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, c), [b, kb + c * HALF,
                                                                             g * D], kv_full)
             leave("load_kv", PROFILE)
-            load_rows(Q, DO, q_tiles, do_tiles, q_fulls, 0, b, g, kb, 0, N, HQ, G, D, SPLIT)
+            u0 = part_first(PARTIAL)
+            load_rows(Q, DO, q_tiles, do_tiles, q_fulls, 0, b, g, kb, u0, N, HQ, G, D, SPLIT)
             cnt = 0
-            for u in range(0, n_tiles):
+            for u in range(u0, n_tiles, STEP):
                 i0 = kb + u // SPLIT
-                qs = u % 2
+                qs = (u // STEP) % 2  # this part's tile count so far (u0 < STEP), mod 2
                 enter("load_kv", PROFILE)
-                if u + 1 < n_tiles:  # the next tile's rows, into the slot tile u - 1's builds read
-                    load_rows(Q, DO, q_tiles, do_tiles, q_fulls, 1 - qs, b, g, kb, u + 1, N, HQ, G,
-                              D, SPLIT)
-                tlx.barrier_wait(tlx.local_view(q_fulls, qs), (u // 2) & 1)
+                if u + STEP < n_tiles:  # the next tile's rows, into the slot tile u - STEP's
+                    # builds read
+                    load_rows(Q, DO, q_tiles, do_tiles, q_fulls, 1 - qs, b, g, kb, u + STEP, N, HQ,
+                              G, D, SPLIT)
+                tlx.barrier_wait(tlx.local_view(q_fulls, qs), (u // STEP // 2) & 1)
                 leave("load_kv", PROFILE)
                 q_tile = tlx.local_view(q_tiles, qs)
                 do_tile = tlx.local_view(do_tiles, qs)
@@ -196,9 +265,11 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
             k_first = kb + cid * HALF
             u_lo = tl.minimum((k_first - kb) * SPLIT, n_tiles)
             u_hi = tl.minimum((k_first + HALF - 1 + w2 - kb) * SPLIT, n_tiles)
-            cnt = skip_tiles(a_fulls, a_empties, u_lo * 0, 0, u_lo, kb, w1, SPLIT, NUM_A)
+            u0 = part_first(PARTIAL)  # u_lo, u_hi and n_tiles are multiples of SPLIT
+            cnt = skip_tiles(a_fulls, a_empties, u_lo * 0, u0, u_lo + u0, kb, w1, SPLIT, NUM_A,
+                             STEP)
             split = opaque(tl.full([], SPLIT, tl.int32))
-            for u in range(u_lo, u_hi):
+            for u in range(u_lo + u0, u_hi, STEP):
                 i0 = kb + u // split
                 head = g * G + (u % split) * 64 + offs_h
                 row_off = (b.to(tl.int64) * HQ + head) * N + i0
@@ -208,12 +279,23 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
                 dk2, dv2, cnt = consume_tile(dk2, dv2, k2_tile, v2_tile, a_tiles, doj_tiles,
                                              a_fulls, a_empties, cnt, n_j, lse2, delta, k_first,
                                              i0, w2, N, qk_scale, NUM_A, PROFILE)
-            skip_tiles(a_fulls, a_empties, cnt, u_hi, n_tiles, kb, w1, SPLIT, NUM_A)
+            skip_tiles(a_fulls, a_empties, cnt, u_hi + u0, n_tiles, kb, w1, SPLIT, NUM_A, STEP)
             enter("epilogue", PROFILE)
-            kpos = k_first + tl.arange(0, HALF)
-            out = kv_base + kpos.to(tl.int64)[:, None] * (HK * D) + tl.arange(0, D)[None, :]
-            tl.store(DK2 + out, (dk2 * sm_scale).to(tl.bfloat16), mask=(kpos < N)[:, None])
-            tl.store(DV2 + out, dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
+            if PARTIAL:  # fp32 partials: part p's [B, N, HK, D] slice, staged in the row
+                # ring of Q (consumer 0) or dO (consumer 1)
+                plane = (tl.num_programs(0) // tl.cdiv(N, BLOCK_N)) * N * D  # B * N * HK * D
+                base = tl.program_id(1).to(tl.int64) * plane + kv_base
+                if cid == 0:
+                    stage = tlx.local_view(stage_q, 0)
+                else:
+                    stage = tlx.local_view(stage_do, 0)
+                store_staged(DK2 + base, k_first, N, dk2, stage, cid, HK, D, HALF, 16)
+                store_staged(DV2 + base, k_first, N, dv2, stage, cid, HK, D, HALF, 16)
+            else:
+                kpos = k_first + tl.arange(0, HALF)
+                out = kv_base + kpos.to(tl.int64)[:, None] * (HK * D) + tl.arange(0, D)[None, :]
+                tl.store(DK2 + out, (dk2 * sm_scale).to(tl.bfloat16), mask=(kpos < N)[:, None])
+                tl.store(DV2 + out, dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
             leave("epilogue", PROFILE)
 
 
@@ -231,16 +313,39 @@ def config(spec: ProblemSpec) -> dict:
     return dict(BLOCK_N=128, NUM_A=2, CH=8, CONSUMER_REGS=232, num_warps=4, num_stages=1)
 
 
+SUM_BLOCK = 1024   # elements per program of `_sum_parts_kernel`
+
+
+def key_block_parts(spec: ProblemSpec, n_sm: int = 132) -> int:
+    """Programs per key block: 2 (a head half each) at G = 128 when twice the key blocks
+    (cdiv(N, 128) * B * Hk) still fit in one wave of the SMs, else 1. At N = 2048, B = 4 the 64
+    key blocks alone leave 68 of 132 SMs idle."""
+    blocks = triton.cdiv(spec.N, config(spec)["BLOCK_N"]) * spec.B * spec.Hk
+    return 2 if spec.G == 128 and 2 * blocks <= n_sm else 1
+
+
 def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
                 profile: bool = False) -> None:
+    """dk2, dv2 by `_dkv2_ws_kernel`; with key_block_parts > 1 through fp32 partials (2 x parts x
+    dk2's elements x 4 bytes of scratch) summed in part order by `_sum_parts_kernel`:
+    deterministic, not bitwise equal to the one-part sums."""
     cfg = config(spec)
     half = cfg["BLOCK_N"] // 2
     k2d, v2d = (kv_descriptor(t, spec, half) for t in (k2, v2))
     qd, dod = (q_descriptor(t, spec, ROWS) for t in (q, dout))  # boxes of 64 heads of a token
-    _dkv2_ws_kernel[(triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk,)](
-        qd, k1, k2d, v1, v2d, dod, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2,
+    parts = key_block_parts(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    if parts > 1:
+        out_k, out_v = torch.empty(2, parts, *dk2.shape, dtype=torch.float32, device=q.device)
+    else:
+        out_k, out_v = dk2, dv2
+    _dkv2_ws_kernel[(triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk, parts)](
+        qd, k1, k2d, v1, v2d, dod, lse, delta, out_k, out_v, spec.N, spec.w1, spec.w2,
         spec.sm_scale * LOG2E, spec.sm_scale, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
-        PROFILE=profile, **cfg)
+        PROFILE=profile, PARTIAL=parts > 1, **cfg)
+    if parts > 1:
+        _sum_parts_kernel[(triton.cdiv(dk2.numel(), SUM_BLOCK),)](
+            out_k, out_v, dk2, dv2, dk2.numel(), spec.sm_scale, PARTS=parts, BLOCK=SUM_BLOCK,
+            num_warps=4)
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
@@ -270,10 +375,13 @@ def compile_configs() -> list[CompileConfig]:
     for spec in triton_bwd.compile_specs():
         if supports(spec) is not None:
             continue
-        cfg = config(spec)
-        kv = f"tensordesc<bf16[1,{cfg['BLOCK_N'] // 2},{spec.D}]>"
+        kv = f"tensordesc<bf16[1,{config(spec)['BLOCK_N'] // 2},{spec.D}]>"
         rows = f"tensordesc<bf16[{ROWS},{spec.D}]>"
-        out.append(triton_bwd.kernel_config("dkv2", _dkv2_ws_kernel, spec, cfg, {
-            **triton_bwd.SIGNATURE, "Q": rows, "K2": kv, "V2": kv, "DO": rows, "DK2": "*bf16",
-            "DV2": "*bf16", **triton_bwd.SCALARS}))
+        for partial in (False, True) if spec.G == 128 else (False,):  # "_parts": key_block_parts
+            cfg = {**config(spec), **({"PARTIAL": True} if partial else {})}
+            grad = "*fp32" if partial else "*bf16"
+            c = triton_bwd.kernel_config("dkv2", _dkv2_ws_kernel, spec, cfg, {
+                **triton_bwd.SIGNATURE, "Q": rows, "K2": kv, "V2": kv, "DO": rows, "DK2": grad,
+                "DV2": grad, **triton_bwd.SCALARS})
+            out.append(replace(c, name=c.name + "_parts") if partial else c)
     return out + bwd_dq_ws.compile_configs()

@@ -18,7 +18,7 @@ CONSUMER_THREADS = tl.constexpr(NUM_CONSUMERS * 4 * 32)
 # tutorials reserve 0-6; profiling.resources lists the ids each kernel uses):
 MERGE_BARRIER = tl.constexpr(9)    # the split-j hand-over of (acc, m, l): bar.arrive, bar.sync
 TURN_BARRIER = tl.constexpr(11)     # 11 + c: consumer c's turn on the tensor cores (pingpong)
-EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's epilogue (bwd row-owner, 128 threads)
+EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's epilogue (bwd row- and k-owner, 128)
 
 
 # The register layout of a 64-row wgmma accumulator of 4 warps (one warp group), as

@@ -250,9 +250,10 @@ def test_dkv1_reduce_kernel_in_the_interpreter():
 def test_every_row_owner_sizes_its_scratch(hq, form):
     """The host side of each backward variant's launch, without a GPU: every row-owner's scratch
     (`triton`'s and, at G in {64, 128}, the `tlx_ws` one's) is a Scratch whose sizes cover its
-    programs. (A launcher that fails here fails on the GPU before any kernel runs.)"""
+    programs, and the k-owner's parts are 1 or 2. (A launcher that fails here fails on the GPU
+    before any kernel runs.)"""
     pytest.importorskip("triton")
-    from kernels_tlx import bwd_dq_ws
+    from kernels_tlx import bwd_dq_ws, bwd_ws
     from kernels_triton import bwd
     from simplicial_attn.spec import ProblemSpec
     for n in (333, 2048, 16384):
@@ -263,3 +264,4 @@ def test_every_row_owner_sizes_its_scratch(hq, form):
             assert sc.n_programs >= 1 and sc.L >= 1 and sc.n_chunks * sc.L >= n
             assert sc.partial > 0 and sc.dq_tiles > 0 and sc.acc_tiles in (1, 2, 3)
         assert bwd.scratch_bytes(spec) > 4 * spec.B * spec.Hq * spec.N
+        assert bwd_ws.key_block_parts(spec) == (2 if hq == 128 and n <= 2048 else 1)
