@@ -138,20 +138,21 @@ def part_first(PARTIAL: tl.constexpr):
 
 
 @triton.jit
-def store_staged(base, k_first, N, x, stage, cid, HK: tl.constexpr, D: tl.constexpr,
+def store_staged(base, kv_base, k_first, N, x, stage, cid, HK: tl.constexpr, D: tl.constexpr,
                  R: tl.constexpr, CHUNK: tl.constexpr):
     """One consumer stores its fp32 [R, D] accumulator x (keys k_first .. k_first + R - 1, those
-    < N) to rows of a [*, N, HK, D] tensor at base, through `stage` (an fp32 [R, D] shared-memory
-    tile): x goes there as it lies in registers and comes back in a coalesced layout, CHUNK rows
-    at a time. (The compiler's own conversion of the whole tile would take another 32 KB of
-    shared memory per consumer, which the rings leave no room for, and spilled registers.)"""
+    < N) to rows of a [*, N, HK, D] tensor at base (token 0 of its (b, g) at kv_base), through
+    `stage` (an fp32 [R, D] shared-memory tile): x goes there as it lies in registers and comes
+    back in a coalesced layout, CHUNK rows at a time. (The compiler's own conversion of the whole
+    tile would take another 32 KB of shared memory per consumer, which the rings leave no room
+    for, and spilled registers.)"""
     tlx.local_store(stage, x)
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     for c in tl.static_range(R // CHUNK):
         chunk = tlx.local_load(tlx.local_slice(stage, [c * CHUNK, 0], [CHUNK, D]))
         kpos = k_first + c * CHUNK + tl.arange(0, CHUNK)
-        off = kpos.to(tl.int64)[:, None] * (HK * D) + tl.arange(0, D)[None, :]
-        tl.store(base + off, chunk, mask=(kpos < N)[:, None])
+        tl.store(base + triton_bwd._kv_rows(kv_base, kpos, HK, D), chunk,
+                 mask=(kpos < N)[:, None])
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every chunk read: stage is free
 
 
@@ -284,16 +285,16 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
             if PARTIAL:  # fp32 partials: part p's [B, N, HK, D] slice, staged in the row
                 # ring of Q (consumer 0) or dO (consumer 1)
                 plane = (tl.num_programs(0) // tl.cdiv(N, BLOCK_N)) * N * D  # B * N * HK * D
-                base = tl.program_id(1).to(tl.int64) * plane + kv_base
+                part = tl.program_id(1).to(tl.int64) * plane
                 if cid == 0:
                     stage = tlx.local_view(stage_q, 0)
                 else:
                     stage = tlx.local_view(stage_do, 0)
-                store_staged(DK2 + base, k_first, N, dk2, stage, cid, HK, D, HALF, 16)
-                store_staged(DV2 + base, k_first, N, dv2, stage, cid, HK, D, HALF, 16)
+                store_staged(DK2 + part, kv_base, k_first, N, dk2, stage, cid, HK, D, HALF, 16)
+                store_staged(DV2 + part, kv_base, k_first, N, dv2, stage, cid, HK, D, HALF, 16)
             else:
                 kpos = k_first + tl.arange(0, HALF)
-                out = kv_base + kpos.to(tl.int64)[:, None] * (HK * D) + tl.arange(0, D)[None, :]
+                out = triton_bwd._kv_rows(kv_base, kpos, HK, D)
                 tl.store(DK2 + out, (dk2 * sm_scale).to(tl.bfloat16), mask=(kpos < N)[:, None])
                 tl.store(DV2 + out, dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
             leave("epilogue", PROFILE)

@@ -88,4 +88,3 @@ def start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.cons
     tlx.fence_async_shared()
     m_i = tl.full([HALF], M_START, tl.float32)
     return tok, head, m_i, tl.zeros([HALF], tl.float32), tl.zeros([HALF, D], tl.float32)
-

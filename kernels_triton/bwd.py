@@ -123,9 +123,11 @@ def dq_config(spec: ProblemSpec) -> dict:
                 num_stages=2)
 
 
-def acc_tiles(det: bool, stage_q: bool) -> int:
-    """`_dq_kernel`'s fp32 [BLOCK_M, D] scratch tiles per program: the dQ tile; form "det" the
-    U and W tiles, and with STAGE_Q also the row tile's Qa and Qb (bf16, one fp32 tile's bytes)."""
+@triton.constexpr_function
+def acc_tiles(det, stage_q) -> int:
+    """`_dq_kernel`'s fp32 [BLOCK_M, D] scratch tiles per program (the kernel and `scratch` both
+    read it): the dQ tile; form "det" (det: DET or a bool) the U and W tiles, and with STAGE_Q
+    also the row tile's Qa and Qb (bf16, one fp32 tile's bytes)."""
     return 1 if not det else 3 if stage_q else 2
 
 
@@ -407,7 +409,7 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
     part = ((bg * SPLIT + s).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D
     # this program's fp32 dQ tile, accumulated in memory (registers hold X_j and Z_j); DET: U, W,
     # then (STAGE_Q) the row tile's Qa and Qb (bf16)
-    N_ACC: tl.constexpr = (3 if STAGE_Q else 2) if DET else 1  # acc_tiles
+    N_ACC: tl.constexpr = acc_tiles(DET, STAGE_Q)
     acc = DQacc + pid.to(tl.int64) * (N_ACC * BLOCK_M * D)
     q_stage = (acc + 2 * BLOCK_M * D).to(tl.pointer_type(tl.bfloat16))
     t_end = tl.cdiv(tl.minimum(N, chunk * L + L), T)
