@@ -595,15 +595,21 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
         if dkv2 is not None or dq_fn is not None:
             raise ValueError("form 'det' runs the Triton k-owner and row-owner only")
         k1 = det_keys(k1, det_of(spec))  # packed once for both kernels
-    rows = spec.B * spec.N * spec.Hq
-    delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=q.device)
-    _delta_kernel[(triton.cdiv(rows, DELTA_ROWS),)](
-        out, dout, dlse if dlse is not None else delta, delta, spec.N, rows, HQ=spec.Hq, D=spec.D,
-        ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
+    delta = launch_delta(spec, out, dout, dlse)
     (dkv2 or launch_dkv2)(spec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
                           profiled(profile, "dkv2"))
     (dq_fn or launch_dq)(spec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
                          profiled(profile, "dq"))
+
+
+def launch_delta(spec: ProblemSpec, out, dout, dlse):
+    """Delta [B, Hq, N] fp32 by `_delta_kernel`: rowsum(dO * O) - dLSE (dlse may be None)."""
+    rows = spec.B * spec.N * spec.Hq
+    delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=out.device)
+    _delta_kernel[(triton.cdiv(rows, DELTA_ROWS),)](
+        out, dout, dlse if dlse is not None else delta, delta, spec.N, rows, HQ=spec.Hq, D=spec.D,
+        ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
+    return delta
 
 
 def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,

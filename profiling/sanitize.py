@@ -131,6 +131,7 @@ WS_FWD_ENTRY = _at("simplicial_fwd_ws_kernel", "kernels_tlx/ws.py", "def simplic
 WS_KV_ENTRY = _at("simplicial_fwd_ws_kv_kernel", "kernels_tlx/ws_kv.py",
                   "def simplicial_fwd_ws_kv_kernel(")
 WS_BWD_ENTRY = _at("_dkv2_ws_kernel", "kernels_tlx/bwd_ws.py", "def _dkv2_ws_kernel(")
+PAIRS_ENTRY = _at("_pairs_kernel", "kernels_tlx/bwd_pairs.py", "def _pairs_kernel(")
 FWD_TMA_INIT = _at("simplicial_fwd_kernel", "kernels_triton/fwd.py", "2.load([b, kb, g * D])")
 DQ_TMA_INIT = "|".join((_at("_dq_kernel", "kernels_triton/bwd.py", "for kb in range(k_lo, i_hi"),
                         _at("_dq_kernel", "kernels_triton/bwd.py", "x, z = _dq_step(")))
@@ -155,6 +156,8 @@ ALLOWED: dict[tuple[str, str, str], Allowance] = {
     ("racecheck", "fwd", "tlx_ws_keys"): Allowance(RELEASE_DOC, 1, _race("Error", WS_KEYS_V1)),
     # tlx_ws's backward: its k-owner's dispatch (its row-owner, TLX at every G it takes, is clean)
     ("racecheck", "bwd", "tlx_ws"): Allowance(DISPATCH_DOC, 1, _race("Error", WS_BWD_ENTRY)),
+    # tlx_pairs's: the same report at its entry, at one of the two shapes (session 21)
+    ("racecheck", "bwd", "tlx_pairs"): Allowance(DISPATCH_DOC, 1, _race("Error", PAIRS_ENTRY)),
 }
 
 

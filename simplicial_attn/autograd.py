@@ -38,8 +38,10 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
 
 @torch.library.custom_op("simplicial_attn::fwd", mutates_args=())
 def _fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, w1: int, w2: int,
-         sm_scale: float, variant: str, bwd_variant: str, form: str) -> tuple[Tensor, Tensor]:
-    """The forward; `bwd_variant` is only kept for the backward (see `_setup_context`)."""
+         sm_scale: float, variant: str, bwd_variant: str, form: str,
+         deterministic: bool) -> tuple[Tensor, Tensor]:
+    """The forward; `bwd_variant` and `deterministic` are only kept for the backward (see
+    `_setup_context`)."""
     if q.device.type == "cpu":
         out, lse = reference(q, k1, k2, v1, v2, w1, w2, sm_scale=sm_scale, form=form)
         return out.to(q.dtype), lse.to(_lse_dtype(q))
@@ -49,7 +51,7 @@ def _fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, w1: int, w2:
 
 
 @_fwd.register_fake
-def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant, form):
+def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant, form, deterministic):
     B, N, Hq, D = q.shape
     return q.new_empty(B, N, Hq, D), q.new_empty(B, Hq, N, dtype=_lse_dtype(q))
 
@@ -57,15 +59,16 @@ def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant, form):
 @torch.library.custom_op("simplicial_attn::bwd", mutates_args=())
 def _bwd_op(dout: Tensor, dlse: Tensor | None, q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor,
             v2: Tensor, out: Tensor, lse: Tensor, w1: int, w2: int, sm_scale: float,
-            variant: str, form: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+            variant: str, form: str,
+            deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     if q.device.type == "cpu":
         return _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale, form)
     return _bwd.backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale=sm_scale,
-                         variant=variant, form=form)
+                         variant=variant, form=form, deterministic=deterministic)
 
 
 @_bwd_op.register_fake
-def _(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale, variant, form):
+def _(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale, variant, form, deterministic):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                  for t in (q, k1, k2, v1, v2))
 
@@ -78,38 +81,46 @@ def _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale, form):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k1, k2, v1, v2, w1, w2, sm_scale, _variant, bwd_variant, form = inputs
+    q, k1, k2, v1, v2, w1, w2, sm_scale, _variant, bwd_variant, form, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k1, k2, v1, v2, out, lse)
-    ctx.args = (w1, w2, sm_scale, bwd_variant, form)
+    ctx.args = (w1, w2, sm_scale, bwd_variant, form, deterministic)
 
 
 def _backward(ctx, dout, dlse):
     q, k1, k2, v1, v2, out, lse = ctx.saved_tensors
-    w1, w2, sm_scale, bwd_variant, form = ctx.args
+    w1, w2, sm_scale, bwd_variant, form, deterministic = ctx.args
     grads = torch.ops.simplicial_attn.bwd(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2,
-                                          sm_scale, bwd_variant, form)
-    return (*grads, None, None, None, None, None, None)
+                                          sm_scale, bwd_variant, form, deterministic)
+    return (*grads, None, None, None, None, None, None, None)
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def check_variant_names(variant, bwd_variant) -> None:
-    """TypeError unless both are str; ValueError (naming the known ones) for a name that no
-    variant of its pass has. Checked on every device, though the CPU runs the reference and
-    ignores both: a misspelt name fails on the CPU too, not first on the GPU. `attention` and
-    `SimplicialAttention.__init__` call it."""
+def check_variant_names(variant, bwd_variant, deterministic=False) -> None:
+    """TypeError unless both are str (and deterministic a bool); ValueError (naming the known
+    ones) for a name that no variant of its pass has, or a backward variant named with
+    deterministic=True that is not deterministic. Checked on every device, though the CPU runs
+    the reference and ignores them: a misspelt name fails on the CPU too, not first on the GPU.
+    `attention` and `SimplicialAttention.__init__` call it."""
     for name, v in (("variant", variant), ("bwd_variant", bwd_variant)):
         if not isinstance(v, str):
             raise TypeError(f"{name} must be a str, got {type(v).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     for v, pass_ in ((variant, "fwd"), (bwd_variant, "bwd")):
         if v != "auto":
             registry.get(v, pass_)
+    named = registry.get(bwd_variant, "bwd") if bwd_variant != "auto" else None
+    if deterministic and named is not None and not named.deterministic:
+        raise ValueError(f"bwd_variant {bwd_variant!r} is not deterministic; with "
+                         "deterministic=True use 'auto' or one of: " + ", ".join(
+                             v.name for v in registry.all_variants("bwd") if v.deterministic))
 
 
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",
-              bwd_variant: str = "auto", form: str = "trilinear"):
+              bwd_variant: str = "auto", form: str = "trilinear", deterministic: bool = False):
     """Differentiable 2-simplicial attention.
 
     q: [B, N, Hq, D], k1, k2, v1, v2: [B, N, Hk, D] on one device; CUDA tensors must be bf16 (the
@@ -125,14 +136,16 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
     `tlx_pipelined_pingpong` at G = 128 compute it). Bad input raises TypeError /
     ValueError naming the argument before anything is launched; a wrong-shape or complex
     incoming gradient is refused by torch's autograd, which casts one of another real dtype to
-    the output's.
+    the output's. deterministic=True: the backward takes only bitwise-repeatable variants
+    (`simplicial_attn.backward.backward`; "auto" otherwise takes `tlx_pairs` where it is fastest,
+    whose reduce-adds run in the hardware's order).
     """
-    check_variant_names(variant, bwd_variant)
+    check_variant_names(variant, bwd_variant, deterministic)
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=_dtypes_for(q), form=form)
     if q.device.type == "cuda" and not torch.compiler.is_compiling():
-        _bwd.check_variant(bwd_variant, spec)  # shape errors now, not at backward
+        _bwd.check_variant(bwd_variant, spec, deterministic)  # errors now, not at backward
     # the op takes int64 windows: pass the spec's, clamped to N (the same function, and 10**40
     # fits), in the caller's order
     w1, w2 = (spec.w2, spec.w1) if spec.swapped else (spec.w1, spec.w2)
     return torch.ops.simplicial_attn.fwd(q, k1, k2, v1, v2, w1, w2, spec.sm_scale, variant,
-                                         bwd_variant, spec.form)
+                                         bwd_variant, spec.form, deterministic)

@@ -9,23 +9,30 @@ from .launcher import _dense_aligned, pick, select
 from .spec import ProblemSpec, validate, validate_aux
 
 
-def check_variant(variant: str, spec: ProblemSpec) -> registry.Variant:
+def check_variant(variant: str, spec: ProblemSpec, deterministic: bool = False) -> registry.Variant:
     """The backward variant `variant` ("auto" or a name) resolves to for `spec`, or raise
-    ValueError (an unknown name, or a shape no backward variant takes). No device check."""
-    return pick(spec, variant, True, "bwd")
+    ValueError (an unknown name, a shape no backward variant takes, or with deterministic=True
+    a variant that is not bitwise repeatable). No device check."""
+    return pick(spec, variant, True, "bwd", deterministic)
 
 
 def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
-             variant: str = "auto", profile: bool | str = False, form: str = "trilinear"):
+             variant: str = "auto", profile: bool | str = False, form: str = "trilinear",
+             deterministic: bool = False):
     """Gradients of 2-simplicial attention with respect to q, k1, k2, v1, v2 (bf16, their shapes).
 
     dout [B, N, Hq, D] (any layout and floating dtype, cast to bf16) and dlse [B, Hq, N] (or None)
     are the incoming gradients of out and lse; out [B, N, Hq, D] and lse [B, Hq, N] are what the
     forward returned for these inputs (cast to bf16 and fp32). Every argument is checked (shape
-    errors first, then the device) before anything is launched. Bitwise deterministic (no
-    atomics). profile=True runs the kernels' Proton-scoped copies; profile=NAME only that kernel's
-    (a key of the variant's `profiled_kernels`, profiling/trace_capture.py). form: as
-    `forward`'s."""
+    errors first, then the device) before anything is launched. "auto" takes the fastest variant
+    that takes the shape; `tlx_pairs` (taken at G in {64, 128}, D = 128) reduce-adds its sums in
+    the hardware's order, so its gradients may differ in the last bits from run to run:
+    deterministic=True takes the fastest bitwise-repeatable one (`tlx_ws` there; `triton` and
+    `tlx_ws` have no atomics). profile=True runs the kernels' Proton-scoped copies; profile=NAME
+    only that kernel's (a key of the variant's `profiled_kernels`,
+    profiling/trace_capture.py). form: as `forward`'s."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if not isinstance(variant, str):
         raise TypeError(f"variant must be a str, got {type(variant).__name__}")
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form)
@@ -36,7 +43,7 @@ def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
         aux.append(("dlse", dlse, lses, "[B, Hq, N]"))
     for name, t, shape, layout in aux:
         validate_aux(name, t, shape, layout, q.device)
-    v = select(spec, variant, q.device, "bwd")
+    v = select(spec, variant, q.device, "bwd", deterministic)
     dout = _dense_aligned(dout.to(torch.bfloat16))
     if dlse is not None:
         dlse = _dense_aligned(dlse.float())

@@ -14,11 +14,17 @@ from .spec import ProblemSpec, check_device, validate
 
 
 def pick(spec: ProblemSpec, variant: str, hopper: bool = True,
-         pass_: str = "fwd") -> registry.Variant:
+         pass_: str = "fwd", deterministic: bool = False) -> registry.Variant:
     """Resolve `variant` ("auto" or a name of pass `pass_`) to a registry entry that can run
     `spec`, or raise ValueError (NotImplementedError when no variant of the pass computes
-    `spec.form`). `hopper=False` makes "auto" skip the sm_90-only variants."""
+    `spec.form`). `hopper=False` makes "auto" skip the sm_90-only variants; `deterministic=True`
+    makes it skip the variants that are not bitwise repeatable, and refuses one named."""
     v = registry.get(variant, pass_) if variant != "auto" else None  # an unknown name first
+    if v is not None and deterministic and not v.deterministic:
+        raise ValueError(f"variant {variant!r} is not deterministic (its sums are reduce-adds in "
+                         f"the hardware's order); with deterministic=True use 'auto' or one of: "
+                         + ", ".join(o.name for o in registry.all_variants(pass_)
+                                     if o.deterministic))
     if not any(spec.form in o.forms for o in registry.all_variants(pass_)):
         raise NotImplementedError(
             f"no {pass_} kernel computes form={spec.form!r} yet; on CPU tensors "
@@ -35,6 +41,9 @@ def pick(spec: ProblemSpec, variant: str, hopper: bool = True,
     for v in sorted(registry.all_variants(pass_), key=lambda v: -v.rank_for(spec)):
         if v.needs_hopper and not hopper:
             reasons.append(f"{v.name}: needs sm_90")
+            continue
+        if deterministic and not v.deterministic:
+            reasons.append(f"{v.name}: not deterministic")
             continue
         why = v.cannot_take(spec)
         if why is None:
@@ -53,16 +62,17 @@ def _shape_error(spec: ProblemSpec, pass_: str) -> ValueError | None:
 
 
 def select(spec: ProblemSpec, variant: str, device: torch.device | str,
-           pass_: str = "fwd") -> registry.Variant:
+           pass_: str = "fwd", deterministic: bool = False) -> registry.Variant:
     """The variant that runs `spec` on `device`: `pick` (shape errors first, on any device; on a
-    GPU other than sm_90 "auto" skips the Hopper-only variants), then the device check
-    (`spec.check_device`). Raises ValueError or RuntimeError as `forward` does."""
+    GPU other than sm_90 "auto" skips the Hopper-only variants; `deterministic` as `pick`'s),
+    then the device check (`spec.check_device`). Raises ValueError or RuntimeError as `forward`
+    does."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     cap = torch.cuda.get_device_capability(device) if on_gpu else None
     hopper = cap is not None and cap[0] == 9
     try:
-        v = pick(spec, variant, hopper or not on_gpu, pass_)  # shape errors first, on any device
+        v = pick(spec, variant, hopper or not on_gpu, pass_, deterministic)  # shape errors first
     except ValueError:
         if variant != "auto" or hopper or not on_gpu:
             raise

@@ -16,7 +16,8 @@ class SimplicialAttention(nn.Module):
     power of two up to 128 for the kernels), each of size head_dim (64 or 128 for the kernels).
     On CUDA the attention runs in bf16 (the kernels' dtype): projections are cast to bf16 and the
     result back to x's dtype; on the CPU it runs the fp64 reference (slow; tests and small runs).
-    form: the logits' form, "trilinear" or "det" (see `attention`).
+    form: the logits' form, "trilinear" or "det" (see `attention`). deterministic: bitwise
+    repeatable gradients (see `attention`).
 
     A configuration no device can run (a size or window that is no positive int, n_heads not a
     multiple of n_kv_heads, head_dim not in {64, 128}, an unknown variant name or form) raises at
@@ -26,7 +27,7 @@ class SimplicialAttention(nn.Module):
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, w1: int, w2: int,
                  *, bias: bool = False, variant: str = "auto", bwd_variant: str = "auto",
-                 form: str = "trilinear"):
+                 form: str = "trilinear", deterministic: bool = False):
         super().__init__()
         dim, n_heads, n_kv_heads, head_dim, w1, w2 = (
             positive_int(name, v) for name, v in (
@@ -37,11 +38,12 @@ class SimplicialAttention(nn.Module):
         if head_dim not in SUPPORTED_HEAD_DIMS:  # the reference refuses it too: no device runs it
             raise ValueError(f"head_dim={head_dim} is not supported; supported: "
                              f"{SUPPORTED_HEAD_DIMS}")
-        check_variant_names(variant, bwd_variant)
+        check_variant_names(variant, bwd_variant, deterministic)
         self.form = check_form(form)
         self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv_heads, head_dim
         self.w1, self.w2 = w1, w2
         self.variant, self.bwd_variant = variant, bwd_variant
+        self.deterministic = deterministic
         self.q = nn.Linear(dim, n_heads * head_dim, bias=bias)
         self.k1, self.k2, self.v1, self.v2 = (nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
                                               for _ in range(4))
@@ -59,7 +61,8 @@ class SimplicialAttention(nn.Module):
         k1, k2, v1, v2 = (p(x).view(B, N, self.n_kv_heads, self.head_dim).to(dtype)
                           for p in (self.k1, self.k2, self.v1, self.v2))
         o, _ = attention(q, k1, k2, v1, v2, self.w1, self.w2, variant=self.variant,
-                         bwd_variant=self.bwd_variant, form=self.form)
+                         bwd_variant=self.bwd_variant, form=self.form,
+                         deterministic=self.deterministic)
         return self.out(o.reshape(B, N, self.n_heads * self.head_dim).to(x.dtype))
 
     def extra_repr(self) -> str:

@@ -63,6 +63,9 @@ class Variant:
     pipelined: bool = False
     # the logits' forms it computes (spec.FORMS); "auto" and a named variant both refuse others
     forms: tuple[str, ...] = ("trilinear",)
+    # bitwise-identical results from run to run (every sum in a fixed order); a backward with
+    # unordered reduce-adds says False, and `deterministic=True` makes "auto" skip it
+    deterministic: bool = True
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -146,6 +149,10 @@ register(Variant(name="tlx_ws", pass_="bwd", module="kernels_tlx.bwd_ws", needs_
                  rank=lambda s: 2 if s.D == 128 else 0,  # measured: ahead at D = 128 only
                  supports="as `triton`, with G = Hq/Hk in {64, 128}", warps=12,
                  scopes=BWD_WS_SCOPES, pipelined=True))
+register(Variant(name="tlx_pairs", pass_="bwd", module="kernels_tlx.bwd_pairs", needs_hopper=True,
+                 rank=3, supports="D = 128 with G = Hq/Hk in {64, 128}; the trilinear form",
+                 warps=12, scopes=BWD_WS_SCOPES, pipelined=True, rounds_keys_side=True,
+                 rounds_values_side=True, deterministic=False))
 
 
 def get(name: str, pass_: str = "fwd") -> Variant:

@@ -55,11 +55,11 @@ def test_gradcheck_op(form, gen):
 def test_opcheck(form, gen):
     x = fp64_inputs(gen, 1, 5, 2, 1, 64)
     torch.library.opcheck(torch.ops.simplicial_attn.fwd.default,
-                          (*x, 2, 3, 0.125, "auto", "auto", form))
+                          (*x, 2, 3, 0.125, "auto", "auto", form, False))
     out, lse = sa.attention(*[t.detach() for t in x], 2, 3, form=form)
     torch.library.opcheck(torch.ops.simplicial_attn.bwd.default,
                           (torch.randn_like(out), torch.randn_like(lse), *[t.detach() for t in x],
-                           out, lse, 2, 3, 0.125, "auto", form))
+                           out, lse, 2, 3, 0.125, "auto", form, False))
 
 
 def test_requires_grad_on_some_inputs(gen):
@@ -104,6 +104,9 @@ def test_layer_trains_on_cpu(gen):
     (dict(variant="nope"), ValueError, "unknown variant 'nope'; known: "),
     (dict(variant="triton", bwd_variant="tlx_pipelined_kv"), ValueError,
      "unknown variant 'tlx_pipelined_kv' of pass"),
+    (dict(bwd_variant="tlx_pairs", deterministic=True), ValueError,
+     "bwd_variant 'tlx_pairs' is not deterministic"),
+    (dict(deterministic=1), TypeError, "deterministic must be a bool, got int"),
     (dict(mixed_dtype=True), TypeError, "share one dtype"),
     (dict(form="Det"), ValueError, "form must be one of 'trilinear', 'det', got 'Det'"),
     (dict(form=1), TypeError, "form must be a str, got int"),
@@ -117,7 +120,8 @@ def test_attention_rejects_bad_input(bad, exc, match):
     with pytest.raises(exc, match=match):
         sa.attention(q, *k, bad.get("w1", 2), bad.get("w2", 3),
                      variant=bad.get("variant", "auto"), bwd_variant=bad.get("bwd_variant", "auto"),
-                     form=bad.get("form", "trilinear"))
+                     form=bad.get("form", "trilinear"),
+                     deterministic=bad.get("deterministic", False))
 
 
 @pytest.mark.parametrize("B, N", [(0, 5), (2, 0), (0, 0)])

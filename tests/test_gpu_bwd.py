@@ -2,9 +2,10 @@
 registered backward variant runs every shape of SHAPES it takes.
 
 Yardstick, as for the forward (tests/test_gpu.py): `emulate_bwd_bf16` evaluates the gradients
-exactly except for the roundings every backward variant makes on purpose (A_j = Q*K1[j] and
-dO_j = dO*V1[j] to bf16, P and dS to bf16 as GEMM operands, each gradient to bf16 at the store),
-from the kernel forward's own bf16 O and fp32 LSE. For each gradient
+exactly except for the roundings the backward variant makes on purpose (A_j = Q*K1[j] and
+dO_j = dO*V1[j] to bf16, or for a variant registered with `rounds_keys_side` (`tlx_pairs`)
+K1[j]*K2[k] and V1[j]*V2[k] instead; P and dS to bf16 as GEMM operands, each gradient to bf16 at
+the store), from the kernel forward's own bf16 O and fp32 LSE. For each gradient
 
     err(kernel) <= BUDGET * err(emulation) + FLOOR_MAX or FLOOR_MEAN * max|reference|
 
@@ -71,11 +72,15 @@ def cases(shapes: dict) -> list:
 
 
 def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
-                     form="trilinear"):
+                     form="trilinear", keys_side=False):
     """The backward variants' arithmetic in fp64 with their bf16 roundings (module docstring).
     form="det": A_j = bf16(Qa * K1a + bf16(Qb * K1b)) as the forward builds it
     (tests/test_gpu.py emulate_bf16, kernels_triton/det.py), r = 2 when the pairs are exchanged,
-    and dQ, dK1 through the rotations of kernels_triton/det.py, unrounded."""
+    and dQ, dK1 through the rotations of kernels_triton/det.py, unrounded. keys_side (trilinear):
+    the pairs' products K1[j]*K2[k] and V1[j]*V2[k] rounded (kernels_tlx/bwd_pairs.py), Q*K1[j]
+    and dO*V1[j] not."""
+    if keys_side and form != "trilinear":
+        raise ValueError("keys_side emulates the trilinear form only")
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form)
     B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
     w1, w2, c = spec.w1, spec.w2, spec.sm_scale
@@ -93,6 +98,8 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
     if dlse is not None:
         delta = delta - dlse.double()
     chunk = max(1, (1 << 24) // (B * Hq * w1 * max(w2, D)))
+    if keys_side:  # the [C, w1, w2, D] products per KV head
+        chunk = max(1, min(chunk, (1 << 24) // (B * Hk * w1 * w2 * D)))
     for i0 in range(0, N, chunk):
         i1 = min(N, i0 + chunk)
         C = i1 - i0
@@ -103,6 +110,27 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
         k2w, ok2 = _window(k2, i0, i1, w2)
         v2w, _ = _window(v2, i0, i1, w2)
         k1g = k1w.permute(0, 1, 3, 2, 4)[:, :, :, None]  # [B, C, Hk, 1, w1, D]
+        l2 = lse.double()[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
+        dl = delta[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
+        valid = (ok1[:, :, None] & ok2[:, None, :])[None, :, None, None]
+        pos1 = (torch.arange(i0, i1)[:, None] - w1 + 1 + torch.arange(w1)).clamp(min=0)
+        pos2 = (torch.arange(i0, i1)[:, None] - w2 + 1 + torch.arange(w2)).clamp(min=0)
+        pos1, pos2 = pos1.flatten().to(q.device), pos2.flatten().to(q.device)
+        if keys_side:
+            Bp = bf16(k1w[:, :, :, None] * k2w[:, :, None])  # bcjkgd
+            Cp = bf16(v1w[:, :, :, None] * v2w[:, :, None])
+            s = c * torch.einsum("bcghd,bcjkgd->bcghjk", qc, Bp)
+            p = torch.where(valid, torch.exp(s - l2[..., None, None]), 0.0)
+            ds = p * (torch.einsum("bcghd,bcjkgd->bcghjk", do, Cp) - dl[..., None, None])
+            dq[:, i0:i1] = (c * torch.einsum("bcghjk,bcjkgd->bcghd", bf16(ds),
+                                             Bp)).reshape(B, C, Hq, D)
+            for grad, pos, part in (
+                    (dk1, pos1, c * torch.einsum("bcghjk,bcghd,bckgd->bcjgd", bf16(ds), qc, k2w)),
+                    (dv1, pos1, torch.einsum("bcghjk,bcghd,bckgd->bcjgd", bf16(p), do, v2w)),
+                    (dk2, pos2, c * torch.einsum("bcghjk,bcghd,bcjgd->bckgd", bf16(ds), qc, k1w)),
+                    (dv2, pos2, torch.einsum("bcghjk,bcghd,bcjgd->bckgd", bf16(p), do, v1w))):
+                grad.index_add_(1, pos, part.flatten(1, 2))
+            continue
         if form == "det":
             qa, qb = pi_chunks(qc, r), -(chunk_dims(qc) * pi_chunks(qc, 3 - r))
             k1a, k1b = pi_chunks(k1g, 3 - r), pi_chunks(k1g, r)
@@ -111,9 +139,6 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
             A = bf16(qc[:, :, :, :, None] * k1g)  # bcghjd
         dOj = bf16(do[:, :, :, :, None] * v1w.permute(0, 1, 3, 2, 4)[:, :, :, None])
         s = c * torch.einsum("bcghjd,bckgd->bcghjk", A, k2w)
-        l2 = lse.double()[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
-        dl = delta[:, :, i0:i1].transpose(1, 2).reshape(B, C, Hk, G)
-        valid = (ok1[:, :, None] & ok2[:, None, :])[None, :, None, None]
         p = torch.where(valid, torch.exp(s - l2[..., None, None]), 0.0)
         dp = torch.einsum("bcghjd,bckgd->bcghjk", dOj, v2w)
         ds = p * (dp - dl[..., None, None])
@@ -129,9 +154,6 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
             dqc = torch.einsum("bcghjd,bcjgd->bcghd", X, k1w)
             dk1c = torch.einsum("bcghjd,bcghd->bcjgd", X, qc)
         dq[:, i0:i1] = (c * dqc).reshape(B, C, Hq, D)
-        pos1 = (torch.arange(i0, i1)[:, None] - w1 + 1 + torch.arange(w1)).clamp(min=0)
-        pos2 = (torch.arange(i0, i1)[:, None] - w2 + 1 + torch.arange(w2)).clamp(min=0)
-        pos1, pos2 = pos1.flatten().to(q.device), pos2.flatten().to(q.device)
         for grad, pos, part in (
                 (dk1, pos1, c * dk1c),
                 (dv1, pos1, torch.einsum("bcghjd,bcghd->bcjgd", Z, do)),
@@ -152,9 +174,10 @@ def draw(shape: Shape, gen, device="cuda"):
     return x, dout, dlse
 
 
-def check_grads(grads, x, out, lse, dout, dlse, shape: Shape, label: str, form="trilinear"):
+def check_grads(grads, x, out, lse, dout, dlse, shape: Shape, label: str, form="trilinear",
+                keys_side=False):
     ref = sa.reference_backward(*x, shape.w1, shape.w2, dout, dlse, form=form)
-    emu = emulate_bwd_bf16(*x, shape.w1, shape.w2, out, lse, dout, dlse, None, form)
+    emu = emulate_bwd_bf16(*x, shape.w1, shape.w2, out, lse, dout, dlse, None, form, keys_side)
     lines, ok = [label], True
     for name, g, r, e in zip(GRAD_NAMES, grads, ref, emu):
         assert g.shape == r.shape and g.dtype == torch.bfloat16, f"{label}: {name} shape/dtype"
@@ -183,7 +206,8 @@ def test_gradients_match_reference(variant, shape, gen, seed):
     for name, g in zip(GRAD_NAMES, grads):
         assert torch.isfinite(g).all(), f"{shape} seed={seed}: non-finite {name}"
     check_grads(grads, x, out.detach(), lse.detach(), dout, dlse, shape,
-                f"{variant} backward {shape} seed={seed}")
+                f"{variant} backward {shape} seed={seed}",
+                keys_side=registry.get(variant, "bwd").rounds_keys_side)
 
 
 # Form "det" (the determinant logits) on the backward variants that compute it: N < w1,
@@ -219,7 +243,8 @@ def test_det_gradients_match_reference(variant, shape, gen, seed):
     assert not torch.equal(grads[0], plain[0]), f"{shape}: det dq equals the trilinear one"
 
 
-REPRO_SHAPES = {k: SHAPES[k] for k in ("ragged_N333_G128", "swap_N300_G16", "G1_N300")}
+REPRO_SHAPES = {k: SHAPES[k] for k in ("ragged_N333_G128", "swap_N300_G16", "G1_N300",
+                                        "ragged_N333_G64")}
 REPRO_CASES = ([pytest.param(*c.values, "trilinear", id=f"{c.id}-trilinear")
                 for c in cases(REPRO_SHAPES)]
                + [pytest.param(*c.values, "det", id=f"{c.id}-det")
@@ -228,15 +253,17 @@ REPRO_CASES = ([pytest.param(*c.values, "trilinear", id=f"{c.id}-trilinear")
 
 @pytest.mark.parametrize("variant,shape,form", REPRO_CASES)
 def test_bitwise_reproducible_and_every_element_written(variant, shape, form, gen, seed):
-    """Three runs agree bit for bit; gradients launched into NaN-filled buffers have no NaN."""
+    """Three runs agree bit for bit (a variant registered as deterministic); gradients launched
+    into NaN-filled buffers have no NaN (every variant)."""
     x, dout, dlse = draw(shape, gen)
     out, lse = sa.forward(*x, shape.w1, shape.w2, form=form)
-    runs = [bwd_launcher.backward(dout, dlse, *x, out, lse, shape.w1, shape.w2, variant=variant,
-                                  form=form)
-            for _ in range(3)]
-    for i, r in enumerate(runs[1:], 1):
-        for name, a, b in zip(GRAD_NAMES, runs[0], r):
-            assert torch.equal(a, b), f"{shape} seed={seed}: run {i} {name} differs from run 0"
+    if registry.get(variant, "bwd").deterministic:
+        runs = [bwd_launcher.backward(dout, dlse, *x, out, lse, shape.w1, shape.w2,
+                                      variant=variant, form=form)
+                for _ in range(3)]
+        for i, r in enumerate(runs[1:], 1):
+            for name, a, b in zip(GRAD_NAMES, runs[0], r):
+                assert torch.equal(a, b), f"{shape} seed={seed}: run {i} {name} differs from run 0"
     spec = validate(*x, shape.w1, shape.w2, form=form)
     q, k1, k2, v1, v2 = x
     if spec.swapped:
@@ -247,6 +274,21 @@ def test_bitwise_reproducible_and_every_element_written(variant, shape, form, ge
     torch.cuda.synchronize()
     for name, g in zip(GRAD_NAMES, grads):
         assert not torch.isnan(g).any(), f"{shape}: {name} has {int(torch.isnan(g).sum())} NaN"
+
+
+def test_deterministic_mode_is_bitwise_repeatable(gen, seed):
+    """attention(..., deterministic=True) at a shape where "auto" takes the reduce-adding
+    `tlx_pairs`: the gradients of two steps agree bit for bit."""
+    shape = SHAPES["ragged_N333_G128"]
+    x, dout, _ = draw(shape, gen)
+    grads = []
+    for _ in range(2):
+        xs = [t.clone().requires_grad_() for t in x]
+        out, _ = sa.attention(*xs, shape.w1, shape.w2, deterministic=True)
+        out.backward(dout)
+        grads.append([t.grad for t in xs])
+    for name, a, b in zip(GRAD_NAMES, *grads):
+        assert torch.equal(a, b), f"{shape} seed={seed}: {name} differs between two steps"
 
 
 def test_non_contiguous_and_stride0_dout(gen):

@@ -416,7 +416,9 @@ def test_profiled_kernels_fit_the_records():
             if v.cannot_take(spec) is None:
                 kernels = v.profiled_kernels(spec)
                 assert all(w % 4 == 0 and 4 <= w <= v.warps for w in kernels.values()), v.name
-                assert len(kernels) == (1 if v.pass_ == "fwd" else 2)
+                # a forward is one kernel; a backward its GEMM kernels (the 8-GEMM split's two,
+                # tlx_pairs's one)
+                assert len(kernels) in ((1,) if v.pass_ == "fwd" else (1, 2)), v.name
                 widths += kernels.values()
         assert max(widths) == v.warps, (v.pass_, v.name)
 

@@ -1,0 +1,387 @@
+"""`tlx_pairs` backward: one warp-specialized TLX kernel that owns (j, key block) pairs and runs
+the 5 GEMMs of FlashAttention's backward, with dQ, dK2 and dV2 reduce-added (not deterministic).
+
+For a fixed j, the pairs (j, k) are the keys of an ordinary attention: B_jk = K1[j] * K2[k] and
+C_jk = V1[j] * V2[k] (the keys-side form, ../shared/docs/BACKWARD.md section 1), seen by the
+tokens i in [j, j + w1) whose w2 window holds k. A program owns j and 128 consecutive keys k (a
+key block) and visits each of those tokens' tiles (64 query heads of one token):
+    S^T  = B Q^T        dP^T = C dO^T                        (SS-wgmma, 64 keys x 64 rows)
+    P^T  = exp2(S^T c log2e - LSE log2e) where k is in the token's w2 window, else 0
+    dS^T = P^T (dP^T - Delta)
+    dC  += P^T dO       dB  += dS^T Q                        (RS-wgmma, fp32 [64 keys, D])
+    dQ_tile = dS B                                           (SS-wgmma; reduce-added)
+and at its end
+    dK1[j] += sum_k K2[k] * dB[k]      dK2[k] += K1[j] * dB[k]      (c = sm_scale at the finish)
+    dV1[j] += sum_k V2[k] * dC[k]      dV2[k] += V1[j] * dC[k]
+5 GEMMs for the 5 useful ones (the 8-GEMM split of `triton` / `tlx_ws` recomputes S and dP
+in a second owner); the price is the reduce-adds: dQ in fp32 (B*N*Hq*D*4 bytes of scratch),
+each tile's [64, D] partial added by TMA (`cp.reduce.async.bulk`), and dK1/dK2/dV1/dV2 in fp32
+by atomics once per program. The order of the adds is the hardware's: not bitwise repeatable
+(`tlx_ws` is).
+
+Warp groups:
+- producer ("default", 4 warps): TMA-loads the block's K2 and V2 (64 keys per consumer) into the
+  row ring, builds B and C from there (bf16 products, the rounding of the keys-side forwards),
+  arrives on `bc_full`;
+  then TMA-loads each tile's Q and dO rows into a ring of NUM_Q slots (`q_fulls`, `q_empties`).
+- Two consumers, 64 keys each (fp32 dB, dC: 128 registers per thread). A consumer whose keys
+  the token does not see skips the tile's GEMMs (and writes a zero dS). dQ needs dS over both
+  consumers' keys: each stores its dS^T (bf16) in a ring of two slots (`ds_fulls`, `ds_empties`,
+  both consumers' warps), then each computes half of dQ's columns from both, stages it in fp32
+  and reduce-adds it by TMA.
+Supports D = 128 with G = Hq/Hk in {64, 128} (`supports`).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS, opaque
+from kernels_tlx.hadamard import build, row_tile
+from kernels_triton import bwd as triton_bwd
+from kernels_triton.host import kv_descriptor, q_descriptor
+from kernels_triton.tiling import BF16_BYTES, LOG2E, enter, leave
+from kernels_triton.tiling import supports as tiling_supports
+from simplicial_attn.registry import CompileConfig
+from simplicial_attn.spec import ProblemSpec
+
+ROWS = tl.constexpr(64)  # rows per tile: 64 query heads of one token
+KEYS = 64  # keys per consumer
+BLOCK_N = NUM_CONSUMERS.value * KEYS  # keys per program
+EXECUTED_FLOPS_PER_F = 2.5  # 5 GEMMs of F / 2 each (edge waste not counted)
+
+
+@triton.jit
+def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+    """This program's batch b, KV head g, j, first key kb, kv_base (token 0 of (b, g) in a
+    [B, N, HK, D] tensor), its tile count (SPLIT head halves of the tokens j .. min(j + w1, N) - 1)
+    and whether it has keys at all; pid is tl.program_id(0), or an opaque copy of it (what is
+    derived from it is then not held in registers across a loop before). Grid: key blocks
+    fastest, then j, then B * HK; j's keys are max(j - w2 + 1, 0) .. min(j + w1 - 1, N - 1), in
+    blocks of 128 from the first, n_kb = cdiv(w1 + w2 - 1, 128) per j (`key_blocks`; a kernel
+    argument, which ptxas reloads where it is needed instead of holding it)."""
+    m = pid % n_kb
+    j = (pid // n_kb) % N
+    bg = pid // n_kb // N
+    b = bg // HK
+    g = bg % HK
+    k_lo = tl.maximum(j + 1, w2) - w2
+    k_hi = tl.minimum(j + w1, N) - 1
+    kb = k_lo + m * (2 * 64)
+    n_tiles = (tl.minimum(j + w1, N) - j) * SPLIT
+    return b, g, j, kb, b.to(tl.int64) * N * (HK * D) + g * D, n_tiles, kb <= k_hi
+
+
+@triton.jit
+def active_tiles(j, k0, n_tiles, w2, SPLIT: tl.constexpr):
+    """The tiles u_lo .. u_hi - 1 (token j + u // SPLIT) whose token sees one of keys
+    k0 .. k0 + 63: tokens from k0 to k0 + 62 + w2."""
+    u_lo = tl.minimum(tl.maximum(k0 - j, 0) * SPLIT, n_tiles)
+    u_hi = tl.minimum(tl.maximum(k0 + 63 + w2 - j, 0) * SPLIT, n_tiles)
+    return u_lo, u_hi
+
+
+@triton.jit
+def dq_columns(ds_tiles, b_tiles, d, COL: tl.constexpr, DH: tl.constexpr):
+    """Columns COL .. COL + DH - 1 of a tile's dQ share, dS B over both consumers' keys: the
+    dS^T of ds ring slot d (one [64 keys, ROWS] tile per consumer) against the same columns of
+    each consumer's B tile. Waits for every wgmma of the warp group."""
+    dq = tl.zeros([ROWS, DH], tl.float32)
+    for c in tl.static_range(NUM_CONSUMERS):
+        dq = tlx.async_dot(tlx.local_trans(tlx.local_view(ds_tiles, d * NUM_CONSUMERS + c)),
+                           tlx.local_slice(tlx.local_view(b_tiles, c), [0, COL], [64, DH]), dq)
+    return tlx.async_dot_wait(0, dq)
+
+
+@triton.jit
+def dq_share(ds_tiles, b_tiles, ds_fulls, u, cid, DH: tl.constexpr):
+    """Consumer cid's columns of tile u's dQ share, once both consumers' dS^T of u are in ring
+    slot u % 2."""
+    d = u % 2
+    tlx.barrier_wait(tlx.local_view(ds_fulls, d), (u // 2) & 1)
+    if cid == 0:
+        dq = dq_columns(ds_tiles, b_tiles, d, 0, DH)
+    else:
+        dq = dq_columns(ds_tiles, b_tiles, d, DH, DH)
+    return dq
+
+
+@triton.jit
+def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, cid, HQ: tl.constexpr, G: tl.constexpr,
+           DH: tl.constexpr, SPLIT: tl.constexpr):
+    """Reduce-add consumer cid's columns of tile u's dQ share (token j + u // SPLIT, head half
+    u % SPLIT) into the fp32 dQ through its staging tile, once the previous add has read it."""
+    row0 = (b * N + j + u // SPLIT) * HQ + g * G + (u % SPLIT) * 64
+    stage = tlx.local_view(dq_stage, cid)
+    tlx.async_descriptor_store_wait(0)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    tlx.local_store(stage, dq)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    tlx.async_descriptor_store(DQacc, stage, [row0, cid * DH], store_reduce="add")
+
+
+@triton.jit
+def scale_add_rows(acc, stage, row, X, kv_base, k0, N, DST, DSUM, j_off, cid,
+                   HK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+    """One consumer's end: DST[k] += row * acc[k] for its keys k0 .. k0 + 63 (< N), and
+    DSUM[j] += sum_k X[k] * acc[k] (fp32 atomics), acc ([64, D] fp32) passing through `stage` to
+    meet X's rows in a coalesced layout, CHUNK rows at a time."""
+    tlx.local_store(stage, acc)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    col = tl.zeros([D], tl.float32)
+    for c in tl.static_range(64 // CHUNK):
+        x = tlx.local_load(tlx.local_slice(stage, [c * CHUNK, 0], [CHUNK, D]))
+        kpos = k0 + c * CHUNK + tl.arange(0, CHUNK)
+        offs = triton_bwd._kv_rows(kv_base, kpos, HK, D)
+        ok = (kpos < N)[:, None]
+        xk = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
+        col += tl.sum(xk * x, 0)
+        tl.atomic_add(DST + offs, x * row[None, :], mask=ok, sem="relaxed")
+    tl.atomic_add(DSUM + j_off + tl.arange(0, D), col, sem="relaxed")
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every chunk read: stage is free
+
+
+@triton.jit
+def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1acc, DK2acc,
+                  DV1acc, DV2acc, N, w1, w2, n_kb, qk_scale, HQ: tl.constexpr,
+                  HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_Q: tl.constexpr,
+                  CH: tl.constexpr, CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
+    SPLIT: tl.constexpr = G // 64  # tiles per token
+    tl.static_assert(NUM_Q == NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
+    DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
+    b_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS)
+    c_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS)
+    # consumer 0's fp32 staging tile at its end is the Q row ring's bytes, consumer 1's the dO
+    # ring's: free once both consumers have waited for the last tile's dS (they have then read
+    # its Q and dO)
+    rows_q = tlx.storage_alias_spec()
+    rows_do = tlx.storage_alias_spec()
+    q_tiles = tlx.local_alloc((ROWS, D), tl.bfloat16, NUM_Q, reuse=rows_q)
+    do_tiles = tlx.local_alloc((ROWS, D), tl.bfloat16, NUM_Q, reuse=rows_do)
+    stage_q = tlx.local_alloc((64, D), tl.float32, 1, reuse=rows_q)
+    stage_do = tlx.local_alloc((64, D), tl.float32, 1, reuse=rows_do)
+    ds_tiles = tlx.local_alloc((64, ROWS), tl.bfloat16, 2 * NUM_CONSUMERS)  # [slot * 2 + c]
+    dq_stage = tlx.local_alloc((ROWS, DH), tl.float32, NUM_CONSUMERS)
+    lse_tiles = tlx.local_alloc((1, ROWS), tl.float32, NUM_Q)    # beside each Q/dO slot
+    delta_tiles = tlx.local_alloc((1, ROWS), tl.float32, NUM_Q)
+    kv_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
+    bc_full = tlx.local_view(tlx.alloc_warp_barrier(num_barriers=1, num_warps=4), 0)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
+    q_empties = tlx.alloc_warp_barrier(num_barriers=NUM_Q, num_warps=4 * NUM_CONSUMERS)
+    ds_fulls = tlx.alloc_warp_barrier(num_barriers=2, num_warps=4 * NUM_CONSUMERS)
+    ds_empties = tlx.alloc_warp_barrier(num_barriers=2, num_warps=4 * NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: K2/V2 -> B, C; then Q, dO per tile
+            b, g, j, kb, kv_base, n_tiles, live = pair_program(tl.program_id(0), N, w1, w2,
+                                                               n_kb, HK, D, SPLIT)
+            if live:
+                # K2 and V2 (64 keys per consumer) land in the row ring, free until the first
+                # tile's rows; B and C are built from there
+                enter("load_kv", PROFILE)
+                tlx.barrier_expect_bytes(kv_full, 2 * NUM_CONSUMERS * 64 * D * BF16_BYTES)
+                for c in tl.static_range(NUM_CONSUMERS):
+                    tlx.async_descriptor_load(K2, tlx.local_view(q_tiles, c),
+                                              [b, kb + c * 64, g * D], kv_full)
+                    tlx.async_descriptor_load(V2, tlx.local_view(do_tiles, c),
+                                              [b, kb + c * 64, g * D], kv_full)
+                tlx.barrier_wait(kv_full, 0)
+                leave("load_kv", PROFILE)
+                enter("build_a", PROFILE)
+                kv_row = kv_base + j.to(tl.int64) * (HK * D)
+                k1 = row_tile(K1, kv_row, D, CH)
+                v1 = row_tile(V1, kv_row, D, CH)
+                for c in tl.static_range(NUM_CONSUMERS):
+                    build(k1, tlx.local_view(q_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH)
+                    build(v1, tlx.local_view(do_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH)
+                tlx.barrier_arrive(bc_full, 1)
+                tlx.barrier_wait(bc_full, 0)  # every producer thread has read the ring
+                leave("build_a", PROFILE)
+                for u in range(0, n_tiles):
+                    s = u % NUM_Q
+                    enter("load_kv", PROFILE)
+                    tlx.barrier_wait(tlx.local_view(q_empties, s), ((u // NUM_Q) & 1) ^ 1)
+                    row0 = (b * N + j + u // SPLIT) * HQ + g * G + (u % SPLIT) * 64
+                    qf = tlx.local_view(q_fulls, s)
+                    tlx.barrier_expect_bytes(qf, 2 * ROWS * D * BF16_BYTES + 2 * ROWS * 4)
+                    tlx.async_descriptor_load(Q, tlx.local_view(q_tiles, s), [row0, 0], qf)
+                    tlx.async_descriptor_load(DO, tlx.local_view(do_tiles, s), [row0, 0], qf)
+                    tlx.async_descriptor_load(Lse2, tlx.local_view(lse_tiles, s), [row0 // 64, 0],
+                                              qf)
+                    tlx.async_descriptor_load(Delta, tlx.local_view(delta_tiles, s),
+                                              [row0 // 64, 0], qf)
+                    leave("load_kv", PROFILE)
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid = tlx.async_task_replica_id()
+            b, g, j, kb, kv_base, n_tiles, live = pair_program(tl.program_id(0), N, w1, w2,
+                                                               n_kb, HK, D, SPLIT)
+            if live:
+                k0 = kb + cid * 64
+                u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, SPLIT)
+                b_tile = tlx.local_view(b_tiles, cid)
+                c_tile = tlx.local_view(c_tiles, cid)
+                kpos = k0 + tl.arange(0, 64)
+                dk = tl.zeros([64, D], tl.float32)
+                dv = tl.zeros([64, D], tl.float32)
+                tlx.barrier_wait(bc_full, 0)
+                # tile u's GEMMs, then tile u - 1's dQ: the two consumers meet at the dS of the
+                # tile before, not of this one, so either may run up to a tile ahead
+                for u in range(0, n_tiles):
+                    s = u % NUM_Q
+                    d = u % 2
+                    i = j + u // SPLIT
+                    tlx.barrier_wait(tlx.local_view(q_fulls, s), (u // NUM_Q) & 1)
+                    q_tile = tlx.local_view(q_tiles, s)
+                    do_tile = tlx.local_view(do_tiles, s)
+                    ds_tile = tlx.local_view(ds_tiles, d * NUM_CONSUMERS + cid)
+                    tlx.barrier_wait(tlx.local_view(ds_empties, d), ((u // 2) & 1) ^ 1)
+                    if (u >= u_lo) & (u < u_hi):
+                        enter("qk_gemm", PROFILE)
+                        st = tlx.async_dot(b_tile, tlx.local_trans(q_tile))
+                        dpt = tlx.async_dot(c_tile, tlx.local_trans(do_tile))
+                        lse2 = tlx.local_load(tlx.local_view(lse_tiles, s))  # [1, ROWS], log2
+                        st = tlx.async_dot_wait(1, st)  # dP^T still in flight under the exp2
+                        leave("qk_gemm", PROFILE)
+                        enter("softmax", PROFILE)
+                        kok = (kpos <= i) & (kpos > i - w2)
+                        pt = tl.where(kok[:, None], tl.math.exp2(st * qk_scale - lse2), 0.0)
+                        delta = tlx.local_load(tlx.local_view(delta_tiles, s))
+                        dpt = tlx.async_dot_wait(0, dpt)
+                        dst = (pt * (dpt - delta)).to(tl.bfloat16)
+                        leave("softmax", PROFILE)
+                        enter("pv_gemm", PROFILE)
+                        dv = tlx.async_dot(pt.to(tl.bfloat16), do_tile, dv)
+                        dk = tlx.async_dot(dst, q_tile, dk)
+                        tlx.local_store(ds_tile, dst)
+                        dv = tlx.async_dot_wait(0, dv)
+                        dk = tlx.async_dot_wait(0, dk)
+                        leave("pv_gemm", PROFILE)
+                    else:
+                        tlx.local_store(ds_tile, tl.zeros([64, ROWS], tl.bfloat16))
+                    tlx.fence_async_shared()
+                    tlx.barrier_arrive(tlx.local_view(ds_fulls, d), 1)
+                    tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
+                    if u > 0:
+                        enter("epilogue", PROFILE)
+                        dq = dq_share(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
+                        tlx.barrier_arrive(tlx.local_view(ds_empties, 1 - d), 1)
+                        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, cid, HQ, G, DH, SPLIT)
+                        leave("epilogue", PROFILE)
+                # the coordinates again, from an opaque program id (held over the loop they spill)
+                b, g, j, kb, kv_base, n_tiles, _ = pair_program(opaque(tl.program_id(0)), N, w1,
+                                                                w2, n_kb, HK, D, SPLIT)
+                k0 = kb + cid * 64
+                u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, SPLIT)
+                enter("epilogue", PROFILE)
+                dq = dq_share(ds_tiles, b_tiles, ds_fulls, n_tiles - 1, cid, DH)
+                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, cid, HQ, G, DH, SPLIT)
+                tlx.async_descriptor_store_wait(0)
+                if u_lo < u_hi:  # dB and dC are zero otherwise
+                    if cid == 0:
+                        stage = tlx.local_view(stage_q, 0)
+                    else:
+                        stage = tlx.local_view(stage_do, 0)
+                    kv_row = kv_base + j.to(tl.int64) * (HK * D)
+                    offs_d = tl.arange(0, D)
+                    k1 = tl.load(K1 + kv_row + offs_d).to(tl.float32)
+                    scale_add_rows(dk, stage, k1, K2rows, kv_base, k0, N, DK2acc, DK1acc, kv_row,
+                                   cid, HK, D, 16)
+                    v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
+                    scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, N, DV2acc, DV1acc, kv_row,
+                                   cid, HK, D, 16)
+                leave("epilogue", PROFILE)
+
+
+@triton.jit
+def _finish_kernel(ACC, OUT, numel, scale, BLOCK: tl.constexpr):
+    """OUT = bf16(scale * ACC), fp32 -> bf16."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < numel
+    tl.store(OUT + i, (tl.load(ACC + i, mask=ok, other=0.0) * scale).to(tl.bfloat16), mask=ok)
+
+
+FINISH_BLOCK = 2048
+
+
+def supports(spec: ProblemSpec) -> str | None:
+    why = tiling_supports(spec)
+    if why is None and spec.form != "trilinear":
+        why = f"form {spec.form!r}: the trilinear form only"
+    if why is None and (spec.G not in (64, 128) or spec.D != 128):
+        why = (f"G = Hq/Hk = {spec.G}, D = {spec.D}: G in {{64, 128}} and D = 128 only (a tile "
+               "is 64 heads of one token; each consumer takes half of dQ's 128 columns)")
+    return why
+
+
+def config(spec: ProblemSpec) -> dict:
+    """Two Q/dO slots, the producer's build in 8-row chunks, the consumers at 232 registers."""
+    return dict(NUM_Q=2, CH=8, CONSUMER_REGS=232, num_warps=4, num_stages=1)
+
+
+def key_blocks(spec: ProblemSpec) -> int:
+    """Key blocks (programs) per j: j's keys span w1 + w2 - 1 tokens."""
+    return triton.cdiv(spec.w1 + spec.w2 - 1, BLOCK_N)
+
+
+def row_descriptor(t) -> TensorDescriptor:
+    """TMA view of a contiguous fp32 [B, N, Hq] tensor as rows of ROWS values, a box per tile
+    (the LSE and Delta of one token's 64 heads)."""
+    return TensorDescriptor(t, shape=[t.numel() // ROWS.value, ROWS.value],
+                            strides=[ROWS.value, 1], block_shape=[1, ROWS.value])
+
+
+def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
+           profile: bool | str = False) -> None:
+    """Delta (`triton`'s kernel), `_pairs_kernel` into zeroed fp32 accumulators, then
+    `_finish_kernel` for each gradient (dQ, dK1, dK2 scaled by sm_scale). Scratch: fp32 copies of
+    the five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*)."""
+    if spec.B * spec.N * spec.Hq >= 2 ** 31:  # the int32 row coordinates of the TMA boxes
+        raise ValueError(f"{spec.short()}: B*N*Hq = {spec.B * spec.N * spec.Hq} rows; "
+                         "tlx_pairs takes fewer than 2**31 (use tlx_ws or triton)")
+    delta = triton_bwd.launch_delta(spec, out, dout, dlse)
+    lse2d, deltad = (row_descriptor(t.transpose(1, 2).contiguous())  # [B, N, Hq]
+                     for t in (lse * LOG2E, delta))
+    dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=q.device)
+    dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros((4, *dk1.shape), dtype=torch.float32,
+                                                     device=q.device)
+    k2d, v2d = (kv_descriptor(t, spec, KEYS) for t in (k2, v2))
+    qd, dod = (q_descriptor(t, spec, ROWS.value) for t in (q, dout))
+    dqd = TensorDescriptor(dq_acc, shape=[spec.B * spec.N * spec.Hq, spec.D],
+                           strides=[spec.D, 1], block_shape=[ROWS.value, spec.D // 2])
+    _pairs_kernel[(spec.B * spec.Hk * spec.N * key_blocks(spec),)](
+        qd, k1, k2d, v1, v2d, dod, lse2d, deltad, k2, v2, dqd, dk1_acc, dk2_acc, dv1_acc,
+        dv2_acc, spec.N, spec.w1, spec.w2, key_blocks(spec), spec.sm_scale * LOG2E, HQ=spec.Hq,
+        HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile), **config(spec))
+    for acc, grad, scale in ((dq_acc, dq, spec.sm_scale), (dk1_acc, dk1, spec.sm_scale),
+                             (dk2_acc, dk2, spec.sm_scale), (dv1_acc, dv1, 1.0),
+                             (dv2_acc, dv2, 1.0)):
+        _finish_kernel[(triton.cdiv(acc.numel(), FINISH_BLOCK),)](
+            acc, grad, acc.numel(), scale, BLOCK=FINISH_BLOCK, num_warps=4)
+
+
+def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
+    """The one Proton-scoped kernel, "pairs": a producer and NUM_CONSUMERS consumer warp groups."""
+    return {"pairs": config(spec)["num_warps"] * (1 + NUM_CONSUMERS.value)}
+
+
+def compile_configs() -> list[CompileConfig]:
+    """The kernel at every compile shape it supports."""
+    out = []
+    for spec in triton_bwd.compile_specs():
+        if supports(spec) is not None:
+            continue
+        kv = f"tensordesc<bf16[1,{KEYS},{spec.D}]>"
+        rows = f"tensordesc<bf16[{ROWS.value},{spec.D}]>"
+        row = f"tensordesc<fp32[1,{ROWS.value}]>"
+        out.append(triton_bwd.kernel_config("pairs", _pairs_kernel, spec, config(spec), {
+            "Q": rows, "K1": "*bf16", "K2": kv, "V1": "*bf16", "V2": kv, "DO": rows, "Lse2": row,
+            "Delta": row, "K2rows": "*bf16", "V2rows": "*bf16",
+            "DQacc": f"tensordesc<fp32[{ROWS.value},{spec.D // 2}]>", "DK1acc": "*fp32",
+            "DK2acc": "*fp32", "DV1acc": "*fp32", "DV2acc": "*fp32", "N": "i32", "w1": "i32",
+            "w2": "i32", "n_kb": "i32", "qk_scale": "fp32"}))
+    return out
