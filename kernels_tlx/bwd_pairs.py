@@ -315,6 +315,9 @@ def supports(spec: ProblemSpec) -> str | None:
     if why is None and (spec.G not in (64, 128) or spec.D != 128):
         why = (f"G = Hq/Hk = {spec.G}, D = {spec.D}: G in {{64, 128}} and D = 128 only (a tile "
                "is 64 heads of one token; each consumer takes half of dQ's 128 columns)")
+    if why is None and spec.B * spec.N * spec.Hq >= 2 ** 31:
+        why = (f"B*N*Hq = {spec.B * spec.N * spec.Hq} rows: its TMA boxes take int32 row "
+               "coordinates (fewer than 2**31 rows)")
     return why
 
 
@@ -340,9 +343,6 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     """Delta (`triton`'s kernel), `_pairs_kernel` into zeroed fp32 accumulators, then
     `_finish_kernel` for each gradient (dQ, dK1, dK2 scaled by sm_scale). Scratch: fp32 copies of
     the five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*)."""
-    if spec.B * spec.N * spec.Hq >= 2 ** 31:  # the int32 row coordinates of the TMA boxes
-        raise ValueError(f"{spec.short()}: B*N*Hq = {spec.B * spec.N * spec.Hq} rows; "
-                         "tlx_pairs takes fewer than 2**31 (use tlx_ws or triton)")
     delta = triton_bwd.launch_delta(spec, out, dout, dlse)
     lse2d, deltad = (row_descriptor(t.transpose(1, 2).contiguous())  # [B, N, Hq]
                      for t in (lse * LOG2E, delta))

@@ -258,4 +258,7 @@ def test_deterministic_backward_selection():
         with pytest.raises(ValueError, match="'tlx_pairs' is not deterministic"):
             launcher.pick(s, "tlx_pairs", True, "bwd", deterministic=True)
     assert [v.name for v in registry.all_variants("bwd") if not v.deterministic] == ["tlx_pairs"]
+    huge = spec(B=2 ** 31 // (4096 * 128) + 1)  # B*N*Hq >= 2**31: tlx_pairs's int32 TMA rows
+    assert "int32" in registry.get("tlx_pairs", "bwd").cannot_take(huge)
+    assert launcher.pick(huge, "auto", True, "bwd").name == "tlx_ws"
     assert all(v.deterministic for v in registry.all_variants("fwd"))
