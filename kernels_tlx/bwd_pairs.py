@@ -340,9 +340,12 @@ def row_descriptor(t) -> TensorDescriptor:
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False) -> None:
-    """Delta (`triton`'s kernel), `_pairs_kernel` into zeroed fp32 accumulators, then
-    `_finish_kernel` for each gradient (dQ, dK1, dK2 scaled by sm_scale). Scratch: fp32 copies of
-    the five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*)."""
+    """Delta (`triton`'s kernel), `_pairs_kernel` into zeroed fp32 accumulators (profile: True or
+    "pairs" runs its Proton-scoped copy), then `_finish_kernel` for each gradient (dQ, dK1, dK2
+    scaled by sm_scale). Scratch: fp32 copies of the five gradients (B*N*Hq*D*4 bytes for dQ:
+    4.3 GB at S*) and [B, N, Hq] copies of LSE (log2) and Delta."""
+    if isinstance(profile, str) and profile != "pairs":
+        raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
     delta = triton_bwd.launch_delta(spec, out, dout, dlse)
     lse2d, deltad = (row_descriptor(t.transpose(1, 2).contiguous())  # [B, N, Hq]
                      for t in (lse * LOG2E, delta))
