@@ -4,9 +4,11 @@ the 5 GEMMs of FlashAttention's backward, with dQ, dK2 and dV2 reduce-added (not
 For a fixed j, the pairs (j, k) are the keys of an ordinary attention: B_jk = K1[j] * K2[k] and
 C_jk = V1[j] * V2[k] (the keys-side form, ../shared/docs/BACKWARD.md section 1), seen by the
 tokens i in [j, j + w1) whose w2 window holds k. A program owns j and 128 consecutive keys k (a
-key block) and visits each of those tokens' tiles (64 query heads of one token):
+key block) and visits each of those tokens' tiles (64 rows: 64 query heads of one token, or at
+G < 64 all G heads of 64 / G consecutive tokens):
     S^T  = B Q^T        dP^T = C dO^T                        (SS-wgmma, 64 keys x 64 rows)
-    P^T  = exp2(S^T c log2e - LSE log2e) where k is in the token's w2 window, else 0
+    P^T  = exp2(S^T c log2e - LSE log2e) where k is in the row's token's w2 window (and the
+           token sees j: below min(j + w1, N)), else 0
     dS^T = P^T (dP^T - Delta)
     dC  += P^T dO       dB  += dS^T Q                        (RS-wgmma, fp32 [64 keys, D])
     dQ_tile = dS B                                           (SS-wgmma; reduce-added)
@@ -23,13 +25,15 @@ Warp groups:
 - producer ("default", 4 warps): TMA-loads the block's K2 and V2 (64 keys per consumer) into the
   row ring, builds B and C from there (bf16 products, the rounding of the keys-side forwards),
   arrives on `bc_full`;
-  then TMA-loads each tile's Q and dO rows into a ring of NUM_Q slots (`q_fulls`, `q_empties`).
+  then TMA-loads each tile's Q and dO rows, LSE and Delta into a ring of NUM_Q slots
+  (`q_fulls`, `q_empties`): one box per token of the tile; a token past N loads token N - 1's
+  rows again (masked), so no value of another batch element is read.
 - Two consumers, 64 keys each (fp32 dB, dC: 128 registers per thread). A consumer whose keys
   the token does not see skips the tile's GEMMs (and writes a zero dS). dQ needs dS over both
   consumers' keys: each stores its dS^T (bf16) in a ring of two slots (`ds_fulls`, `ds_empties`,
   both consumers' warps), then each computes half of dQ's columns from both, stages it in fp32
-  and reduce-adds it by TMA.
-Supports D = 128 with G = Hq/Hk in {64, 128} (`supports`).
+  and reduce-adds it by TMA (a box per token of the tile that sees j).
+Supports D = 128 with G = Hq/Hk >= 16 (`supports`; a token's rows are one TMA box of >= 16).
 """
 from __future__ import annotations
 
@@ -54,10 +58,42 @@ BLOCK_N = NUM_CONSUMERS.value * KEYS  # keys per program
 EXECUTED_FLOPS_PER_F = 2.5  # 5 GEMMs of F / 2 each (edge waste not counted)
 
 
+@triton.constexpr_function
+def tile_tokens(G):
+    """Tokens per 64-row tile: 64 / G at G < 64 (every head of each), else 1."""
+    return max(64 // G, 1)
+
+
+@triton.constexpr_function
+def token_tiles(G):
+    """Tiles per token: G / 64 at G >= 64 (64 heads each), else 1."""
+    return max(G // 64, 1)
+
+
+@triton.constexpr_function
+def epilogue_rows(G):
+    """Rows per chunk of the end's dB/dC pass: 16, or 8 at G < 64 (16 spills 8 bytes there)."""
+    return 16 if G >= 64 else 8
+
+
+@triton.constexpr_function
+def row_width(G):
+    """Columns of the per-token LSE/Delta rows in shared memory: min(G, 64), at least 32 (128
+    bytes)."""
+    return max(min(G, 64), 32)
+
+
+@triton.constexpr_function
+def box_rows(G):
+    """Rows of one token in a tile, a TMA box: min(G, 64)."""
+    return min(G, 64)
+
+
 @triton.jit
-def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr):
     """This program's batch b, KV head g, j, first key kb, kv_base (token 0 of (b, g) in a
-    [B, N, HK, D] tensor), its tile count (SPLIT head halves of the tokens j .. min(j + w1, N) - 1)
+    [B, N, HK, D] tensor), its tile count (over the tokens j .. min(j + w1, N) - 1: token_tiles
+    tiles per token, or tile_tokens tokens per tile)
     and whether it has keys at all; pid is tl.program_id(0), or an opaque copy of it (what is
     derived from it is then not held in registers across a loop before). Grid: key blocks
     fastest, then j, then B * HK; j's keys are max(j - w2 + 1, 0) .. min(j + w1 - 1, N - 1), in
@@ -71,17 +107,71 @@ def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, SPLIT:
     k_lo = tl.maximum(j + 1, w2) - w2
     k_hi = tl.minimum(j + w1, N) - 1
     kb = k_lo + m * (2 * 64)
-    n_tiles = (tl.minimum(j + w1, N) - j) * SPLIT
+    n_tiles = tl.cdiv(tl.minimum(j + w1, N) - j, tile_tokens(G)) * token_tiles(G)
     return b, g, j, kb, b.to(tl.int64) * N * (HK * D) + g * D, n_tiles, kb <= k_hi
 
 
 @triton.jit
-def active_tiles(j, k0, n_tiles, w2, SPLIT: tl.constexpr):
-    """The tiles u_lo .. u_hi - 1 (token j + u // SPLIT) whose token sees one of keys
+def active_tiles(j, k0, n_tiles, w2, G: tl.constexpr):
+    """The tiles u_lo .. u_hi - 1 (`first_token`) one of whose tokens sees one of keys
     k0 .. k0 + 63: tokens from k0 to k0 + 62 + w2."""
-    u_lo = tl.minimum(tl.maximum(k0 - j, 0) * SPLIT, n_tiles)
-    u_hi = tl.minimum(tl.maximum(k0 + 63 + w2 - j, 0) * SPLIT, n_tiles)
+    T: tl.constexpr = tile_tokens(G)
+    u_lo = tl.minimum(tl.cdiv(tl.maximum(k0 - T + 1 - j, 0), T) * token_tiles(G), n_tiles)
+    u_hi = tl.minimum(tl.cdiv(tl.maximum(k0 + 63 + w2 - j, 0), T) * token_tiles(G), n_tiles)
     return u_lo, u_hi
+
+
+@triton.jit
+def first_token(j, u, G: tl.constexpr):
+    """Tile u's first token (j's tiles from token j on) and its first head within the KV head's G."""
+    return j + (u // token_tiles(G)) * tile_tokens(G), (u % token_tiles(G)) * 64
+
+
+@triton.jit
+def load_rows(Q, DO, Lse2, Delta, q_tiles, do_tiles, lse_tiles, delta_tiles, s, full, row0,
+              t: tl.constexpr, R: tl.constexpr, D: tl.constexpr):
+    """Producer: TMA-load the R rows of the tile's token t, Q and dO from row0 (of [B*N*HQ, D])
+    into rows t * R .. of ring slot s, its LSE and Delta into row t of the slot's [tokens, >= 32]
+    tiles (a TMA destination starts on 128 bytes); the whole slot at R = ROWS."""
+    q_tile = tlx.local_view(q_tiles, s)
+    do_tile = tlx.local_view(do_tiles, s)
+    lse_tile = tlx.local_view(lse_tiles, s)
+    delta_tile = tlx.local_view(delta_tiles, s)
+    if R < ROWS:
+        q_tile = tlx.local_slice(q_tile, [t * R, 0], [R, D])
+        do_tile = tlx.local_slice(do_tile, [t * R, 0], [R, D])
+        lse_tile = tlx.local_slice(lse_tile, [t, 0], [1, R])
+        delta_tile = tlx.local_slice(delta_tile, [t, 0], [1, R])
+    tlx.async_descriptor_load(Q, q_tile, [row0, 0], full)
+    tlx.async_descriptor_load(DO, do_tile, [row0, 0], full)
+    tlx.async_descriptor_load(Lse2, lse_tile, [row0 // R, 0], full)
+    tlx.async_descriptor_load(Delta, delta_tile, [row0 // R, 0], full)
+
+
+@triton.jit
+def row_values(tiles, s, G: tl.constexpr):
+    """Slot s's LSE or Delta of the tile's ROWS rows as a [1, ROWS] row (token-major)."""
+    if tile_tokens(G) == 1:
+        return tlx.local_load(tlx.local_view(tiles, s))
+    else:
+        x = tlx.local_load(tlx.local_slice(tlx.local_view(tiles, s), [0, 0],
+                                           [tile_tokens(G), box_rows(G)]))
+        return tl.reshape(x, [1, ROWS])
+
+
+@triton.jit
+def probabilities(st, lse2, qk_scale, kpos, i0, i_end, w2, G: tl.constexpr):
+    """P^T = exp2(S^T c log2e - LSE log2e) [64 keys, ROWS] where key kpos is in the w2 window of
+    the row's token, else 0; the row's token is one of the tile's from i0 below i_end (at G >= 64
+    one token, i0 < i_end)."""
+    if tile_tokens(G) == 1:
+        ok = ((kpos <= i0) & (kpos > i0 - w2))[:, None]
+        return tl.where(ok, tl.math.exp2(st * qk_scale - lse2), 0.0)
+    else:
+        tok = i0 + tl.arange(0, ROWS) // G
+        ok = ((kpos[:, None] <= tok[None, :]) & (kpos[:, None] > tok[None, :] - w2)
+              & (tok < i_end)[None, :])
+        return tl.where(ok, tl.math.exp2(st * qk_scale - lse2), 0.0)
 
 
 @triton.jit
@@ -110,18 +200,27 @@ def dq_share(ds_tiles, b_tiles, ds_fulls, u, cid, DH: tl.constexpr):
 
 
 @triton.jit
-def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, cid, HQ: tl.constexpr, G: tl.constexpr,
-           DH: tl.constexpr, SPLIT: tl.constexpr):
-    """Reduce-add consumer cid's columns of tile u's dQ share (token j + u // SPLIT, head half
-    u % SPLIT) into the fp32 dQ through its staging tile, once the previous add has read it."""
-    row0 = (b * N + j + u // SPLIT) * HQ + g * G + (u % SPLIT) * 64
+def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: tl.constexpr,
+           DH: tl.constexpr):
+    """Reduce-add consumer cid's columns of tile u's dQ share into the fp32 dQ through its staging
+    tile, once the previous add has read it: one TMA box per token of the tile below i_end."""
+    R: tl.constexpr = box_rows(G)
+    i0, h0 = first_token(j, u, G)
     stage = tlx.local_view(dq_stage, cid)
     tlx.async_descriptor_store_wait(0)
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     tlx.local_store(stage, dq)
     tlx.fence_async_shared()
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
-    tlx.async_descriptor_store(DQacc, stage, [row0, cid * DH], store_reduce="add")
+    if tile_tokens(G) == 1:
+        tlx.async_descriptor_store(DQacc, stage, [(b * N + i0) * HQ + g * G + h0, cid * DH],
+                                   store_reduce="add")
+    else:
+        for t in tl.static_range(tile_tokens(G)):
+            if i0 + t < i_end:
+                tlx.async_descriptor_store(DQacc, tlx.local_slice(stage, [t * R, 0], [R, DH]),
+                                           [(b * N + i0 + t) * HQ + g * G, cid * DH],
+                                           store_reduce="add")
 
 
 @triton.jit
@@ -150,7 +249,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                   DV1acc, DV2acc, N, w1, w2, n_kb, qk_scale, HQ: tl.constexpr,
                   HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_Q: tl.constexpr,
                   CH: tl.constexpr, CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
-    SPLIT: tl.constexpr = G // 64  # tiles per token
+    R: tl.constexpr = box_rows(G)  # rows of one token in a tile
     tl.static_assert(NUM_Q == NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
     DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
     b_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS)
@@ -166,8 +265,9 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
     stage_do = tlx.local_alloc((64, D), tl.float32, 1, reuse=rows_do)
     ds_tiles = tlx.local_alloc((64, ROWS), tl.bfloat16, 2 * NUM_CONSUMERS)  # [slot * 2 + c]
     dq_stage = tlx.local_alloc((ROWS, DH), tl.float32, NUM_CONSUMERS)
-    lse_tiles = tlx.local_alloc((1, ROWS), tl.float32, NUM_Q)    # beside each Q/dO slot
-    delta_tiles = tlx.local_alloc((1, ROWS), tl.float32, NUM_Q)
+    # beside each Q/dO slot: a row of R values per token (`load_rows`)
+    lse_tiles = tlx.local_alloc((tile_tokens(G), row_width(G)), tl.float32, NUM_Q)
+    delta_tiles = tlx.local_alloc((tile_tokens(G), row_width(G)), tl.float32, NUM_Q)
     kv_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
     bc_full = tlx.local_view(tlx.alloc_warp_barrier(num_barriers=1, num_warps=4), 0)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_Q, arrive_count=1)
@@ -178,7 +278,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: K2/V2 -> B, C; then Q, dO per tile
             b, g, j, kb, kv_base, n_tiles, live = pair_program(tl.program_id(0), N, w1, w2,
-                                                               n_kb, HK, D, SPLIT)
+                                                               n_kb, HK, D, G)
             if live:
                 # K2 and V2 (64 keys per consumer) land in the row ring, free until the first
                 # tile's rows; B and C are built from there
@@ -205,24 +305,25 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     s = u % NUM_Q
                     enter("load_kv", PROFILE)
                     tlx.barrier_wait(tlx.local_view(q_empties, s), ((u // NUM_Q) & 1) ^ 1)
-                    row0 = (b * N + j + u // SPLIT) * HQ + g * G + (u % SPLIT) * 64
+                    i0, h0 = first_token(j, u, G)
                     qf = tlx.local_view(q_fulls, s)
                     tlx.barrier_expect_bytes(qf, 2 * ROWS * D * BF16_BYTES + 2 * ROWS * 4)
-                    tlx.async_descriptor_load(Q, tlx.local_view(q_tiles, s), [row0, 0], qf)
-                    tlx.async_descriptor_load(DO, tlx.local_view(do_tiles, s), [row0, 0], qf)
-                    tlx.async_descriptor_load(Lse2, tlx.local_view(lse_tiles, s), [row0 // 64, 0],
-                                              qf)
-                    tlx.async_descriptor_load(Delta, tlx.local_view(delta_tiles, s),
-                                              [row0 // 64, 0], qf)
+                    for t in tl.static_range(tile_tokens(G)):
+                        # a token past N: token N - 1's rows again (finite, masked: no value of
+                        # another batch element is read)
+                        row0 = (b * N + tl.minimum(i0 + t, N - 1)) * HQ + g * G + h0
+                        load_rows(Q, DO, Lse2, Delta, q_tiles, do_tiles, lse_tiles, delta_tiles, s,
+                                  qf, row0, t, R, D)
                     leave("load_kv", PROFILE)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
             b, g, j, kb, kv_base, n_tiles, live = pair_program(tl.program_id(0), N, w1, w2,
-                                                               n_kb, HK, D, SPLIT)
+                                                               n_kb, HK, D, G)
             if live:
                 k0 = kb + cid * 64
-                u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, SPLIT)
+                u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
+                i_end = tl.minimum(j + w1, N)  # the tokens past it do not see j
                 b_tile = tlx.local_view(b_tiles, cid)
                 c_tile = tlx.local_view(c_tiles, cid)
                 kpos = k0 + tl.arange(0, 64)
@@ -234,7 +335,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 for u in range(0, n_tiles):
                     s = u % NUM_Q
                     d = u % 2
-                    i = j + u // SPLIT
+                    i0, _ = first_token(j, u, G)
                     tlx.barrier_wait(tlx.local_view(q_fulls, s), (u // NUM_Q) & 1)
                     q_tile = tlx.local_view(q_tiles, s)
                     do_tile = tlx.local_view(do_tiles, s)
@@ -244,13 +345,12 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         enter("qk_gemm", PROFILE)
                         st = tlx.async_dot(b_tile, tlx.local_trans(q_tile))
                         dpt = tlx.async_dot(c_tile, tlx.local_trans(do_tile))
-                        lse2 = tlx.local_load(tlx.local_view(lse_tiles, s))  # [1, ROWS], log2
+                        lse2 = row_values(lse_tiles, s, G)  # [1, ROWS], log2 units
                         st = tlx.async_dot_wait(1, st)  # dP^T still in flight under the exp2
                         leave("qk_gemm", PROFILE)
                         enter("softmax", PROFILE)
-                        kok = (kpos <= i) & (kpos > i - w2)
-                        pt = tl.where(kok[:, None], tl.math.exp2(st * qk_scale - lse2), 0.0)
-                        delta = tlx.local_load(tlx.local_view(delta_tiles, s))
+                        pt = probabilities(st, lse2, qk_scale, kpos, i0, i_end, w2, G)
+                        delta = row_values(delta_tiles, s, G)
                         dpt = tlx.async_dot_wait(0, dpt)
                         dst = (pt * (dpt - delta)).to(tl.bfloat16)
                         leave("softmax", PROFILE)
@@ -270,16 +370,17 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         enter("epilogue", PROFILE)
                         dq = dq_share(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
                         tlx.barrier_arrive(tlx.local_view(ds_empties, 1 - d), 1)
-                        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, cid, HQ, G, DH, SPLIT)
+                        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
                         leave("epilogue", PROFILE)
                 # the coordinates again, from an opaque program id (held over the loop they spill)
                 b, g, j, kb, kv_base, n_tiles, _ = pair_program(opaque(tl.program_id(0)), N, w1,
-                                                                w2, n_kb, HK, D, SPLIT)
+                                                                w2, n_kb, HK, D, G)
                 k0 = kb + cid * 64
-                u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, SPLIT)
+                u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
                 enter("epilogue", PROFILE)
                 dq = dq_share(ds_tiles, b_tiles, ds_fulls, n_tiles - 1, cid, DH)
-                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, cid, HQ, G, DH, SPLIT)
+                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, tl.minimum(j + w1, N), cid,
+                       HQ, G, DH)
                 tlx.async_descriptor_store_wait(0)
                 if u_lo < u_hi:  # dB and dC are zero otherwise
                     if cid == 0:
@@ -290,10 +391,10 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     offs_d = tl.arange(0, D)
                     k1 = tl.load(K1 + kv_row + offs_d).to(tl.float32)
                     scale_add_rows(dk, stage, k1, K2rows, kv_base, k0, N, DK2acc, DK1acc, kv_row,
-                                   cid, HK, D, 16)
+                                   cid, HK, D, epilogue_rows(G))
                     v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
                     scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, N, DV2acc, DV1acc, kv_row,
-                                   cid, HK, D, 16)
+                                   cid, HK, D, epilogue_rows(G))
                 leave("epilogue", PROFILE)
 
 
@@ -312,9 +413,10 @@ def supports(spec: ProblemSpec) -> str | None:
     why = tiling_supports(spec)
     if why is None and spec.form != "trilinear":
         why = f"form {spec.form!r}: the trilinear form only"
-    if why is None and (spec.G not in (64, 128) or spec.D != 128):
-        why = (f"G = Hq/Hk = {spec.G}, D = {spec.D}: G in {{64, 128}} and D = 128 only (a tile "
-               "is 64 heads of one token; each consumer takes half of dQ's 128 columns)")
+    if why is None and (spec.G < 16 or spec.D != 128):
+        why = (f"G = Hq/Hk = {spec.G}, D = {spec.D}: G >= 16 and D = 128 only (a tile is 64 "
+               "heads of one token or all G heads of 64 / G tokens, a TMA box of >= 16 rows per "
+               "token; each consumer takes half of dQ's 128 columns)")
     if why is None and spec.B * spec.N * spec.Hq >= 2 ** 31:
         why = (f"B*N*Hq = {spec.B * spec.N * spec.Hq} rows: its TMA boxes take int32 row "
                "coordinates (fewer than 2**31 rows)")
@@ -331,11 +433,11 @@ def key_blocks(spec: ProblemSpec) -> int:
     return triton.cdiv(spec.w1 + spec.w2 - 1, BLOCK_N)
 
 
-def row_descriptor(t) -> TensorDescriptor:
-    """TMA view of a contiguous fp32 [B, N, Hq] tensor as rows of ROWS values, a box per tile
-    (the LSE and Delta of one token's 64 heads)."""
-    return TensorDescriptor(t, shape=[t.numel() // ROWS.value, ROWS.value],
-                            strides=[ROWS.value, 1], block_shape=[1, ROWS.value])
+def row_descriptor(t, spec: ProblemSpec) -> TensorDescriptor:
+    """TMA view of a contiguous fp32 [B, N, Hq] tensor as rows of R = min(G, 64) values, a box
+    per token of a tile (the LSE or Delta of its heads there)."""
+    r = min(spec.G, ROWS.value)
+    return TensorDescriptor(t, shape=[t.numel() // r, r], strides=[r, 1], block_shape=[1, r])
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
@@ -347,7 +449,7 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     if isinstance(profile, str) and profile != "pairs":
         raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
     delta = triton_bwd.launch_delta(spec, out, dout, dlse)
-    lse2d, deltad = (row_descriptor(t.transpose(1, 2).contiguous())  # [B, N, Hq]
+    lse2d, deltad = (row_descriptor(t.transpose(1, 2).contiguous(), spec)  # [B, N, Hq]
                      for t in (lse * LOG2E, delta))
     dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=q.device)
     dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros((4, *dk1.shape), dtype=torch.float32,
@@ -355,7 +457,8 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     k2d, v2d = (kv_descriptor(t, spec, KEYS) for t in (k2, v2))
     qd, dod = (q_descriptor(t, spec, ROWS.value) for t in (q, dout))
     dqd = TensorDescriptor(dq_acc, shape=[spec.B * spec.N * spec.Hq, spec.D],
-                           strides=[spec.D, 1], block_shape=[ROWS.value, spec.D // 2])
+                           strides=[spec.D, 1],
+                           block_shape=[min(spec.G, ROWS.value), spec.D // 2])
     _pairs_kernel[(spec.B * spec.Hk * spec.N * key_blocks(spec),)](
         qd, k1, k2d, v1, v2d, dod, lse2d, deltad, k2, v2, dqd, dk1_acc, dk2_acc, dv1_acc,
         dv2_acc, spec.N, spec.w1, spec.w2, key_blocks(spec), spec.sm_scale * LOG2E, HQ=spec.Hq,
@@ -378,13 +481,14 @@ def compile_configs() -> list[CompileConfig]:
     for spec in triton_bwd.compile_specs():
         if supports(spec) is not None:
             continue
+        r = min(spec.G, ROWS.value)  # a token's rows in a tile
         kv = f"tensordesc<bf16[1,{KEYS},{spec.D}]>"
-        rows = f"tensordesc<bf16[{ROWS.value},{spec.D}]>"
-        row = f"tensordesc<fp32[1,{ROWS.value}]>"
+        rows = f"tensordesc<bf16[{r},{spec.D}]>"
+        row = f"tensordesc<fp32[1,{r}]>"
         out.append(triton_bwd.kernel_config("pairs", _pairs_kernel, spec, config(spec), {
             "Q": rows, "K1": "*bf16", "K2": kv, "V1": "*bf16", "V2": kv, "DO": rows, "Lse2": row,
             "Delta": row, "K2rows": "*bf16", "V2rows": "*bf16",
-            "DQacc": f"tensordesc<fp32[{ROWS.value},{spec.D // 2}]>", "DK1acc": "*fp32",
+            "DQacc": f"tensordesc<fp32[{r},{spec.D // 2}]>", "DK1acc": "*fp32",
             "DK2acc": "*fp32", "DV1acc": "*fp32", "DV2acc": "*fp32", "N": "i32", "w1": "i32",
             "w2": "i32", "n_kb": "i32", "qk_scale": "fp32"}))
     return out

@@ -150,7 +150,7 @@ register(Variant(name="tlx_ws", pass_="bwd", module="kernels_tlx.bwd_ws", needs_
                  supports="as `triton`, with G = Hq/Hk in {64, 128}", warps=12,
                  scopes=BWD_WS_SCOPES, pipelined=True))
 register(Variant(name="tlx_pairs", pass_="bwd", module="kernels_tlx.bwd_pairs", needs_hopper=True,
-                 rank=3, supports="D = 128 with G = Hq/Hk in {64, 128}; the trilinear form",
+                 rank=3, supports="D = 128 with G = Hq/Hk >= 16; the trilinear form",
                  warps=12, scopes=BWD_WS_SCOPES, pipelined=True, rounds_keys_side=True,
                  rounds_values_side=True, deterministic=False))
 

@@ -50,6 +50,8 @@ SHAPES = {
     "swap_N300_G16": Shape(2, 300, 16, 1, 64, 256, 16),
     "swap_N257_G128": Shape(1, 257, 128, 1, 64, 300, 5),
     "swap_N300_G64_D128": Shape(1, 300, 64, 1, 128, 100, 20),
+    "G16_N257_D128": Shape(2, 257, 16, 1, 128, 32, 96),  # tiles of 4 tokens, the last partial
+    "G32_Hk2_N301_D128": Shape(1, 301, 64, 2, 128, 20, 130),  # tiles of 2 tokens, Hk = 2
     "G1_N300": Shape(1, 300, 4, 4, 64, 8, 70),
     "G1_N129_D128": Shape(2, 129, 2, 2, 128, 3, 7),
     "G2_N260": Shape(1, 260, 4, 2, 64, 130, 130),
@@ -245,7 +247,7 @@ def test_det_gradients_match_reference(variant, shape, gen, seed):
 
 
 REPRO_SHAPES = {k: SHAPES[k] for k in ("ragged_N333_G128", "swap_N300_G16", "G1_N300",
-                                        "ragged_N333_G64")}
+                                        "ragged_N333_G64", "G16_N257_D128")}
 REPRO_CASES = ([pytest.param(*c.values, "trilinear", id=f"{c.id}-trilinear")
                 for c in cases(REPRO_SHAPES)]
                + [pytest.param(*c.values, "det", id=f"{c.id}-det")
@@ -341,6 +343,7 @@ def seed_from(gen) -> int:
 
 # N = 333 is ragged for every tile and key block; the first shape each variant takes
 POISON_SHAPES = {"G16": Shape(2, 333, 16, 1, 64, 32, 96),
+                 "G16_D128": Shape(2, 333, 16, 1, 128, 32, 96),
                  "G64_D128": Shape(2, 333, 64, 1, 128, 32, 96)}
 POISON_CASES = [next(c for c in cases(POISON_SHAPES) if c.values[0] == v.name) for v in VARIANTS]
 

@@ -248,13 +248,14 @@ def test_auto_rank_order_and_hopper_filter(fake_variants):
 
 
 def test_deterministic_backward_selection():
-    """"auto" takes the reduce-adding `tlx_pairs` at G in {64, 128}, D = 128; deterministic=True
-    takes a bitwise-repeatable variant there, and refuses `tlx_pairs` by name."""
-    for G in (64, 128):
+    """"auto" takes the reduce-adding `tlx_pairs` at G >= 16, D = 128; deterministic=True takes a
+    bitwise-repeatable variant there (`tlx_ws` at G >= 64, `triton` below), and refuses
+    `tlx_pairs` by name."""
+    for G in (16, 32, 64, 128):
         s = spec(Hq=G, Hk=1, D=128)
         assert launcher.pick(s, "auto", True, "bwd").name == "tlx_pairs"
         v = launcher.pick(s, "auto", True, "bwd", deterministic=True)
-        assert v.deterministic and v.name == "tlx_ws", v.name
+        assert v.deterministic and v.name == ("tlx_ws" if G >= 64 else "triton"), v.name
         with pytest.raises(ValueError, match="'tlx_pairs' is not deterministic"):
             launcher.pick(s, "tlx_pairs", True, "bwd", deterministic=True)
     assert [v.name for v in registry.all_variants("bwd") if not v.deterministic] == ["tlx_pairs"]
