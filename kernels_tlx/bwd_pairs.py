@@ -24,8 +24,8 @@ by atomics once per program. The order of the adds is the hardware's: not bitwis
 Warp groups:
 - producer ("default", 4 warps): TMA-loads the block's K2 and V2 (64 keys per consumer) into the
   row ring, builds B and C from there (bf16 products, the rounding of the keys-side forwards),
-  arrives on `bc_full`;
-  then TMA-loads each tile's Q and dO rows, LSE and Delta into a ring of NUM_Q slots
+  arrives on `bc_full`; then TMA-loads each tile's Q and dO rows, LSE and Delta into a ring of
+  NUM_Q slots
   (`q_fulls`, `q_empties`): one box per token of the tile; a token past N loads token N - 1's
   rows again (masked), so no value of another batch element is read.
 - Two consumers, 64 keys each (fp32 dB, dC: 128 registers per thread). A consumer whose keys
@@ -34,6 +34,7 @@ Warp groups:
   both consumers' warps), then each computes half of dQ's columns from both, stages it in fp32
   and reduce-adds it by TMA (a box per token of the tile that sees j).
 Supports D = 128 with G = Hq/Hk >= 16 (`supports`; a token's rows are one TMA box of >= 16).
+Measured (docs/perf-bwd.md, H100): 410 useful TFLOPS at S*, against 300 for `tlx_ws`.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ from kernels_triton.tiling import supports as tiling_supports
 from simplicial_attn.registry import CompileConfig
 from simplicial_attn.spec import ProblemSpec
 
-ROWS = tl.constexpr(64)  # rows per tile: 64 query heads of one token
+ROWS = tl.constexpr(64)  # rows per tile (64 heads of one token, or all G heads of 64 / G tokens)
 KEYS = 64  # keys per consumer
 BLOCK_N = NUM_CONSUMERS.value * KEYS  # keys per program
 EXECUTED_FLOPS_PER_F = 2.5  # 5 GEMMs of F / 2 each (edge waste not counted)
@@ -93,8 +94,7 @@ def box_rows(G):
 def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr):
     """This program's batch b, KV head g, j, first key kb, kv_base (token 0 of (b, g) in a
     [B, N, HK, D] tensor), its tile count (over the tokens j .. min(j + w1, N) - 1: token_tiles
-    tiles per token, or tile_tokens tokens per tile)
-    and whether it has keys at all; pid is tl.program_id(0), or an opaque copy of it (what is
+    tiles per token, or tile_tokens tokens per tile) and whether it has keys at all; pid is tl.program_id(0), or an opaque copy of it (what is
     derived from it is then not held in registers across a loop before). Grid: key blocks
     fastest, then j, then B * HK; j's keys are max(j - w2 + 1, 0) .. min(j + w1 - 1, N - 1), in
     blocks of 128 from the first, n_kb = cdiv(w1 + w2 - 1, 128) per j (`key_blocks`; a kernel
