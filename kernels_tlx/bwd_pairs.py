@@ -44,6 +44,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels_tlx import bwd_ws
 from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS, opaque
 from kernels_tlx.hadamard import build, row_tile
 from kernels_triton import bwd as triton_bwd
@@ -94,11 +95,12 @@ def box_rows(G):
 def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr):
     """This program's batch b, KV head g, j, first key kb, kv_base (token 0 of (b, g) in a
     [B, N, HK, D] tensor), its tile count (over the tokens j .. min(j + w1, N) - 1: token_tiles
-    tiles per token, or tile_tokens tokens per tile) and whether it has keys at all; pid is tl.program_id(0), or an opaque copy of it (what is
-    derived from it is then not held in registers across a loop before). Grid: key blocks
-    fastest, then j, then B * HK; j's keys are max(j - w2 + 1, 0) .. min(j + w1 - 1, N - 1), in
-    blocks of 128 from the first, n_kb = cdiv(w1 + w2 - 1, 128) per j (`key_blocks`; a kernel
-    argument, which ptxas reloads where it is needed instead of holding it)."""
+    tiles per token, or tile_tokens tokens per tile) and whether it has keys at all. pid is
+    tl.program_id(0), or an opaque copy of it (what is derived from it is then not held in
+    registers across a loop before). Grid: key blocks fastest, then j, then B * HK; j's keys
+    are max(j - w2 + 1, 0) .. min(j + w1 - 1, N - 1), in blocks of 128 from the first,
+    n_kb = cdiv(w1 + w2 - 1, 128) per j (`key_blocks`; a kernel argument, which ptxas reloads
+    where it is needed instead of holding it)."""
     m = pid % n_kb
     j = (pid // n_kb) % N
     bg = pid // n_kb // N
@@ -123,7 +125,8 @@ def active_tiles(j, k0, n_tiles, w2, G: tl.constexpr):
 
 @triton.jit
 def first_token(j, u, G: tl.constexpr):
-    """Tile u's first token (j's tiles from token j on) and its first head within the KV head's G."""
+    """Tile u's first token (j's tiles from token j on) and its first head among the KV head's
+    G."""
     return j + (u // token_tiles(G)) * tile_tokens(G), (u % token_tiles(G)) * 64
 
 
@@ -400,7 +403,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
 
 @triton.jit
 def _finish_kernel(ACC, OUT, numel, scale, BLOCK: tl.constexpr):
-    """OUT = bf16(scale * ACC), fp32 -> bf16."""
+    """OUT = bf16(scale * ACC), fp32 -> bf16 (dQ; dK/dV go through `bwd_ws._sum_parts_kernel`)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < numel
     tl.store(OUT + i, (tl.load(ACC + i, mask=ok, other=0.0) * scale).to(tl.bfloat16), mask=ok)
@@ -443,9 +446,10 @@ def row_descriptor(t, spec: ProblemSpec) -> TensorDescriptor:
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False) -> None:
     """Delta (`triton`'s kernel), `_pairs_kernel` into zeroed fp32 accumulators (profile: True or
-    "pairs" runs its Proton-scoped copy), then `_finish_kernel` for each gradient (dQ, dK1, dK2
-    scaled by sm_scale). Scratch: fp32 copies of the five gradients (B*N*Hq*D*4 bytes for dQ:
-    4.3 GB at S*) and [B, N, Hq] copies of LSE (log2) and Delta."""
+    "pairs" runs its Proton-scoped copy), then the bf16 gradients (dQ, dK1, dK2 scaled by
+    sm_scale) by `_finish_kernel` and `bwd_ws._sum_parts_kernel`. Scratch: fp32 copies of the
+    five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies of LSE (log2)
+    and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N])."""
     if isinstance(profile, str) and profile != "pairs":
         raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
     delta = triton_bwd.launch_delta(spec, out, dout, dlse)
@@ -463,11 +467,13 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
         qd, k1, k2d, v1, v2d, dod, lse2d, deltad, k2, v2, dqd, dk1_acc, dk2_acc, dv1_acc,
         dv2_acc, spec.N, spec.w1, spec.w2, key_blocks(spec), spec.sm_scale * LOG2E, HQ=spec.Hq,
         HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile), **config(spec))
-    for acc, grad, scale in ((dq_acc, dq, spec.sm_scale), (dk1_acc, dk1, spec.sm_scale),
-                             (dk2_acc, dk2, spec.sm_scale), (dv1_acc, dv1, 1.0),
-                             (dv2_acc, dv2, 1.0)):
-        _finish_kernel[(triton.cdiv(acc.numel(), FINISH_BLOCK),)](
-            acc, grad, acc.numel(), scale, BLOCK=FINISH_BLOCK, num_warps=4)
+    _finish_kernel[(triton.cdiv(dq.numel(), FINISH_BLOCK),)](
+        dq_acc, dq, dq.numel(), spec.sm_scale, BLOCK=FINISH_BLOCK, num_warps=4)
+    for dk_acc, dv_acc, dk, dv in ((dk1_acc, dv1_acc, dk1, dv1), (dk2_acc, dv2_acc, dk2, dv2)):
+        # dK = sm_scale * its sum, dV its sum, in bf16: the k-owner's sum of one part
+        bwd_ws._sum_parts_kernel[(triton.cdiv(dk.numel(), bwd_ws.SUM_BLOCK),)](
+            dk_acc, dv_acc, dk, dv, dk.numel(), spec.sm_scale, PARTS=1, BLOCK=bwd_ws.SUM_BLOCK,
+            num_warps=4)
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:

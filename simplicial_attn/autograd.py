@@ -21,7 +21,7 @@ from . import backward as _bwd
 from . import registry
 from .launcher import forward as _kernel_forward
 from .reference import reference, reference_backward
-from .spec import REFERENCE_DTYPES, SUPPORTED_DTYPES, validate
+from .spec import REFERENCE_DTYPES, SUPPORTED_DTYPES, check_bool, validate
 
 Tensor = torch.Tensor
 
@@ -107,16 +107,12 @@ def check_variant_names(variant, bwd_variant, deterministic=False) -> None:
     for name, v in (("variant", variant), ("bwd_variant", bwd_variant)):
         if not isinstance(v, str):
             raise TypeError(f"{name} must be a str, got {type(v).__name__}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    check_bool("deterministic", deterministic)
     for v, pass_ in ((variant, "fwd"), (bwd_variant, "bwd")):
         if v != "auto":
             registry.get(v, pass_)
-    named = registry.get(bwd_variant, "bwd") if bwd_variant != "auto" else None
-    if deterministic and named is not None and not named.deterministic:
-        raise ValueError(f"bwd_variant {bwd_variant!r} is not deterministic; with "
-                         "deterministic=True use 'auto' or one of: " + ", ".join(
-                             v.name for v in registry.all_variants("bwd") if v.deterministic))
+    if deterministic and bwd_variant != "auto":
+        registry.refuse_nondeterministic(registry.get(bwd_variant, "bwd"), "bwd_variant")
 
 
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",

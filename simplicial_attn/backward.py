@@ -6,7 +6,7 @@ import torch
 
 from . import registry
 from .launcher import _dense_aligned, pick, select
-from .spec import ProblemSpec, validate, validate_aux
+from .spec import ProblemSpec, check_bool, validate, validate_aux
 
 
 def check_variant(variant: str, spec: ProblemSpec, deterministic: bool = False) -> registry.Variant:
@@ -27,12 +27,11 @@ def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
     errors first, then the device) before anything is launched. "auto" takes the fastest variant
     that takes the shape; `tlx_pairs` (taken at G >= 16, D = 128) reduce-adds its sums in
     the hardware's order, so its gradients may differ in the last bits from run to run:
-    deterministic=True takes the fastest bitwise-repeatable one (`tlx_ws` there; `triton` and
-    `tlx_ws` have no atomics). profile=True runs the kernels' Proton-scoped copies; profile=NAME
+    deterministic=True takes the fastest bitwise-repeatable one (`tlx_ws` at G >= 64, `triton`
+    below: neither has atomics). profile=True runs the kernels' Proton-scoped copies; profile=NAME
     only that kernel's (a key of the variant's `profiled_kernels`,
     profiling/trace_capture.py). form: as `forward`'s."""
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    check_bool("deterministic", deterministic)
     if not isinstance(variant, str):
         raise TypeError(f"variant must be a str, got {type(variant).__name__}")
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form)

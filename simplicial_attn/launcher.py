@@ -20,11 +20,8 @@ def pick(spec: ProblemSpec, variant: str, hopper: bool = True,
     `spec.form`). `hopper=False` makes "auto" skip the sm_90-only variants; `deterministic=True`
     makes it skip the variants that are not bitwise repeatable, and refuses one named."""
     v = registry.get(variant, pass_) if variant != "auto" else None  # an unknown name first
-    if v is not None and deterministic and not v.deterministic:
-        raise ValueError(f"variant {variant!r} is not deterministic (its sums are reduce-adds in "
-                         f"the hardware's order); with deterministic=True use 'auto' or one of: "
-                         + ", ".join(o.name for o in registry.all_variants(pass_)
-                                     if o.deterministic))
+    if v is not None and deterministic:
+        registry.refuse_nondeterministic(v)
     if not any(spec.form in o.forms for o in registry.all_variants(pass_)):
         raise NotImplementedError(
             f"no {pass_} kernel computes form={spec.form!r} yet; on CPU tensors "

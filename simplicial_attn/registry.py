@@ -155,6 +155,15 @@ register(Variant(name="tlx_pairs", pass_="bwd", module="kernels_tlx.bwd_pairs", 
                  rounds_values_side=True, deterministic=False))
 
 
+def refuse_nondeterministic(v: Variant, arg: str = "variant") -> None:
+    """ValueError when `deterministic=True` names (as argument `arg`) a variant that is not
+    bitwise repeatable, listing the ones that are."""
+    if not v.deterministic:
+        able = ", ".join(o.name for o in all_variants(v.pass_) if o.deterministic)
+        raise ValueError(f"{arg} {v.name!r} is not deterministic (its sums are reduce-adds in the "
+                         f"hardware's order); with deterministic=True use 'auto' or one of: {able}")
+
+
 def get(name: str, pass_: str = "fwd") -> Variant:
     """The record of variant `name` of pass `pass_`; ValueError naming the known ones if none."""
     v = _REGISTRY.get((pass_, name))

@@ -104,6 +104,13 @@ def check_form(form) -> str:
     return form
 
 
+def check_bool(name: str, value) -> bool:
+    """`value` itself when it is a bool, else TypeError naming `name`."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
              dtypes=SUPPORTED_DTYPES, form="trilinear") -> ProblemSpec:
     """Check arguments, dtypes and shapes (that the tensors share one device, not which: see
