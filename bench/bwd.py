@@ -6,7 +6,7 @@
     python bench/bwd.py --layer 4096             # + one SimplicialAttention layer's training step
     python bench/bwd.py --variant triton --form trilinear det  # det vs plain, one run
 
-Useful TFLOPS (the "TFLOPS" column): 2.5 x the forward FLOPs of `simplicial_attn.flops` for the
+Useful TFLOPS (the "TFLOPS" column): 2.5 x the forward FLOPs of `altattn.simplicial.flops` for the
 backward, 3.5 x for forward + backward (FlashAttention's convention, ../shared/docs/BACKWARD.md
 §2), over the median time (bench.common.median_ms: do_bench, L2 flushed before every call).
 "tensor TFLOPS" counts what the variant executes on the tensor cores (its EXECUTED_FLOPS_PER_F
@@ -37,15 +37,15 @@ import argparse  # noqa: E402
 
 import torch  # noqa: E402
 
-import simplicial_attn as sa  # noqa: E402
+from altattn import simplicial as sa  # noqa: E402
 from bench.common import add_form_ratios, check_forms, table_columns, write_rows  # noqa: E402
 from profiling.common import (gpu_problem, Shape, add_shape_args, check_out_path,  # noqa: E402
                               make_inputs, metadata_line, positive_float, positive_int,
                               print_table, run_metadata, shape_from_args)
 from profiling.timing import median_ms, tflops  # noqa: E402
-from simplicial_attn import backward as bwd_launcher  # noqa: E402
-from simplicial_attn import launcher, registry  # noqa: E402
-from simplicial_attn.spec import FORMS  # noqa: E402
+from altattn.simplicial import passes as bwd_launcher  # noqa: E402
+from altattn import launcher, registry  # noqa: E402
+from altattn.simplicial.spec import FORMS  # noqa: E402
 
 PROG = "bench/bwd.py"
 GRAD_REL_TOL = 3e-2   # ||grad - ref||_F / ||ref||_F for each gradient, pre-timing check
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     # "auto" times the variant it resolves to on this GPU (a row needs a name and a FLOP count)
     runs = list(dict.fromkeys((launcher.select(s.spec(f), n, "cuda", "bwd").name, f)
                               for n in named for f in args.form
-                              if n == "auto" or f in registry.get(n, "bwd").forms))
+                              if n == "auto" or f in registry.get(n, "bwd").accepted("form")))
     meta = run_metadata()
     print(metadata_line(meta), flush=True)
     rows = []

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from profiling.common import Shape, check_variants
-from simplicial_attn import registry
+from altattn import registry
 
 SWEEP_N = (1024, 2048, 4096, 8192, 16384)
 SWEEP_W2 = (256, 512, 1024)
@@ -167,10 +167,10 @@ def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
     some variant does, and each shape passes the checks in that form with each named variant
     (profiling.common.check_variants; none named: "auto")."""
     for form in forms:
-        computing = [v.name for v in registry.all_variants(pass_) if form in v.forms]
+        computing = [v.name for v in registry.all_variants(pass_) if form in v.accepted("form")]
         for n in named:
             try:
-                have = registry.get(n, pass_).forms
+                have = registry.get(n, pass_).accepted("form")
             except ValueError as e:  # a variant of another pass only
                 parser.error(str(e))
             if form not in have:

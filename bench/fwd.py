@@ -6,20 +6,20 @@
     python bench/fwd.py --variant tlx_pipelined_kv --peers --frontier  # + cuDNN, TLX's dense FA
     python bench/fwd.py --variant triton --form trilinear det --peers  # det vs plain, one run
 
-Each variant is first checked against `simplicial_attn.reference` (fp32, on the GPU) on a reduced
+Each variant is first checked against `altattn.simplicial.reference` (fp32, on the GPU) on a reduced
 shape (B=1, N = min(N, 2*max(w1, w2) + 37), other dims kept), then timed with
 profiling.timing.median_ms (triton's do_bench, median, L2 flushed before every timed call), each
-call through `simplicial_attn.launcher.run`. TFLOPS use `simplicial_attn.flops`. A variant or shape
+call through `altattn.launcher.run`. TFLOPS use `altattn.simplicial.flops`. A variant or shape
 that cannot run is refused before anything touches the GPU (the launcher's message, exit 2).
 
---form picks the logits' form (`simplicial_attn.reference` states both): trilinear (the default)
+--form picks the logits' form (`altattn.simplicial.reference` states both): trilinear (the default)
 or det, the determinant form, or both (`--form trilinear det`). Each variant is timed in each
 asked form that it computes (registry `forms`; 'all' means those variants), check and all, the
 two forms of a variant in adjacent rows; a named variant that lacks an asked form is refused
 before any GPU work (exit 2). Every variant row carries its `form`; a det row also carries
 `vs_trilinear`, its TFLOPS over the same variant's trilinear TFLOPS on the same shape in this run
 (the table's "x trilinear" column). The useful FLOPs of det are the plain form's
-(`simplicial_attn.flops`: the same QK and PV GEMMs), so TFLOPS compare directly and the peers
+(`altattn.simplicial.flops`: the same QK and PV GEMMs), so TFLOPS compare directly and the peers
 (cuDNN SDPA, matmul) are the same for both forms. A det call's time includes what launcher.run
 does for it on the host (the `triton` variant packs K1's two rotations, `det_keys`, each call).
 
@@ -36,7 +36,7 @@ frontier of what TLX reaches on this GPU for the easier operator; each output is
 torch SDPA's before it is timed.
 
 Exit status: 0 done; 1 a correctness check failed, or no variant was timed at all; 2 bad
-arguments, a `triton` without TLX (simplicial_attn.triton_env: one line naming the fix) or no
+arguments, a `triton` without TLX (altattn.triton_env: one line naming the fix) or no
 CUDA GPU.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
 
-import simplicial_attn  # noqa: E402
+from altattn import simplicial as simplicial_attn  # noqa: E402
 from bench.common import (SWEEP_N, SWEEP_W2, add_form_ratios, check_forms,  # noqa: E402
                           plot_tflops_vs_n, sweep_shapes, table_columns, write_rows)
 from profiling.common import (gpu_problem, PRESETS, Shape, add_pass_arg, add_shape_args,  # noqa: E402
@@ -65,8 +65,8 @@ from profiling.common import (gpu_problem, PRESETS, Shape, add_pass_arg, add_sha
                               variant_names)
 from profiling.timing import (H100_SXM_BF16_DENSE_TFLOPS, median_ms, pct_of_peak,  # noqa: E402
                               tflops)
-from simplicial_attn import launcher, registry  # noqa: E402
-from simplicial_attn.spec import FORMS  # noqa: E402
+from altattn import launcher, registry  # noqa: E402
+from altattn.simplicial.spec import FORMS  # noqa: E402
 
 PROG = "bench/fwd.py"
 PASSES = ("fwd",)  # the passes this benchmark times (launcher.run: the forward)
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", action="store_true",
                    help=f"also time cuDNN SDPA on equal work (Lkv = w1*w2) and a bf16 "
                         f"{MATMUL_SIZE}^3 matmul; the same for every --form: the useful FLOPs "
-                        f"of det equal the plain form's (simplicial_attn.flops)")
+                        f"of det equal the plain form's (altattn.simplicial.flops)")
     p.add_argument("--frontier", action="store_true",
                    help="also time TLX's dense FlashAttention tutorials (shipped in fbtriton: ws, "
                         "pipelined, pipelined pingpong, persistent) on dense self-attention of "
@@ -176,7 +176,7 @@ def parse_args(argv: Sequence[str] | None = None
         for m in ([v.name for v in registry.all_variants(args.pass_)] if n == "all" else [n]):
             if m not in names:
                 names.append(m)
-    runs = [(n, f) for n in names for f in args.form if f in registry.get(n, args.pass_).forms]
+    runs = [(n, f) for n in names for f in args.form if f in registry.get(n, args.pass_).accepted("form")]
     return args, shapes, runs
 
 
@@ -251,7 +251,7 @@ def check_variant(name: str, s: Shape, seed: int, form: str = "trilinear"
     abs error)."""
     c = check_shape(s)
     inputs = make_inputs(c.B, c.N, c.Hq, c.Hk, c.D, device="cuda", seed=seed + 1)
-    out, lse = launcher.run(*inputs, c.w1, c.w2, variant=name, form=form)
+    out, lse = simplicial_attn.forward(*inputs, c.w1, c.w2, variant=name, form=form)
     ref_out, ref_lse = simplicial_attn.reference(*inputs, c.w1, c.w2, dtype=torch.float32,
                                                  form=form)
     out_err = float(torch.linalg.norm(out.float() - ref_out) / torch.linalg.norm(ref_out))
@@ -272,7 +272,7 @@ def _timed_row(base: dict, ms: float) -> dict:
 def bench_variant(name: str, form: str, s: Shape, inputs: tuple[torch.Tensor, ...],
                   args: argparse.Namespace, checked: dict, log: Callable[[str], None]) -> dict:
     """One row: the variant's time on `s` in the logits' `form`, or a note saying why it was not
-    timed. Useful FLOPs: simplicial_attn.flops, the same for every form."""
+    timed. Useful FLOPs: altattn.simplicial.flops, the same for every form."""
     base = {"kind": "variant", "pass": args.pass_, "variant": name, "form": form,
             "shape": s.short(), **s.fields(),
             "flops": simplicial_attn.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)}
@@ -299,7 +299,7 @@ def bench_variant(name: str, form: str, s: Shape, inputs: tuple[torch.Tensor, ..
         base["check_out_rel"], base["check_lse_abs"] = checked[key]
 
     def fn() -> object:
-        return launcher.run(*inputs, s.w1, s.w2, variant=name, form=form)
+        return simplicial_attn.forward(*inputs, s.w1, s.w2, variant=name, form=form)
 
     try:
         ms = median_ms(fn, args.warmup_ms, args.rep_ms)

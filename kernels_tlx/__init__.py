@@ -1,4 +1,4 @@
 """TLX (Triton with warp specialization) kernels for Hopper, one variant per file."""
-from simplicial_attn.triton_env import require_tlx
+from altattn.triton_env import require_tlx
 
 require_tlx()  # a `triton` without TLX fails here, once, naming the fix (not deep in `import tlx`)

@@ -10,51 +10,35 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from simplicial_attn import backward, flops, launcher, registry, triton_env
-from simplicial_attn.spec import SUPPORTED_HEAD_DIMS, ProblemSpec, check_form, validate_shape
+from altattn import launcher, registry, triton_env
+from altattn.simplicial import shapes
+from altattn.simplicial.family import FAMILY
+from altattn.simplicial.spec import SUPPORTED_HEAD_DIMS
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---------------------------------------------------------------------------------------------
-# Shapes
+# Shapes: the simplicial family's (the tools take --family; its record holds its shape type,
+# presets and input maker)
+
+Shape = FAMILY.shape_type
+PRESETS = FAMILY.presets
+make_inputs = shapes.make_inputs
 
 
-@dataclass(frozen=True)
-class Shape:
-    """One forward problem: q [B, N, Hq, D], k1/k2/v1/v2 [B, N, Hk, D], windows w1 and w2."""
-
-    B: int
-    N: int
-    Hq: int
-    Hk: int
-    D: int
-    w1: int
-    w2: int
-
-    def short(self) -> str:
-        """Compact form for tables, e.g. 'B4 N16384 H128/1 D128 w32x512' (H = Hq/Hk)."""
-        return (f"B{self.B} N{self.N} H{self.Hq}/{self.Hk} D{self.D} "
-                f"w{self.w1}x{self.w2}")
-
-    def fields(self) -> dict:
-        return asdict(self)
-
-    def spec(self, form: str = "trilinear") -> ProblemSpec:
-        """The library's own checks of this shape, on meta tensors (no memory, no device), for the
-        logits' `form` (one of spec.FORMS)."""
-        spec = validate_shape(self.B, self.N, self.Hq, self.Hk, self.D, self.w1, self.w2)
-        return spec if form == "trilinear" else replace(spec, form=check_form(form))
+def pass_inputs(pass_: str, s, seed: int = 0, form: str = "trilinear") -> tuple:
+    """The arguments one call of pass `pass_` takes on the GPU (shapes.pass_inputs)."""
+    return shapes.pass_inputs(s, pass_, seed, form)
 
 
-PRESETS: dict[str, Shape] = {
-    "star": Shape(B=4, N=16384, Hq=128, Hk=1, D=128, w1=32, w2=512),
-    "star64": Shape(B=4, N=16384, Hq=64, Hk=1, D=128, w1=32, w2=512),
-    "small": Shape(B=1, N=2048, Hq=64, Hk=1, D=128, w1=32, w2=256),
-}
+def pass_flops(pass_: str, s) -> float:
+    """Useful FLOPs of one call of pass `pass_` on `s` (the family record's FLOP model)."""
+    return FAMILY.flops(s, pass_)
+
 
 # ---------------------------------------------------------------------------------------------
 # Arguments
@@ -78,6 +62,13 @@ def positive_int(text: str) -> int:
 def positive_float(text: str) -> float:
     """argparse type: a float > 0."""
     return _positive(text, float, "positive number")
+
+
+def add_family_arg(p: argparse.ArgumentParser) -> None:
+    """Add --family: the attention family whose variants the tool runs (registry.FAMILIES)."""
+    p.add_argument("--family", choices=list(registry.FAMILIES), default=registry.DEFAULT_FAMILY,
+                   help=f"attention family (default: {registry.DEFAULT_FAMILY}; "
+                        f"{', '.join(f'{f.name}: {f.title}' for f in registry.families())})")
 
 
 def add_shape_args(p: argparse.ArgumentParser, default_preset: str) -> None:
@@ -189,36 +180,12 @@ def make_inputs(B: int, N: int, Hq: int, Hk: int, D: int, device: str | torch.de
     return q, k1, k2, v1, v2
 
 
-# FlashAttention's convention: the backward counts 2.5 forward FLOPs (../shared/docs/BACKWARD.md)
-USEFUL_FLOPS_PER_F = {"fwd": 1.0, "bwd": 2.5}
-
-
-def pass_flops(pass_: str, s: Shape) -> float:
-    """Useful FLOPs of one call of pass `pass_` on `s` (simplicial_attn.flops x its factor)."""
-    return USEFUL_FLOPS_PER_F[pass_] * flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)
-
-
-def pass_inputs(pass_: str, s: Shape, seed: int = 0,
-                form: str = "trilinear") -> tuple[torch.Tensor | None, ...]:
-    """The tensors one call of pass `pass_` takes on the GPU (run_pass): the forward's
-    (q, k1, k2, v1, v2) from make_inputs; the backward's (dout, dlse, q, k1, k2, v1, v2, out, lse),
-    with out and lse from a plain forward ("auto") in the logits' `form`, a random dout and dlse
-    None (what autograd passes when LSE is not used)."""
-    x = make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cuda", seed=seed)
-    if pass_ == "fwd":
-        return x
-    out, lse = launcher.run(*x, s.w1, s.w2, form=form)
-    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
-    dout = torch.randn(out.shape, generator=gen, device="cuda", dtype=torch.bfloat16)
-    return (dout, None, *x, out, lse)
-
-
-def run_pass(pass_: str, variant: str, inputs: Sequence, s: Shape,
+def run_pass(pass_: str, variant: str, inputs: Sequence, s=None,
              profile: bool | str = False, form: str = "trilinear") -> tuple[torch.Tensor, ...]:
-    """One call of `variant` of pass `pass_` on pass_inputs' tensors: launcher.run for the
-    forward, backward.backward for the backward; `profile` and `form` as they take them."""
-    run = launcher.run if pass_ == "fwd" else backward.backward
-    return run(*inputs, s.w1, s.w2, variant=variant, profile=profile, form=form)
+    """One call of `variant` of pass `pass_` on pass_inputs' arguments (launcher.run); `profile`
+    as it takes it. `s` and `form` are not used: pass_inputs put the shape's and the form into
+    `inputs`."""
+    return launcher.run(FAMILY.name, pass_, *inputs, variant=variant, profile=profile)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,10 +193,10 @@ def run_pass(pass_: str, variant: str, inputs: Sequence, s: Shape,
 
 
 def git_commit() -> str:
-    """Short commit hash of the repo, or 'unknown' (no git, not a checkout). $SIMPLICIAL_COMMIT
+    """Short commit hash of the repo, or 'unknown' (no git, not a checkout). $ALTATTN_COMMIT
     overrides it, for copies of the tree without .git (the device machine)."""
-    if os.environ.get("SIMPLICIAL_COMMIT"):
-        return os.environ["SIMPLICIAL_COMMIT"]
+    if os.environ.get("ALTATTN_COMMIT"):
+        return os.environ["ALTATTN_COMMIT"]
     try:
         res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=10, check=False)

@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from simplicial_attn import registry
+from altattn import registry
 
 HOPPER_SMEM_LIMIT = 232448   # bytes per block, sm_90 opt-in maximum (227 KiB), dynamic + static
 GPU_NAME = "sm_90a"

@@ -57,8 +57,8 @@ from dataclasses import dataclass, field  # noqa: E402
 
 from profiling.common import (Shape, format_table, gpu_problem, positive_int,  # noqa: E402
                               variant_names)
-from simplicial_attn import registry  # noqa: E402
-from simplicial_attn.spec import FORMS  # noqa: E402
+from altattn import registry  # noqa: E402
+from altattn.simplicial.spec import FORMS  # noqa: E402
 
 PROG = "profiling/sanitize.py"
 SCRIPT = os.path.abspath(__file__)
@@ -127,15 +127,15 @@ def _race(severity: str, *write_at: str) -> str:
 # Where the write of each explained race is: the kernel's entry line (the dispatch: the line info
 # places no other shared-memory instruction there), Triton's descriptor loads, a producer's store
 # into a ring slot that consumers read with plain loads.
-WS_FWD_ENTRY = _at("simplicial_fwd_ws_kernel", "kernels_tlx/ws.py", "def simplicial_fwd_ws_kernel(")
-WS_KV_ENTRY = _at("simplicial_fwd_ws_kv_kernel", "kernels_tlx/ws_kv.py",
+WS_FWD_ENTRY = _at("simplicial_fwd_ws_kernel", "kernels_tlx/simplicial/ws.py", "def simplicial_fwd_ws_kernel(")
+WS_KV_ENTRY = _at("simplicial_fwd_ws_kv_kernel", "kernels_tlx/simplicial/ws_kv.py",
                   "def simplicial_fwd_ws_kv_kernel(")
-WS_BWD_ENTRY = _at("_dkv2_ws_kernel", "kernels_tlx/bwd_ws.py", "def _dkv2_ws_kernel(")
-PAIRS_ENTRY = _at("_pairs_kernel", "kernels_tlx/bwd_pairs.py", "def _pairs_kernel(")
-FWD_TMA_INIT = _at("simplicial_fwd_kernel", "kernels_triton/fwd.py", "2.load([b, kb, g * D])")
-DQ_TMA_INIT = "|".join((_at("_dq_kernel", "kernels_triton/bwd.py", "for kb in range(k_lo, i_hi"),
-                        _at("_dq_kernel", "kernels_triton/bwd.py", "x, z = _dq_step(")))
-WS_KEYS_V1 = _at("simplicial_fwd_ws_keys_kernel", "kernels_tlx/ws_keys.py",
+WS_BWD_ENTRY = _at("_dkv2_ws_kernel", "kernels_tlx/simplicial/bwd_ws.py", "def _dkv2_ws_kernel(")
+PAIRS_ENTRY = _at("_pairs_kernel", "kernels_tlx/simplicial/bwd_pairs.py", "def _pairs_kernel(")
+FWD_TMA_INIT = _at("simplicial_fwd_kernel", "kernels_triton/simplicial/fwd.py", "2.load([b, kb, g * D])")
+DQ_TMA_INIT = "|".join((_at("_dq_kernel", "kernels_triton/simplicial/bwd.py", "for kb in range(k_lo, i_hi"),
+                        _at("_dq_kernel", "kernels_triton/simplicial/bwd.py", "x, z = _dq_step(")))
+WS_KEYS_V1 = _at("simplicial_fwd_ws_keys_kernel", "kernels_tlx/simplicial/ws_keys.py",
                  "tlx.local_store(tlx.local_view(v1_slots, bs), v1)")
 
 ALLOWED: dict[tuple[str, str, str], Allowance] = {
@@ -221,7 +221,7 @@ def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | Non
             real = [p for p in passes if p != PROBE] or [PROBE]
             raise ValueError(f"--variant {n}: not a variant of pass {' or '.join(real)}")
     for v in variants:
-        for form in (f for f in v.forms if forms is None or f in forms):
+        for form in (f for f in v.accepted("form") if forms is None or f in forms):
             shapes = shapes_for(v, form)
             if len(shapes) < 2:
                 raise ValueError(f"{v.name} ({v.pass_}, form {form}) takes no shape of "

@@ -57,7 +57,7 @@ from profiling.trace_plot import plot_timelines  # noqa: E402
 from profiling.trace_summary import (BREAKDOWN_COLUMNS, KERNEL_COLUMNS,  # noqa: E402
                                      MAX_TRACE_BYTES, format_comparison, format_summary,
                                      load_trace, split_kernels, summarize)
-from simplicial_attn import registry  # noqa: E402
+from altattn import registry  # noqa: E402
 
 PROG = "profiling/trace.py"
 DEFAULT_PRESET = "small"   # B=1 N=2048 Hq=64 Hk=1 D=128 w1=32 w2=256

@@ -17,7 +17,7 @@ from profiling.timing import L2_FLUSH_BYTES
 from profiling.trace_summary import (MAX_TRACE_BYTES, WARPS_PER_GROUP, ctas_per_kernel,
                                      kernel_breakdown, kernel_table, read_trace_file,
                                      write_trimmed)
-from simplicial_attn import registry
+from altattn import registry
 
 DEFAULT_CTAS = 8
 PASSES = ("fwd", "bwd")  # the passes whose variants can be captured (profiling.common.run_pass)

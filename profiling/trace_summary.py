@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from profiling.common import format_table
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS, pct_of_peak
-from simplicial_attn.registry import SCOPES
+from altattn.simplicial.family import SCOPES
 
 # GEMM_SCOPES are the scopes that hold a wgmma (issue + wait); every scope name, in kernel order,
 # is registry.SCOPES.

@@ -361,7 +361,7 @@ def warp_specialized_configs(pass_: str | None = None, names: Sequence[str] | No
     """(label, CompileConfig) of every compile config whose kernel uses tlx.async_tasks (the
     probe's first), of the variants named (default: all) of the pass (default: both)."""
     from profiling import ws_probe
-    from simplicial_attn import registry
+    from altattn import registry
     out = [("probe ws_probe", ws_probe.compile_config())] if pass_ in (None, "probe") else []
     if pass_ == "probe":
         return out

@@ -2,7 +2,7 @@
 memory of its own, so that a sanitizer finding in it belongs to the compiler's warp-specialization
 code, not to our rings (issue 23, docs/sanitizers.md).
 
-`ws_probe_kernel` has what `kernels_tlx/bwd_ws.py` and `kernels_tlx/ws.py` have around their work:
+`ws_probe_kernel` has what `kernels_tlx/simplicial/bwd_ws.py` and `kernels_tlx/simplicial/ws.py` have around their work:
 `tlx.async_tasks()` with a "default" task (the launch's 4 warps) and one task of 4 warps,
 `registers=232`, `replicate=2` (12 warps, setmaxnreg), and one value loaded from global memory
 before the tasks and used in all of them (the compiler passes such a value to the other warp
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from simplicial_attn.registry import CompileConfig
+from altattn.registry import CompileConfig
 
 KERNEL_NAME = "ws_probe_kernel"
 LANES = 128             # one int32 per thread of a 4-warp task

@@ -6,7 +6,7 @@ Markers
 
 Seeds
     Every test that draws random numbers gets its own seed, derived from its test id (so two tests
-    never share a stream and a rerun of one test reproduces it exactly). Set SIMPLICIAL_TEST_SALT to
+    never share a stream and a rerun of one test reproduces it exactly). Set ALTATTN_TEST_SALT to
     any string to draw a different set of inputs for the whole run. The seed is printed in the
     report of every failing test that used it.
 """
@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
 
 def seed_for(nodeid: str) -> int:
     """A 31-bit seed from the test id (and the optional salt): stable across runs and machines."""
-    salt = os.environ.get("SIMPLICIAL_TEST_SALT", "")
+    salt = os.environ.get("ALTATTN_TEST_SALT", "")
     return zlib.crc32(f"{salt}|{nodeid}".encode()) & 0x7FFFFFFF
 
 
@@ -60,8 +60,8 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     seed = getattr(item, "_simplicial_seed", None)
     if report.failed and seed is not None:
-        salt = os.environ.get("SIMPLICIAL_TEST_SALT", "")
-        report.sections.append(("random inputs", f"seed = {seed} (SIMPLICIAL_TEST_SALT={salt!r})"))
+        salt = os.environ.get("ALTATTN_TEST_SALT", "")
+        report.sections.append(("random inputs", f"seed = {seed} (ALTATTN_TEST_SALT={salt!r})"))
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def any_head_dim(monkeypatch):
     """The reference's math takes any D; `validate` allows only the kernels' D in {64, 128} (D mod 3
     = 1 and 2 for form "det"). Widened in a test that takes this fixture to D mod 3 = 0 (6, 9),
     D < 3 (no 3-chunk) and D = 8: cheap shapes for the reference and the op on the CPU."""
-    from simplicial_attn import spec
+    from altattn.simplicial import spec
     monkeypatch.setattr(spec, "SUPPORTED_HEAD_DIMS", (*spec.SUPPORTED_HEAD_DIMS, 2, 6, 8, 9))
 
 
@@ -122,8 +122,8 @@ def rand(gen):
 def hq_taken_by(variant: str, B: int, N: int, Hq: int, Hk: int, D: int, w1: int, w2: int) -> int:
     """Hq itself when `variant` takes the shape, else 128 * Hk when it takes that twin (a
     G = 128-only kernel still runs the shape-generic tests), else Hq (the test skips)."""
-    from simplicial_attn import registry
-    from simplicial_attn.spec import validate_shape
+    from altattn import registry
+    from altattn.simplicial.spec import validate_shape
     mod = registry.get(variant).load()
     if mod.supports(validate_shape(B, N, Hq, Hk, D, w1, w2)) is None:
         return Hq

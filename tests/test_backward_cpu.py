@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import simplicial_attn as sa
-from simplicial_attn.spec import FORMS
+from altattn import simplicial as sa
+from altattn.simplicial.spec import FORMS
 from conftest import compiled_grads_differ, fp64_inputs, previous_token_losses
 
 # (B, N, Hq, Hk, D, w1, w2): N < w1, w1 <= N < w2, w1 > w2 (swapped), GQA, N = 1; D mod 3 = 0
@@ -54,10 +54,10 @@ def test_gradcheck_op(form, gen):
 @pytest.mark.parametrize("form", FORMS)
 def test_opcheck(form, gen):
     x = fp64_inputs(gen, 1, 5, 2, 1, 64)
-    torch.library.opcheck(torch.ops.simplicial_attn.fwd.default,
+    torch.library.opcheck(torch.ops.altattn.simplicial_fwd.default,
                           (*x, 2, 3, 0.125, "auto", "auto", form, False))
     out, lse = sa.attention(*[t.detach() for t in x], 2, 3, form=form)
-    torch.library.opcheck(torch.ops.simplicial_attn.bwd.default,
+    torch.library.opcheck(torch.ops.altattn.simplicial_bwd.default,
                           (torch.randn_like(out), torch.randn_like(lse), *[t.detach() for t in x],
                            out, lse, 2, 3, 0.125, "auto", form, False))
 
@@ -200,11 +200,11 @@ import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, {root!r})
 import torch, triton
-from kernels_triton import bwd
+from kernels_triton.simplicial import bwd
 torch.manual_seed(0)
 d = torch.arange(64)
 chunk = d < 63
-def rot(r):  # the columns of pi^r (kernels_triton/det.py): x[rot(r)] = pi^r x
+def rot(r):  # the columns of pi^r (kernels_triton/simplicial/det.py): x[rot(r)] = pi^r x
     return torch.where(chunk, d - d % 3 + (d % 3 + r) % 3, d)
 for (B, N, Hk, D, w1, L, split), det in [((2, 37, 2, 64, 5, 4, 2), 0), ((1, 50, 1, 64, 8, 8, 1), 0),
                                          ((1, 9, 3, 64, 20, 3, 1), 0), ((2, 37, 2, 64, 5, 4, 2), 1),
@@ -239,7 +239,7 @@ print("ok")
 def test_dkv1_reduce_kernel_in_the_interpreter():
     """`_dkv1_kernel` (no tensor cores, so Triton's CPU interpreter runs it) sums exactly the
     partial rows that cover each j, against a plain-Python loop over the partial layout; with
-    DET = +-1 the two partial buffers through their column rotations (kernels_triton/det.py)."""
+    DET = +-1 the two partial buffers through their column rotations (kernels_triton/simplicial/det.py)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -257,9 +257,9 @@ def test_every_row_owner_sizes_its_scratch(hq, form):
     programs, and the k-owner's parts are 1 or 2. (A launcher that fails here fails on the GPU
     before any kernel runs.)"""
     pytest.importorskip("triton")
-    from kernels_tlx import bwd_dq_ws, bwd_ws
-    from kernels_triton import bwd
-    from simplicial_attn.spec import ProblemSpec
+    from kernels_tlx.simplicial import bwd_dq_ws, bwd_ws
+    from kernels_triton.simplicial import bwd
+    from altattn.simplicial.spec import ProblemSpec
     for n in (333, 2048, 16384):
         spec = ProblemSpec(B=4, N=n, Hq=hq, Hk=1, D=128, w1=32, w2=512, sm_scale=128 ** -0.5,
                            form=form)

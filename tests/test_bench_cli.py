@@ -190,16 +190,16 @@ def test_frontier_rows_without_gpu_when_l_is_not_a_tile_multiple() -> None:
 def test_form_selects_the_variants_that_compute_it() -> None:
     """runs: (variant, form) pairs, a variant's forms adjacent in --form order; 'all' (the default)
     means the variants that compute the form; duplicates dropped."""
-    from simplicial_attn import registry
+    from altattn import registry
     fwd = _fwd_module()
     variants = registry.all_variants("fwd")
-    det = [v.name for v in variants if "det" in v.forms]
+    det = [v.name for v in variants if "det" in v.accepted("form")]
     assert det, "no forward variant computes form 'det'"
     assert fwd.parse_args([])[2] == [(v.name, "trilinear") for v in variants]
     args, _, runs = fwd.parse_args(["--form", "det"])
     assert args.form == ["det"] and runs == [(n, "det") for n in det]
     assert fwd.parse_args(["--form", "trilinear", "det"])[2] == [
-        (v.name, f) for v in variants for f in ("trilinear", "det") if f in v.forms]
+        (v.name, f) for v in variants for f in ("trilinear", "det") if f in v.accepted("form")]
     args, _, runs = fwd.parse_args(["--form", "det", "trilinear", "det", "--variant", det[0]])
     assert args.form == ["det", "trilinear"]
     assert runs == [(det[0], "det"), (det[0], "trilinear")]

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("triton")
 
 from profiling.resources import compile_config  # noqa: E402
-from simplicial_attn import registry  # noqa: E402
+from altattn import registry  # noqa: E402
 
 CASES = [pytest.param(v, c, id=f"{v.pass_}-{v.name}-{c.name}")
          for v, c in registry.compile_configs(None)]
@@ -42,7 +42,7 @@ def test_every_form_of_a_variant_has_configs():
     _det_swapped for the kernel of the exchanged pairs), so the resource gate covers it."""
     for v in registry.all_variants(None):
         names = [c.name for c in v.compile_configs()]
-        if "det" in v.forms:
+        if "det" in v.accepted("form"):
             assert any(n.endswith("_det") for n in names), (v.pass_, v.name, names)
             assert any(n.endswith("_det_swapped") for n in names), (v.pass_, v.name, names)
         else:

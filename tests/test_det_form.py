@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
-import simplicial_attn as sa
-from simplicial_attn.reference import cross3
+from altattn import simplicial as sa
+from altattn.simplicial.reference import cross3
 
 from conftest import fp64_inputs
 
-ref_mod = importlib.import_module("simplicial_attn.reference")
+ref_mod = importlib.import_module("altattn.simplicial.reference")
 
 TOL = 1e-12  # fp64 computations of the same sums, in another order
 
@@ -260,7 +260,7 @@ def test_rotary_rejects_bad_input(change, exc, match):
 
 
 # ------------------------------------------------------------------------------------------------
-# The Triton kernel's column bookkeeping, on the CPU (kernels_triton/fwd.py: Qa, Qb, det_keys)
+# The Triton kernel's column bookkeeping, on the CPU (kernels_triton/simplicial/fwd.py: Qa, Qb, det_keys)
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("det", [1, -1])
@@ -269,7 +269,7 @@ def test_triton_det_columns_build_the_cross_product(D, det, gen):
     the leftover dims, K1a/K1b from det_keys) is q x3 k1 for DET = +1 and, for DET = -1 (pairs
     swapped), q x3 k1 with q's chunk dims negated (reference._in_spec_order), in fp64."""
     pytest.importorskip("triton")
-    from kernels_triton.det import det_keys
+    from kernels_triton.simplicial.det import det_keys
     q, k1 = (torch.randn(3, D, generator=gen, dtype=torch.float64) for _ in range(2))
     r = 1 if det > 0 else 2
     qa = ref_mod.pi_chunks(q, r)
@@ -284,11 +284,11 @@ def test_triton_det_columns_build_the_cross_product(D, det, gen):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("det", [1, -1])
 def test_keys_side_det_columns_build_the_cross_product(D, det, gen):
-    """det_keys_side's packing, as the TLX producer combines it (kernels_tlx/ws_kv.py: B_j =
+    """det_keys_side's packing, as the TLX producer combines it (kernels_tlx/simplicial/ws_kv.py: B_j =
     K1a[j] * K2a + K1b[j] * K2b) is k1 x3 k2 for every (j, k) pair for DET = +1 and, for DET = -1
     (pairs swapped), k1 x3 k2 with its chunk dims negated (the leftover k1 * k2 kept), in fp64."""
     pytest.importorskip("triton")
-    from kernels_triton.det import det_keys_side
+    from kernels_triton.simplicial.det import det_keys_side
     k1 = torch.randn(3, D, generator=gen, dtype=torch.float64)
     k2 = torch.randn(4, D, generator=gen, dtype=torch.float64)
     p1, p2 = (p[:, 0, 0] for p in det_keys_side(k1[:, None, None], k2[:, None, None], det))
@@ -301,12 +301,12 @@ def test_keys_side_det_columns_build_the_cross_product(D, det, gen):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("det", [1, -1])
 def test_triton_det_backward_columns_are_the_gradient(D, det, gen):
-    """The Triton backward's bookkeeping (kernels_triton/det.py): with A = Qa * K1a + Qb * K1b as
+    """The Triton backward's bookkeeping (kernels_triton/simplicial/det.py): with A = Qa * K1a + Qb * K1b as
     the kernels build it and X = dL/dA, dQ = pi^(3-R)(X * K1a) - chi pi^R(X * K1b) (`_dq_kernel`'s
     U and W, read back through permuted columns) and dK1 = pi^R(X * Qa) + pi^(3-R)(X * Qb)
     (`_dkv1_kernel`'s two partials) equal autograd's gradients, in fp64."""
     pytest.importorskip("triton")
-    from kernels_triton.det import det_keys
+    from kernels_triton.simplicial.det import det_keys
     q, k1 = (torch.randn(5, D, generator=gen, dtype=torch.float64, requires_grad=True)
              for _ in range(2))
     x = torch.randn(5, D, generator=gen, dtype=torch.float64)

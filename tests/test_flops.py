@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from simplicial_attn import flops
+from altattn.simplicial import flops
 
 
 def count_triples(N: int, w1: int, w2: int) -> int:

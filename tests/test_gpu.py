@@ -21,10 +21,11 @@ import textwrap
 import pytest
 import torch
 
-from simplicial_attn import flops, forward, reference, registry
-from simplicial_attn.launcher import pick, run
-from simplicial_attn.reference import chunk_dims, pi_chunks
-from simplicial_attn.spec import validate, validate_shape
+from altattn import registry
+from altattn.simplicial import flops, forward, reference
+from altattn.launcher import pick, run
+from altattn.simplicial.reference import chunk_dims, pi_chunks
+from altattn.simplicial.spec import validate, validate_shape
 
 from conftest import Shape, hq_taken_by
 
@@ -200,10 +201,10 @@ def emulate_bf16(q, k1, k2, v1, v2, w1, w2, sm_scale, dtype=torch.float64, keys_
          that builds V1[j]*V2 instead of multiplying P @ V2 by V1[j], e.g. tlx_ws_kv)
         out = bf16(O),  lse = max_jk s + log l
 
-    form="det" (the `triton` kernel's build, kernels_triton/fwd.py): A = bf16(Qa * K1a + bf16(Qb
+    form="det" (the `triton` kernel's build, kernels_triton/simplicial/fwd.py): A = bf16(Qa * K1a + bf16(Qb
     * K1b)), Qa = pi^r Q, K1a = pi^(3-r) K1, Qb = -pi^(3-r) Q (0 on the leftover dims), K1b = pi^r
     K1, r = 1, or r = 2 when the pairs are exchanged (the determinants' sign flips). With
-    keys_side (the producer's build, kernels_tlx/ws_kv.py): bf16(K1a[j] * K2a + bf16(K1b[j] *
+    keys_side (the producer's build, kernels_tlx/simplicial/ws_kv.py): bf16(K1a[j] * K2a + bf16(K1b[j] *
     K2b)) in place of bf16(K1[j] * K2), K1a = pi^r K1, K1b = -pi^(3-r) K1 (0 on the leftover
     dims), K2a = pi^(3-r) K2, K2b = pi^r K2.
     (K1, V1) is the pair with the smaller window, as the launcher arranges. Returns (out, lse) in
@@ -298,7 +299,7 @@ def where_max(err: torch.Tensor, names="b i h d") -> str:
 def roundings(v: registry.Variant) -> dict:
     """emulate_bf16's keywords for the variant: whether it rounds K1[j]*K2 to bf16 instead of Q*K1
     and V1[j]*V2 instead of (P@V2)*V1[j] (its record's rounds_keys_side, rounds_values_side)."""
-    return dict(keys_side=v.rounds_keys_side, values_side=v.rounds_values_side)
+    return dict(keys_side="rounds_keys_side" in v.traits, values_side="rounds_values_side" in v.traits)
 
 
 def check_accuracy(out, lse, x, shape: Shape, label: str, rounding: dict | None = None,
@@ -374,7 +375,7 @@ def test_matches_reference(v, shape, rand, seed):
 DET_FORM_SHAPES = ("N7_Hq32Hk2", "N63_G128", "N65_Hq16Hk2", "N129_Hq128Hk4", "N1000_Hq16Hk2",
                    "N4096_G64_D64", "G1_N129_w3_7", "G4_N511", "swap_N300_G16",
                    "swap_N777_Hq128Hk4", "swap_G128_N257", "swap_N100_w2eq1", "scale0.25_N640")
-DET_VARIANTS = [v for v in VARIANTS if "det" in v.forms]
+DET_VARIANTS = [v for v in VARIANTS if "det" in v.accepted("form")]
 
 
 @pytest.mark.parametrize("name", DET_FORM_SHAPES)
@@ -533,7 +534,8 @@ def test_hopper_variant_on_other_gpu_refused(rand):
 # context.
 BIG_CODE = """
 import sys, torch
-from simplicial_attn import forward, registry
+from altattn import registry
+from altattn.simplicial import forward
 v = registry.get(sys.argv[1])
 N, HQ, HK, D = (int(a) for a in sys.argv[3:7])
 keys_side = sys.argv[7] == "1"

@@ -1,4 +1,4 @@
-"""The out-of-bounds contract of the K2/V2 descriptors (kernels_triton/host.py: kv_descriptor) on a
+"""The out-of-bounds contract of the K2/V2 descriptors (kernels_triton/simplicial/host.py: kv_descriptor) on a
 CUDA GPU: a key block that runs past a batch's last token reads zeros, so no value of one batch
 element, not even inf or NaN in any input, reaches another's output (skipped without a GPU). The
 backward's counterpart is tests/test_gpu_bwd.py::test_no_value_crosses_batches."""
@@ -9,16 +9,16 @@ import math
 import pytest
 import torch
 
-from simplicial_attn import registry
-from simplicial_attn.launcher import run
-from simplicial_attn.spec import validate_shape
+from altattn import registry
+from altattn.launcher import run
+from altattn.simplicial.spec import validate_shape
 
 from conftest import hq_taken_by
 
 pytestmark = pytest.mark.gpu
 
 # every variant in each logits' form it computes (form "det" packs K1 and K2 on the host)
-CASES = [(v, form) for v in registry.all_variants() for form in v.forms]
+CASES = [(v, form) for v in registry.all_variants() for form in v.accepted("form")]
 
 
 @pytest.mark.parametrize("v, form", CASES, ids=[f"{v.name}-{form}" for v, form in CASES])

@@ -19,12 +19,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-import simplicial_attn as sa
+from altattn import simplicial as sa
 from conftest import Shape, compiled_grads_differ, previous_token_losses
-from simplicial_attn import backward as bwd_launcher
-from simplicial_attn import registry
-from simplicial_attn.reference import chunk_dims, pi_chunks, _window
-from simplicial_attn.spec import validate, validate_shape
+from altattn.simplicial import passes as bwd_launcher
+from altattn import registry
+from altattn.simplicial.reference import chunk_dims, pi_chunks, _window
+from altattn.simplicial.spec import validate, validate_shape
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
 
@@ -78,9 +78,9 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
                      form="trilinear", keys_side=False):
     """The backward variants' arithmetic in fp64 with their bf16 roundings (module docstring).
     form="det": A_j = bf16(Qa * K1a + bf16(Qb * K1b)) as the forward builds it
-    (tests/test_gpu.py emulate_bf16, kernels_triton/det.py), r = 2 when the pairs are exchanged,
-    and dQ, dK1 through the rotations of kernels_triton/det.py, unrounded. keys_side (trilinear):
-    the pairs' products K1[j]*K2[k] and V1[j]*V2[k] rounded (kernels_tlx/bwd_pairs.py), Q*K1[j]
+    (tests/test_gpu.py emulate_bf16, kernels_triton/simplicial/det.py), r = 2 when the pairs are exchanged,
+    and dQ, dK1 through the rotations of kernels_triton/simplicial/det.py, unrounded. keys_side (trilinear):
+    the pairs' products K1[j]*K2[k] and V1[j]*V2[k] rounded (kernels_tlx/simplicial/bwd_pairs.py), Q*K1[j]
     and dO*V1[j] not."""
     if keys_side and form != "trilinear":
         raise ValueError("keys_side emulates the trilinear form only")
@@ -210,7 +210,7 @@ def test_gradients_match_reference(variant, shape, gen, seed):
         assert torch.isfinite(g).all(), f"{shape} seed={seed}: non-finite {name}"
     check_grads(grads, x, out.detach(), lse.detach(), dout, dlse, shape,
                 f"{variant} backward {shape} seed={seed}",
-                keys_side=registry.get(variant, "bwd").rounds_keys_side)
+                keys_side="rounds_keys_side" in registry.get(variant, "bwd").traits)
 
 
 # Form "det" (the determinant logits) on the backward variants that compute it: N < w1,
@@ -219,7 +219,7 @@ def test_gradients_match_reference(variant, shape, gen, seed):
 DET_FORM_SHAPES = ("N5_lt_w1_G128", "N7_Hq32Hk2", "w1_le_N_lt_w2_G64", "ragged_N333_G128",
                    "ragged_N300_G128_Hk2", "swap_N300_G16", "swap_N257_G128", "G1_N129_D128",
                    "G8_N500", "G64_N700_D64", "ragged_N333_G64", "w1eq1_G64", "B3_Hq16Hk2")
-DET_VARIANTS = [v for v in VARIANTS if "det" in v.forms]
+DET_VARIANTS = [v for v in VARIANTS if "det" in v.accepted("form")]
 
 
 def det_cases(names) -> list:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import simplicial_attn as sa
+from altattn import simplicial as sa
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import simplicial_attn as sa
-from simplicial_attn.spec import validate
+from altattn import simplicial as sa
+from altattn.simplicial.spec import validate
 
 
 def _x(B=1, N=5, Hq=8, Hk=1, D=64, device="cpu", requires_grad=False):
@@ -144,7 +144,7 @@ BWD_BAD = {  # name -> (changed arguments, exception, message)
 
 @pytest.mark.parametrize("change, exc, match", BWD_BAD.values(), ids=BWD_BAD.keys())
 def test_backward_rejects_bad_input(change, exc, match):
-    from simplicial_attn import backward
+    from altattn.simplicial import passes as backward
     a = {**_bwd_args(), **change}
     pos = [a.pop(k) for k in ("dout", "dlse", "q", "k1", "k2", "v1", "v2", "out", "lse", "w1",
                               "w2")]

@@ -10,13 +10,13 @@ import textwrap
 import pytest
 import torch
 
-import simplicial_attn
-from simplicial_attn.reference import brute_force, reference
-from simplicial_attn.spec import FORMS
+from altattn import simplicial as simplicial_attn
+from altattn.simplicial.reference import brute_force, reference
+from altattn.simplicial.spec import FORMS
 
-# `import simplicial_attn.reference as m` would give the function: the package re-exports
+# `import altattn.simplicial.reference as m` would give the function: the package re-exports
 # `reference` under the submodule's name, so take the module itself from the import system.
-ref_mod = importlib.import_module("simplicial_attn.reference")
+ref_mod = importlib.import_module("altattn.simplicial.reference")
 
 TOL = 1e-12  # both are fp64 computations of the same sums; they differ only in summation order
 
@@ -170,7 +170,8 @@ def test_reference_large_cpu_fp32_peak_memory():
     """The same call in a fresh process: its peak resident memory stays well under the 24 GiB
     machine (measured ~1.5 GiB including torch itself)."""
     code = textwrap.dedent("""
-        import resource, torch, simplicial_attn
+        import resource, torch
+        from altattn import simplicial as simplicial_attn
         g = torch.Generator().manual_seed(1)
         mk = lambda h: torch.randn(1, 4096, h, 64, generator=g).bfloat16()
         x = (mk(2), mk(1), mk(1), mk(1), mk(1))

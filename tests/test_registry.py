@@ -7,9 +7,11 @@ import types
 
 import pytest
 
-from simplicial_attn import launcher, registry, variants
-from simplicial_attn.registry import CompileConfig, Variant
-from simplicial_attn.spec import FORMS, ProblemSpec
+from altattn import launcher, registry
+from altattn.simplicial import variants
+from altattn.registry import CompileConfig, Variant
+from altattn.simplicial.family import TRITON_SCOPES
+from altattn.simplicial.spec import FORMS, ProblemSpec
 
 ALL = registry.all_variants()
 IDS = [v.name for v in ALL]
@@ -57,17 +59,17 @@ def test_record_fields(v):
     assert v.pass_ in registry.PASSES
     assert v in registry.all_variants(v.pass_) and v in registry.all_variants(None)
     assert v.warps >= 4 and v.warps % 4 == 0, f"{v.name}: {v.warps} warps is not whole warp groups"
-    assert v.scopes and set(v.scopes) <= set(registry.SCOPES), (v.name, v.scopes)
+    assert v.scopes and set(v.scopes) <= set(registry.get_family(v.family).scopes), v
     assert len(set(v.scopes)) == len(v.scopes), (v.name, v.scopes)
     assert {"qk_gemm", "softmax", "pv_gemm", "epilogue"} <= set(v.scopes), v.name
-    for flag in (v.rounds_keys_side, v.rounds_values_side, v.pipelined, v.needs_hopper):
+    for flag in ("rounds_keys_side" in v.traits, "rounds_values_side" in v.traits, v.pipelined, v.needs_hopper):
         assert isinstance(flag, bool), v
-    assert v.forms and set(v.forms) <= set(FORMS), (v.name, v.forms)
+    assert v.accepted("form") and set(v.accepted("form")) <= set(FORMS), (v.name, v.accepted("form"))
 
 
 @pytest.mark.parametrize("v", registry.all_variants(None), ids=lambda v: f"{v.pass_}-{v.name}")
 def test_variant_refuses_a_form_it_does_not_compute(v):
-    for form in set(FORMS) - set(v.forms):
+    for form in set(FORMS) - set(v.accepted("form")):
         why = v.cannot_take(dataclasses.replace(spec(), form=form))
         assert why is not None and f"not {form!r}" in why, (v.name, form, why)
 
@@ -86,8 +88,10 @@ def test_passes():
 
 
 def test_register_twice_rejected():
+    fam = registry.get_family()
+    twice = dataclasses.replace(fam, variants=(*fam.variants, ALL[0]))
     with pytest.raises(ValueError, match="registered twice"):
-        registry.register(ALL[0])
+        registry._check_family(twice, fam.name)
 
 
 def test_get_unknown_lists_known():
@@ -199,15 +203,15 @@ def fake_variants(monkeypatch):
         return name
 
     top = max(v.rank_for(spec(D=d)) for v in ALL for d in (64, 128))
-    fields = {"pass_": "fwd", "warps": 4, "scopes": registry.TRITON_SCOPES}
+    fields = {"pass_": "fwd", "warps": 4, "scopes": TRITON_SCOPES}
     narrow = Variant(name="narrow", module=module("_fake_narrow", lambda s: None if s.G == 1 else
                                                   f"G = {s.G}: narrow takes G = 1 only"),
                      needs_hopper=False, rank=top + 2, supports="G = 1 only", **fields)
     hop = Variant(name="hopper-only", module=module("_fake_hopper", lambda s: None),
                   needs_hopper=True, rank=top + 1, supports="any shape", **fields)
-    table = dict(registry._REGISTRY)
-    table.update({("fwd", narrow.name): narrow, ("fwd", hop.name): hop})
-    monkeypatch.setattr(registry, "_REGISTRY", table)
+    fam = registry.get_family()
+    monkeypatch.setitem(registry._LOADED, fam.name,
+                        dataclasses.replace(fam, variants=(*fam.variants, narrow, hop)))
     return narrow, hop
 
 

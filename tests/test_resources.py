@@ -24,7 +24,7 @@ from profiling import resources  # noqa: E402
 from profiling.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx,  # noqa: E402
                                  parse_ptxas, parse_sass_clobbered_operands,
                                  parse_sass_overlap)
-from simplicial_attn import registry  # noqa: E402
+from altattn import registry  # noqa: E402
 
 REQUIRED_KEYS = {"pass", "variant", "config", "registers", "spill_bytes", "smem_bytes", "wgmma",
                  "setmaxnreg", "named_barriers", "ex2_overlap", "total_warps"}

@@ -18,7 +18,7 @@ from conftest import no_gpu_env
 
 from profiling import sanitize
 from profiling.sanitize import Allowance, Report, Run, judge, parse_report
-from simplicial_attn import registry
+from altattn import registry
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = sanitize.SMALL_G_OR_HK[0]
@@ -33,7 +33,7 @@ MEMCHECK_CLEAN = f"""$ compute-sanitizer --tool memcheck --error-exitcode 1 ...
 MEMCHECK_OOB = """$ compute-sanitizer --tool memcheck --error-exitcode 1 ...
 ========= COMPUTE-SANITIZER
 ========= Invalid __global__ read of size 16 bytes
-=========     at simplicial_fwd_kernel+0x1a40 in /repo/kernels_triton/tiling.py:171
+=========     at simplicial_fwd_kernel+0x1a40 in /repo/kernels_triton/simplicial/tiling.py:171
 =========     by thread (32,0,0) in block (5,0,0)
 =========     Address 0x7f3a2c000400 is out of bounds
 =========     and is 1,024 bytes after the nearest allocation at 0x7f3a2bf00000 of size \
@@ -42,7 +42,7 @@ MEMCHECK_OOB = """$ compute-sanitizer --tool memcheck --error-exitcode 1 ...
 =========         Host Frame: [0x2f0e2f] in libcuda.so.1
 =========
 ========= Invalid __global__ read of size 16 bytes
-=========     at simplicial_fwd_kernel+0x1a40 in /repo/kernels_triton/tiling.py:171
+=========     at simplicial_fwd_kernel+0x1a40 in /repo/kernels_triton/simplicial/tiling.py:171
 =========     by thread (33,0,0) in block (5,0,0)
 =========
 Traceback (most recent call last):
@@ -58,13 +58,13 @@ CUDA API call to cuStreamSynchronize.
 RACECHECK = f"""$ compute-sanitizer --tool racecheck --error-exitcode 1 ...
 ========= COMPUTE-SANITIZER
 ========= Error: Race reported between Write access at simplicial_fwd_ws_kernel+0x3b70 in \
-/repo/kernels_tlx/ws.py:131
-=========     and Read access at simplicial_fwd_ws_kernel+0x4c20 in /repo/kernels_tlx/ws.py:140 \
+/repo/kernels_tlx/simplicial/ws.py:131
+=========     and Read access at simplicial_fwd_ws_kernel+0x4c20 in /repo/kernels_tlx/simplicial/ws.py:140 \
 [512 hazards]
 =========
 ========= Warning: Race reported between Read access at simplicial_fwd_ws_kernel+0x51a0 in \
-/repo/kernels_tlx/common.py:50
-=========     and Write access at simplicial_fwd_ws_kernel+0x2210 in /repo/kernels_tlx/ws.py:88 \
+/repo/kernels_tlx/simplicial/common.py:50
+=========     and Write access at simplicial_fwd_ws_kernel+0x2210 in /repo/kernels_tlx/simplicial/ws.py:88 \
 [64 hazards]
 =========
 {DONE}
@@ -78,7 +78,7 @@ RACECHECK_CLEAN = f"""========= COMPUTE-SANITIZER
 
 SYNCCHECK = f"""========= COMPUTE-SANITIZER
 ========= Barrier error detected. Divergent thread(s) in warp
-=========     at _dq_kernel+0x9c0 in /repo/kernels_triton/bwd.py:359
+=========     at _dq_kernel+0x9c0 in /repo/kernels_triton/simplicial/bwd.py:359
 =========     by thread (0,0,0) in block (3,0,0)
 =========
 {DONE}
@@ -157,42 +157,42 @@ def _line(path: str, needle: str) -> int:
     return sanitize._lines(path, needle)[0]
 
 
-DQ_WS_STORE = _line("kernels_tlx/bwd_dq_ws.py", "local_slice(dst_tile, [dst_row")  # clean now
-WS_KEYS_STORE = _line("kernels_tlx/ws_keys.py", "v1_slots, bs), v1)")
-DKV2_DEF = _line("kernels_tlx/bwd_ws.py", "def _dkv2_ws_kernel(")
-WS_DEF = _line("kernels_tlx/ws.py", "def simplicial_fwd_ws_kernel(")
-FWD_K2 = _line("kernels_triton/fwd.py", "k2 = K2.load([b, kb, g * D])")  # a descriptor load
-FWD_STORE = _line("kernels_triton/fwd.py", "store_rows(Out, Lse,")         # not one
-DQ_KB = _line("kernels_triton/bwd.py", "for kb in range(k_lo, i_hi")  # the row-owner's TMA loop
+DQ_WS_STORE = _line("kernels_tlx/simplicial/bwd_dq_ws.py", "local_slice(dst_tile, [dst_row")  # clean now
+WS_KEYS_STORE = _line("kernels_tlx/simplicial/ws_keys.py", "v1_slots, bs), v1)")
+DKV2_DEF = _line("kernels_tlx/simplicial/bwd_ws.py", "def _dkv2_ws_kernel(")
+WS_DEF = _line("kernels_tlx/simplicial/ws.py", "def simplicial_fwd_ws_kernel(")
+FWD_K2 = _line("kernels_triton/simplicial/fwd.py", "k2 = K2.load([b, kb, g * D])")  # a descriptor load
+FWD_STORE = _line("kernels_triton/simplicial/fwd.py", "store_rows(Out, Lse,")         # not one
+DQ_KB = _line("kernels_triton/simplicial/bwd.py", "for kb in range(k_lo, i_hi")  # the row-owner's TMA loop
 
 
 @pytest.mark.parametrize("key,line,allowed", [
     (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9600 in /work/main/kernels_tlx/ws.py:{WS_DEF}", True),
+     f"simplicial_fwd_ws_kernel+0x9600 in /work/main/kernels_tlx/simplicial/ws.py:{WS_DEF}", True),
     (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9600 in /work/main/kernels_tlx/bwd_ws.py:{WS_DEF}", False),
+     f"simplicial_fwd_ws_kernel+0x9600 in /work/main/kernels_tlx/simplicial/bwd_ws.py:{WS_DEF}", False),
     (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
      f"simplicial_fwd_ws_kernel+0x9640 in ws.py:{WS_DEF}", True),   # as the H100 prints it
     (("racecheck", "bwd", "tlx_ws"), "Warning: Race reported between Write access at "
      f"_dq_kernel+0x26a0 in bwd.py:{DQ_KB}", False),   # tlx_ws runs no triton row-owner
     (("racecheck", "fwd", "tlx_pingpong"), "Error: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9d70 in /r/kernels_tlx/ws.py:{WS_DEF}", True),
+     f"simplicial_fwd_ws_kernel+0x9d70 in /r/kernels_tlx/simplicial/ws.py:{WS_DEF}", True),
     (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
-     "simplicial_fwd_ws_kernel+0x3b70 in /repo/kernels_tlx/ws.py:131", False),   # not the entry
+     "simplicial_fwd_ws_kernel+0x3b70 in /repo/kernels_tlx/simplicial/ws.py:131", False),   # not the entry
     (("racecheck", "fwd", "tlx_ws"), "Warning: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9600 in /repo/kernels_tlx/ws.py:{WS_DEF}", False),   # a warning
+     f"simplicial_fwd_ws_kernel+0x9600 in /repo/kernels_tlx/simplicial/ws.py:{WS_DEF}", False),   # a warning
     (("racecheck", "fwd", "triton"), "Warning: Race reported between Write access at "
-     f"simplicial_fwd_kernel+0x42b0 in /repo/kernels_triton/fwd.py:{FWD_K2}", True),
+     f"simplicial_fwd_kernel+0x42b0 in /repo/kernels_triton/simplicial/fwd.py:{FWD_K2}", True),
     (("racecheck", "fwd", "triton"), "Warning: Race reported between Write access at "
-     f"simplicial_fwd_kernel+0x42b0 in /repo/kernels_triton/fwd.py:{FWD_STORE}", False),
+     f"simplicial_fwd_kernel+0x42b0 in /repo/kernels_triton/simplicial/fwd.py:{FWD_STORE}", False),
     (("racecheck", "bwd", "triton"), "Warning: Race reported between Write access at "
-     f"_dq_kernel+0x1ea0 in /repo/kernels_triton/bwd.py:{DQ_KB}", True),
+     f"_dq_kernel+0x1ea0 in /repo/kernels_triton/simplicial/bwd.py:{DQ_KB}", True),
     (("racecheck", "bwd", "tlx_ws"), "Warning: Race reported between Write access at "
-     f"_dq_kernel+0x1ea0 in /repo/kernels_triton/bwd.py:{DQ_KB - 1}", False),
+     f"_dq_kernel+0x1ea0 in /repo/kernels_triton/simplicial/bwd.py:{DQ_KB - 1}", False),
     (("racecheck", "bwd", "tlx_ws"), "Error: Race reported between Write access at "
      f"_dkv2_ws_kernel+0x1ad0 in bwd_ws.py:{DKV2_DEF}", True),
     (("racecheck", "bwd", "tlx_ws"), "Error: Race reported between Write access at "
-     "_dkv2_ws_kernel+0x2000 in /repo/kernels_tlx/bwd_ws.py:71", False),
+     "_dkv2_ws_kernel+0x2000 in /repo/kernels_tlx/simplicial/bwd_ws.py:71", False),
     (("racecheck", "bwd", "tlx_ws"), "Error: Race reported between Write access at "
      f"_dq_ws_kernel+0xc50 in bwd_dq_ws.py:{DQ_WS_STORE}", False),  # warp barriers: gone
     (("racecheck", "fwd", "tlx_ws_keys"), "Error: Race reported between Write access at "
@@ -209,7 +209,7 @@ def test_every_allowed_source_line_exists():
     for entry in sanitize.ALLOWED.values():
         assert not re.search(r":\(\)", entry.pattern), entry.pattern
     with pytest.raises(AssertionError):  # the check sees an empty group anywhere in a pattern
-        assert not re.search(r":\(\)", sanitize._at("k", "kernels_tlx/ws.py", "no such line"))
+        assert not re.search(r":\(\)", sanitize._at("k", "kernels_tlx/simplicial/ws.py", "no such line"))
 
 
 def test_judge_by_count_and_pattern():
@@ -221,7 +221,7 @@ def test_judge_by_count_and_pattern():
     assert judge(RUN, report, 1, {key: Allowance(doc)})[0]  # any number
     ok, why = judge(RUN, report, 1, {key: Allowance(doc, count=1)})
     assert not ok and "1 allowed" in why
-    assert judge(RUN, report, 1, {key: Allowance(doc, pattern=r"kernels_tlx/(ws|common)\.py")})[0]
+    assert judge(RUN, report, 1, {key: Allowance(doc, pattern=r"kernels_tlx/simplicial/(ws|common)\.py")})[0]
     ok, why = judge(RUN, report, 1, {key: Allowance(doc, pattern=r"ws\.py:131")})
     assert not ok and "1 outside the allowed pattern: Warning: Race" in why
     # the entry is per (tool, pass, variant): another tool or pass is not covered
@@ -266,10 +266,10 @@ def test_two_shapes_per_variant():
 
 def test_plan_of_the_runs():
     runs = sanitize.plan(sanitize.TOOLS, registry.PASSES, None)
-    n = sum(len(v.forms) for v in registry.all_variants(None))  # each form a variant computes
+    n = sum(len(v.accepted("form")) for v in registry.all_variants(None))  # each form a variant computes
     assert len(runs) == 3 * 2 * n and len(set(runs)) == len(runs)
     assert {(r.pass_, r.variant, r.form) for r in runs} == {
-        (v.pass_, v.name, f) for v in registry.all_variants(None) for f in v.forms}
+        (v.pass_, v.name, f) for v in registry.all_variants(None) for f in v.accepted("form")}
     assert {(r.pass_, r.variant) for r in runs if r.form == "det"} == {
         ("fwd", "triton"), ("bwd", "triton"), ("fwd", "tlx_pipelined_kv"),
         ("fwd", "tlx_pipelined_pingpong")}
@@ -336,7 +336,7 @@ def test_the_backward_runs_exclude_every_forward_kernel_and_no_backward_one():
     for v, config in registry.compile_configs(None):
         has = config.fn.__name__.startswith(sanitize.FWD_KERNEL_PREFIX)
         assert has == (v.pass_ == "fwd"), (v.pass_, v.name, config.fn.__name__)
-    import kernels_triton.bwd as bwd  # the two kernels without a compile config
+    import kernels_triton.simplicial.bwd as bwd  # the two kernels without a compile config
     assert not any(sanitize.FWD_KERNEL_PREFIX in k.__name__
                    for k in (bwd._delta_kernel, bwd._dkv1_kernel))
 
@@ -354,7 +354,7 @@ def test_dry_run_needs_no_gpu():
     r = run_cli("--dry-run", "--tool", "memcheck", "--pass", "bwd", env=no_gpu_env())
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 2 * sum(len(v.forms) for v in registry.all_variants("bwd"))
+    assert len(lines) == 2 * sum(len(v.accepted("form")) for v in registry.all_variants("bwd"))
     assert all("--tool memcheck" in line and "--worker --pass bwd" in line for line in lines)
     assert sum(line.endswith("--form det") for line in lines) == 2  # triton's det backward
     r = run_cli("--dry-run", "--tool", "racecheck", "--pass", "probe", "--racecheck-report",

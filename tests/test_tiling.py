@@ -1,4 +1,4 @@
-"""kernels_triton/tiling.py's index math, on the CPU: a plain-Python mirror of each @triton.jit
+"""kernels_triton/simplicial/tiling.py's index math, on the CPU: a plain-Python mirror of each @triton.jit
 function, properties of the mirror, and the real functions run in Triton's interpreter.
 
 Every kernel (Triton and TLX) enumerates its work through these functions: which (token, head)
@@ -247,15 +247,15 @@ def test_grid_owns_every_row_once(G, BM):
 
 @pytest.mark.parametrize("G,BM", [(g, bm) for g in GS for bm in (64, 128)])
 def test_real_grid_matches_mirror(G, BM):
-    from kernels_triton import tiling
-    from simplicial_attn.spec import ProblemSpec
+    from kernels_triton.simplicial import tiling
+    from altattn.simplicial.spec import ProblemSpec
     for B, Hk, N in ((1, 1, 1), (2, 3, 5), (4, 2, 1000), (1, 1, 16384)):
         spec = ProblemSpec(B, N, G * Hk, Hk, 128, 1, 1, 0.1)
         assert tiling.grid(spec, BM) == (grid(B, N, Hk, G, BM),)
 
 
 def test_j_window_needs_a_mask_only_with_several_tokens():
-    """kernels_triton/fwd.py visits j in [max(i0 - w1 + 1, 0), i_hi] with MASK_J = T > 1: that
+    """kernels_triton/simplicial/fwd.py visits j in [max(i0 - w1 + 1, 0), i_hi] with MASK_J = T > 1: that
     range is the union of the rows' K1 windows, and with one token per tile it is that token's."""
     for G, BM in itertools.product(GS, (64, 128)):
         _, T, split = tile_shape(G, BM)

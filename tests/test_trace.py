@@ -16,7 +16,7 @@ from conftest import no_gpu_env
 from profiling import trace_capture, trace_plot, trace_summary
 from profiling.common import Shape
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS
-from simplicial_attn import registry
+from altattn import registry
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO_ROOT, "tests", "data")
@@ -406,7 +406,7 @@ def test_sessions_sample_the_warps_of_each_kernel():
 def test_profiled_kernels_fit_the_records():
     """Each scoped kernel's warps are whole warp groups, at most the record's `warps` (its widest
     kernel's), which one of them reaches."""
-    from simplicial_attn.spec import validate_shape
+    from altattn.simplicial.spec import validate_shape
     shapes = [validate_shape(1, 512, hq, hk, d, 32, 256) for hq, hk in ((8, 1), (64, 1), (64, 2),
                                                                        (128, 1), (256, 2))
               for d in (64, 128)]
@@ -535,7 +535,8 @@ def _stand_ins(monkeypatch, traces: list[str]) -> dict:
     what proton would, here a copy of traces[n]."""
     import triton.profiler as proton
 
-    from simplicial_attn import backward, launcher
+    from altattn import launcher
+    from altattn.simplicial import passes as backward
 
     calls = {"launch": [], "start": []}
 

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from conftest import ROOT, no_gpu_env
-from simplicial_attn import triton_env
+from altattn import triton_env
 
 FIX_PARTS = ("pip uninstall -y triton", "pip install --force-reinstall --no-deps fbtriton==",
              "bash .ci/install")
@@ -23,8 +23,8 @@ FIX_PARTS = ("pip uninstall -y triton", "pip install --force-reinstall --no-deps
 PROBE = """
 import importlib, json, sys
 import torch
-import simplicial_attn as sa
-from simplicial_attn import registry, triton_env
+from altattn import simplicial as sa
+from altattn import registry, triton_env
 
 res = {}
 g = torch.Generator().manual_seed(0)
@@ -41,8 +41,8 @@ def attempt(name, fn):
     except Exception as e:  # noqa: BLE001 - reported to the test
         res[name] = type(e).__name__ + ": " + str(e)
 
-attempt("import kernels_tlx.ws", lambda: importlib.import_module("kernels_tlx.ws"))
-attempt("import kernels_triton.fwd", lambda: importlib.import_module("kernels_triton.fwd"))
+attempt("import kernels_tlx.simplicial.ws", lambda: importlib.import_module("kernels_tlx.simplicial.ws"))
+attempt("import kernels_triton.simplicial.fwd", lambda: importlib.import_module("kernels_triton.simplicial.fwd"))
 attempt("load every variant", lambda: [v.load() for v in registry.all_variants()])
 attempt("forward auto", lambda: sa.forward(*x, 2, 3))
 attempt("forward triton", lambda: sa.forward(*x, 2, 3, variant="triton"))
@@ -152,7 +152,7 @@ def test_simplicial_attn_imports_without_triton():
     """Importing the package touches no `triton`: the hook would raise if it did."""
     code = NO_TRITON + textwrap.dedent("""
         import sys
-        import simplicial_attn, simplicial_attn.triton_env
+        import altattn, altattn.triton_env
         assert not [m for m in sys.modules if m == "triton" or m.startswith("triton.")]
         print("ok")
     """)

@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 
-import simplicial_attn
-from simplicial_attn import forward, reference, variants
-from simplicial_attn.spec import validate
+from altattn import simplicial as simplicial_attn
+from altattn.simplicial import forward, reference, variants
+from altattn.simplicial.spec import validate
 
 from conftest import hq_taken_by
 
@@ -131,8 +131,8 @@ def test_variant_not_a_string(bad, good):
 def test_named_variant_cannot_take_g12(name, rand):
     """G = 12 is no power of two: every variant that refuses it says which shape and why."""
     q, k1, k2, v1, v2 = rand(1, 4, 12, 1, 64)
-    from simplicial_attn import registry
-    from simplicial_attn.spec import validate
+    from altattn import registry
+    from altattn.simplicial.spec import validate
     why = registry.get(name).cannot_take(validate(q, k1, k2, v1, v2, 2, 2))
     if why is None:
         pytest.skip(f"{name} takes G=12")
@@ -241,8 +241,8 @@ def test_auto_on_sm80_shape_error_stays_a_shape_error(sm80):
 
 
 def _det_variants(pass_: str = "fwd") -> list[str]:
-    from simplicial_attn import registry
-    return [v.name for v in registry.all_variants(pass_) if "det" in v.forms]
+    from altattn import registry
+    return [v.name for v in registry.all_variants(pass_) if "det" in v.accepted("form")]
 
 
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
@@ -251,8 +251,8 @@ def test_auto_takes_a_det_kernel_on_hopper(pass_):
     the forward's `tlx_pipelined_pingpong` at G = 128 and D = 128, `tlx_pipelined_kv` at G = 128
     and D = 64 (the TLX det build, keys-side), `triton` at other G and for the backward; the
     trilinear pick at the same shape is unchanged."""
-    from simplicial_attn.launcher import pick
-    from simplicial_attn.spec import validate_shape
+    from altattn.launcher import pick
+    from altattn.simplicial.spec import validate_shape
     assert "triton" in _det_variants(pass_)
     for hq, hk, d in ((128, 1, 128), (256, 2, 64), (64, 1, 64), (8, 1, 128), (32, 4, 128),
                       (1, 1, 64)):
@@ -261,7 +261,7 @@ def test_auto_takes_a_det_kernel_on_hopper(pass_):
         if pass_ == "fwd" and hq // hk == 128:
             want = "tlx_pipelined_pingpong" if d == 128 else "tlx_pipelined_kv"
         assert pick(spec, "auto", True, pass_).name == want, (hq, hk, d)
-        assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True, pass_).forms
+        assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True, pass_).accepted("form")
 
 
 @pytest.mark.parametrize("pass_, variant", [(p, v) for p in ("fwd", "bwd") for v in variants(p)
@@ -269,8 +269,8 @@ def test_auto_takes_a_det_kernel_on_hopper(pass_):
 def test_named_variant_without_det_refuses_it(pass_, variant):
     """A named variant that computes only the trilinear form refuses "det" with a ValueError
     naming the form and the variants that can (before the device check)."""
-    from simplicial_attn.launcher import pick
-    from simplicial_attn.spec import validate_shape
+    from altattn.launcher import pick
+    from altattn.simplicial.spec import validate_shape
     spec = dataclasses.replace(validate_shape(1, 300, 128, 1, 128, 32, 512), form="det")
     can = ", ".join(_det_variants(pass_))
     with pytest.raises(ValueError, match=rf"not 'det'.*variants that can: {re.escape(can)}$"):
@@ -283,7 +283,7 @@ def test_det_with_a_trilinear_backward_refused_before_any_launch(bwd_variant, mo
     naming the form at the call, before the forward runs (fake tensors: a launch would fail
     otherwise); the backward entry point likewise."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
-    from simplicial_attn import backward
+    from altattn.simplicial import passes as backward
     x = [t.requires_grad_() for t in _fake_cuda_inputs(128, 1)]
     with pytest.raises(ValueError, match=r"not 'det'.*variants that can: triton"):
         simplicial_attn.attention(*x, 2, 4, bwd_variant=bwd_variant, form="det")
@@ -300,7 +300,7 @@ def test_det_form_on_hopper_selects_det_kernels_both_passes(monkeypatch):
     and the `triton` backward, and attention gets past both checks
     (FakeTensorMode runs the op's fake implementation, no kernel)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
-    from simplicial_attn.launcher import select
+    from altattn.launcher import select
     x = _fake_cuda_inputs(128, 1)
     spec = validate(*x, 2, 4, form="det")
     assert select(spec, "auto", x[0].device).name == "tlx_pipelined_pingpong"  # D = 128
@@ -311,7 +311,7 @@ def test_det_form_on_hopper_selects_det_kernels_both_passes(monkeypatch):
 
 @pytest.mark.parametrize("name", list(variants()))
 def test_named_variant_on_sm80_names_the_gpu(sm80, name):
-    from simplicial_attn import registry
+    from altattn import registry
     if not registry.get(name).needs_hopper:
         pytest.skip(f"{name} runs on sm_80")
     hq = hq_taken_by(name, 1, 8, 64, 1, 128, 2, 4)

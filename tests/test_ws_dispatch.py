@@ -11,7 +11,7 @@ import re
 import pytest
 
 from profiling import ws_dispatch, ws_probe
-from simplicial_attn import registry
+from altattn import registry
 
 # A dispatch as Triton lowers it, in cuobjdump's format: warps 0-3 fall through the role split;
 # the workers loop at 0x100 (barrier, their byte at 0x104 + warp, the exit code 2 or a partition

@@ -1,4 +1,4 @@
-"""Runs kernels_triton/tiling.py's @triton.jit index functions in Triton's interpreter, on the CPU.
+"""Runs kernels_triton/simplicial/tiling.py's @triton.jit index functions in Triton's interpreter, on the CPU.
 
     TRITON_INTERPRET=1 python tests/tiling_probe.py CASES.json OUT.pt
 
@@ -28,8 +28,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels_triton import tiling  # noqa: E402
-from simplicial_attn.spec import ProblemSpec  # noqa: E402
+from kernels_triton.simplicial import tiling  # noqa: E402
+from altattn.simplicial.spec import ProblemSpec  # noqa: E402
 
 HEAD = 7  # per row: i0, h0, i_hi, k_lo, n_lo, n_hi, n_blocks; then kb[MAX_BLOCKS], masked[...]
 

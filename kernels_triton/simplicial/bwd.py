@@ -14,7 +14,7 @@ Three reduction index sets (rows, k, j) need three owners. Four kernels, no atom
      dK2 += dS^T A_j (4 GEMMs). The G heads of a KV head sit in the rows, so the sum over heads
      falls inside the GEMMs: dK2/dV2 are complete when the program ends.
   3. `_dq_kernel` (row-owner): one program per (batch, KV head, head split, chunk of tokens), row
-     tiles as in the forward (kernels_triton/fwd.py). Per tile, j outer, key blocks inner:
+     tiles as in the forward (kernels_triton/simplicial/fwd.py). Per tile, j outer, key blocks inner:
      S = A_j K2^T, P, dP = dO_j V2^T, dS, X_j += dS K2, Z_j += P V2 (4 GEMMs); after the key loop
      dQ += K1[j]*X_j, and row j of the program's dK1/dV1 partials gets c sum_r q*X_j and
      sum_r dO*Z_j. X_j and Z_j fill the registers, so the tile's fp32 dQ is accumulated in a
@@ -35,7 +35,7 @@ n_programs*BLOCK_M*D*4 B = 134 MB; 432 MB in all, against 2.7 GB of inputs and g
 Supports every shape the forward's tiling takes: G a power of two up to 128, D in {64, 128}, any B,
 N, Hk, w1 <= w2 (the launcher swaps the pairs and their gradients).
 
-Form "det" (constexpr DET = +-1, kernels_triton/det.py): both GEMM kernels build A_j as the
+Form "det" (constexpr DET = +-1, kernels_triton/simplicial/det.py): both GEMM kernels build A_j as the
 forward does (two permuted Q tiles, K1's rotations packed once by `launch`, det_keys), so dK2 =
 c sum dS^T A_j is unchanged. X_j = dL/dA_j is in registers with its columns in place, and the
 rotations dQ and dK1 need are applied where a sum is read back: `_dq_kernel` keeps two fp32 tiles
@@ -60,14 +60,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_triton.det import (det_cols, det_keys, det_of, det_specs, form_suffix, load_q_cols,
+from kernels_triton.simplicial.det import (det_cols, det_keys, det_of, det_specs, form_suffix, load_q_cols,
                                 load_q_det)
-from kernels_triton.host import kv_descriptor
-from kernels_triton.tiling import (COMPILE_SHAPES, LOG2E, LOG2E_JIT, enter, leave, load_q,
+from kernels_triton.simplicial.host import kv_descriptor
+from kernels_triton.simplicial.tiling import (COMPILE_SHAPES, LOG2E, LOG2E_JIT, enter, leave, load_q,
                                    row_coords, row_ptrs)
-from kernels_triton.tiling import supports  # noqa: F401  (this variant's registry `supports`)
-from simplicial_attn.registry import CompileConfig
-from simplicial_attn.spec import ProblemSpec
+from kernels_triton.simplicial.tiling import supports  # noqa: F401  (this variant's registry `supports`)
+from altattn.registry import CompileConfig
+from altattn.simplicial.spec import ProblemSpec
 
 
 
@@ -294,7 +294,7 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PROFILE: tl.constexpr = False,
                  DET: tl.constexpr = 0):
     """k-owner: dK2, dV2 of one block of BLOCK_N keys of one (batch, KV head). DET = +-1: A_j is
-    the det build (kernels_triton/det.py; K1 det_keys' packed [B, N, HK, 2, D])."""
+    the det build (kernels_triton/simplicial/det.py; K1 det_keys' packed [B, N, HK, 2, D])."""
     HPT: tl.constexpr = BLOCK_M if G > BLOCK_M else G
     T: tl.constexpr = BLOCK_M // HPT
     SPLIT: tl.constexpr = G // HPT
@@ -386,7 +386,7 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                PROFILE: tl.constexpr = False, DET: tl.constexpr = 0,
                STAGE_Q: tl.constexpr = False):
     """Row-owner: dQ of the row tiles of L tokens (one head split), and their dK1/dV1 partials.
-    DET = +-1 (kernels_triton/det.py): A_j is the det build; two fp32 tiles per program, U and W,
+    DET = +-1 (kernels_triton/simplicial/det.py): A_j is the det build; two fp32 tiles per program, U and W,
     sum X_j * K1a[j] and X_j * K1b[j], and dQ = pi^(3-R) U - chi pi^R W is read back through
     permuted columns at the tile's end; PK1 holds two partial slices per program, sum_r X_j * Qa
     then sum_r X_j * Qb (`_dkv1_kernel` rotates and adds them). STAGE_Q (DET only): Qa and Qb
@@ -502,7 +502,7 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             dq = (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16)
             tok, head = row_coords(i0, s * HPT, offs_m, G, BLOCK_M)
             tl.store(row_ptrs(DQ, b, g, tok, head, N, HQ, G, D), dq, mask=(tok < N)[:, None])
-        else:  # dQ = pi^(3-R) U - chi pi^R W (kernels_triton/det.py), DET_ROWS rows at a time
+        else:  # dQ = pi^(3-R) U - chi pi^R W (kernels_triton/simplicial/det.py), DET_ROWS rows at a time
             # (permuted addresses cannot be vectorized: a whole tile's would fill the registers)
             cols_a, cols_b, in_chunk = det_cols(_fresh_rows(t, D), D, DET)
             for r0 in tl.static_range(0, BLOCK_M, DET_ROWS):
@@ -520,7 +520,7 @@ def _dkv1_kernel(PK1, PK1b, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.
                  D: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, DET: tl.constexpr = 0):
     """ROWS rows of dK1, dV1 of one (batch, KV head): the partials that cover each row j, summed
     in a fixed order (head split, then chunk). One flat grid axis: (row blocks, B * HK).
-    DET: dK1 = pi^R PK1 + pi^(3-R) PK1b (kernels_triton/det.py), read through permuted columns."""
+    DET: dK1 = pi^R PK1 + pi^(3-R) PK1b (kernels_triton/simplicial/det.py), read through permuted columns."""
     n_jb = tl.cdiv(N, ROWS)
     bg = tl.program_id(0) // n_jb
     b = bg // HK
@@ -589,7 +589,7 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     that kernel's only (profiled_kernels).
     dkv2, dq_fn: what fills dk2, dv2 (launch_dkv2's signature; default launch_dkv2) and dq, dk1,
     dv1 (launch_dq's; default launch_dq), for a variant that replaces the k-owner or the
-    row-owner (kernels_tlx/bwd_ws.py). Form "det" (spec.form): K1 is packed once here
+    row-owner (kernels_tlx/simplicial/bwd_ws.py). Form "det" (spec.form): K1 is packed once here
     (det_keys), and launch_dkv2 / launch_dq take the packed K1."""
     if spec.form == "det":
         if dkv2 is not None or dq_fn is not None:

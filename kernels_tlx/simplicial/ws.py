@@ -5,13 +5,13 @@ Warp groups:
   then, per chunk of WINDOW rows of the w1 window, bulk-copies (`cp.async.bulk`, the TMA engine)
   the rows K1[j] and V1[j] of the chunk into the window (`win_full`; `win_empty`, one arrival per
   consumer, says both are done with the previous chunk), and walks the tile's K2/V2 blocks in
-  the order of `kernels_triton.tiling.key_block`, TMA-loading each into a ring of NUM_BUFFERS
+  the order of `kernels_triton.simplicial.tiling.key_block`, TMA-loading each into a ring of NUM_BUFFERS
   shared-memory slots; `fulls[i]` (1 arrival + transaction bytes) says a slot is loaded,
   `empties[i]` (one arrival per consumer) says both consumers are done with it. A window of up
   to WINDOW rows (w1 + T - 1, T tokens per tile) is one chunk, so Q, K1 and V1 cross into shared
   memory once per tile; a longer one streams the K2/V2 blocks once per chunk.
 - Two consumer warp groups (4 warps each) on one 64-row tile (heads x neighbouring tokens, see
-  kernels_triton/tiling.py). They share every K2/V2 slot, so a block crosses L2 -> shared memory
+  kernels_triton/simplicial/tiling.py). They share every K2/V2 slot, so a block crosses L2 -> shared memory
   once per tile (per chunk), and the tile's Q. They split the w1 window: consumer c takes
   j = j_first + c, j_first + c + 2, ... and at the end consumer 1 hands (acc, m, l) to consumer 0,
   which merges the two softmax states (common.merge_and_store).
@@ -24,7 +24,7 @@ the wgmma accumulator layout. Per step (one K2/V2 slot, one j):
                                   never built in shared memory)
 K1[j] and V1[j] are read from the window in the accumulator's column layout (`v1_layout`); nothing
 is written to shared memory inside the loop, so the step has no barrier.
-`PINGPONG` (the `tlx_pingpong` variant, kernels_tlx/pingpong.py) makes the two consumers take turns
+`PINGPONG` (the `tlx_pingpong` variant, kernels_tlx/simplicial/pingpong.py) makes the two consumers take turns
 issuing wgmma; here it is off and each consumer runs on its own.
 Supports any B, N, Hk, w1 <= w2, D in {64, 128}, G in {16, 32, 64, 128} (`supports`).
 Differs from `triton`: TMA producer + mbarrier ring, two consumer groups sharing each K2/V2 slot
@@ -36,13 +36,13 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import (NUM_CONSUMERS, merge_and_store, opaque, pass_turn, produce_kv,
+from kernels_tlx.simplicial.common import (NUM_CONSUMERS, merge_and_store, opaque, pass_turn, produce_kv,
                                 release_layout, take_turn, v1_layout)
-from kernels_triton.host import entry_points
-from kernels_triton.tiling import (BF16_BYTES, M_START, enter, key_block, leave, mask_scores,
+from kernels_triton.simplicial.host import entry_points
+from kernels_triton.simplicial.tiling import (BF16_BYTES, M_START, enter, key_block, leave, mask_scores,
                                    row_coords, softmax_step, tile_setup)
-from kernels_triton.tiling import supports as tiling_supports
-from simplicial_attn.spec import ProblemSpec
+from kernels_triton.simplicial.tiling import supports as tiling_supports
+from altattn.simplicial.spec import ProblemSpec
 
 
 @triton.jit

@@ -3,7 +3,7 @@ and Q, the launch of a kernel with the common signature, and its compile configs
 
 The common signature: kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale, HQ, HK, G, D,
 <the config's constexprs>, PROFILE). A variant module gets its `launch` and `compile_configs`
-(simplicial_attn/registry.py) from `entry_points(kernel, config, supports)`.
+(altattn/registry.py) from `entry_points(kernel, config, supports)`.
 """
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from collections.abc import Callable
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_triton.det import det_of, det_specs, form_suffix
-from kernels_triton.tiling import COMPILE_SHAPES, LOG2E, grid
-from simplicial_attn.registry import CompileConfig
-from simplicial_attn.spec import ProblemSpec
+from kernels_triton.simplicial.det import det_of, det_specs, form_suffix
+from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E, grid
+from altattn.registry import CompileConfig
+from altattn.simplicial.spec import ProblemSpec
 
 Config = Callable[[ProblemSpec], dict]   # spec -> the kernel's constexprs + num_warps, num_stages
 Supports = Callable[[ProblemSpec], str | None]
-# form "det": (k1, k2, DET) -> the (k1, k2) the kernel reads (kernels_triton/det.py packs them)
+# form "det": (k1, k2, DET) -> the (k1, k2) the kernel reads (kernels_triton/simplicial/det.py packs them)
 DetPack = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -100,7 +100,7 @@ def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = Fa
 
 def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False,
                  forms: tuple[str, ...] = ("trilinear",), det_pack: DetPack | None = None):
-    """A variant module's `launch` and `compile_configs` (simplicial_attn/registry.py) for
+    """A variant module's `launch` and `compile_configs` (altattn/registry.py) for
     `kernel` run with `config(spec)` (q_tma: as in launch; forms: the logits' forms it computes,
     its registry record's `forms`, each of which gets compile configs; det_pack: how form "det"
     packs K1 and K2 for the kernel, given DET = det.det_of(spec))."""

@@ -7,10 +7,10 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import NUM_CONSUMERS
-from kernels_triton.tiling import M_START, load_q, row_coords, tile_setup
-from kernels_triton.tiling import supports as tiling_supports
-from simplicial_attn.spec import ProblemSpec
+from kernels_tlx.simplicial.common import NUM_CONSUMERS
+from kernels_triton.simplicial.tiling import M_START, load_q, row_coords, tile_setup
+from kernels_triton.simplicial.tiling import supports as tiling_supports
+from altattn.simplicial.spec import ProblemSpec
 
 
 def supports(spec: ProblemSpec) -> str | None:
@@ -51,7 +51,7 @@ def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: t
           DET: tl.constexpr = 0, row_b=None, src_b=None):
     """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
     the proxy fence that makes it visible to the consumers' wgmma. DET (form "det", K1[j]'s and
-    K2's rotations, kernels_triton/det.py: det_keys_side): dst = bf16(row * src + bf16(row_b *
+    K2's rotations, kernels_triton/simplicial/det.py: det_keys_side): dst = bf16(row * src + bf16(row_b *
     src_b)), one more block scaled by one more row."""
     for ch in tl.static_range(BLOCK_N // CH):
         x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))

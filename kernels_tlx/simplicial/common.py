@@ -1,6 +1,6 @@
 """Device pieces every TLX variant shares: the consumer count, named barriers, accumulator layouts,
 the TMA producer loop, the pingpong turns, the split-j merge epilogue, `opaque`, `held`. The host
-side (descriptors, launch, compile configs) is kernels_triton/host.py, shared with the Triton
+side (descriptors, launch, compile configs) is kernels_triton/simplicial/host.py, shared with the Triton
 kernel; the G = 128 build pieces are in hadamard.py. A variant file holds only its technique."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_triton.tiling import BF16_BYTES, enter, key_block, leave, store_rows
+from kernels_triton.simplicial.tiling import BF16_BYTES, enter, key_block, leave, store_rows
 
 # Every TLX variant runs NUM_CONSUMERS consumer warp groups (4 warps each) beside its producer(s);
 # CONSUMER_THREADS is their thread count, the count of every named barrier between them.

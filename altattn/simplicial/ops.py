@@ -1,6 +1,6 @@
 """The differentiable op: `attention(q, k1, k2, v1, v2, w1, w2) -> (out, lse)` with gradients.
 
-Two `torch.library.custom_op`s, `simplicial_attn::fwd` and `simplicial_attn::bwd`, each with a fake
+Two `torch.library.custom_op`s, `altattn::simplicial_fwd` and `altattn::simplicial_bwd`, each with a fake
 (meta) implementation, joined by `register_autograd`, so `torch.compile(fullgraph=True)` traces a
 training step through them with no graph break and `torch.library.opcheck` passes.
 
@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from . import backward as _bwd
-from . import registry
-from .launcher import forward as _kernel_forward
+from .. import launcher, registry
+from ..checks import check_bool, check_str
+from .passes import FAMILY
+from .passes import backward as _kernel_backward
+from .passes import forward as _kernel_forward
 from .reference import reference, reference_backward
-from .spec import REFERENCE_DTYPES, SUPPORTED_DTYPES, check_bool, validate
+from .spec import validate
 
 Tensor = torch.Tensor
-
-
-def _dtypes_for(q: Tensor) -> tuple:
-    """The dtypes a call may use: bf16 for the kernels (CUDA); the reference's set on the CPU."""
-    return REFERENCE_DTYPES if q.device.type == "cpu" else SUPPORTED_DTYPES
 
 
 def _lse_dtype(q: Tensor) -> torch.dtype:
@@ -36,7 +33,7 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.promote_types(q.dtype, torch.float32)
 
 
-@torch.library.custom_op("simplicial_attn::fwd", mutates_args=())
+@torch.library.custom_op("altattn::simplicial_fwd", mutates_args=())
 def _fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, w1: int, w2: int,
          sm_scale: float, variant: str, bwd_variant: str, form: str,
          deterministic: bool) -> tuple[Tensor, Tensor]:
@@ -56,14 +53,14 @@ def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant, form, determini
     return q.new_empty(B, N, Hq, D), q.new_empty(B, Hq, N, dtype=_lse_dtype(q))
 
 
-@torch.library.custom_op("simplicial_attn::bwd", mutates_args=())
+@torch.library.custom_op("altattn::simplicial_bwd", mutates_args=())
 def _bwd_op(dout: Tensor, dlse: Tensor | None, q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor,
             v2: Tensor, out: Tensor, lse: Tensor, w1: int, w2: int, sm_scale: float,
             variant: str, form: str,
             deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     if q.device.type == "cpu":
         return _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale, form)
-    return _bwd.backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale=sm_scale,
+    return _kernel_backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale=sm_scale,
                          variant=variant, form=form, deterministic=deterministic)
 
 
@@ -90,7 +87,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k1, k2, v1, v2, out, lse = ctx.saved_tensors
     w1, w2, sm_scale, bwd_variant, form, deterministic = ctx.args
-    grads = torch.ops.simplicial_attn.bwd(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2,
+    grads = torch.ops.altattn.simplicial_bwd(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2,
                                           sm_scale, bwd_variant, form, deterministic)
     return (*grads, None, None, None, None, None, None, None)
 
@@ -104,15 +101,14 @@ def check_variant_names(variant, bwd_variant, deterministic=False) -> None:
     deterministic=True that is not deterministic. Checked on every device, though the CPU runs
     the reference and ignores them: a misspelt name fails on the CPU too, not first on the GPU.
     `attention` and `SimplicialAttention.__init__` call it."""
-    for name, v in (("variant", variant), ("bwd_variant", bwd_variant)):
-        if not isinstance(v, str):
-            raise TypeError(f"{name} must be a str, got {type(v).__name__}")
+    check_str("variant", variant)
+    check_str("bwd_variant", bwd_variant)
     check_bool("deterministic", deterministic)
     for v, pass_ in ((variant, "fwd"), (bwd_variant, "bwd")):
         if v != "auto":
-            registry.get(v, pass_)
+            registry.get(v, pass_, FAMILY)
     if deterministic and bwd_variant != "auto":
-        registry.refuse_nondeterministic(registry.get(bwd_variant, "bwd"), "bwd_variant")
+        registry.refuse_nondeterministic(registry.get(bwd_variant, "bwd", FAMILY), "bwd_variant")
 
 
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",
@@ -127,21 +123,21 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
     grad (None for the others). B = 0 or N = 0 gives empty outputs and gradients.
     `variant` / `bwd_variant` name the forward / backward kernels ("auto": the fastest that takes
     the shape). form="det": logits from 3x3 determinants over the 3-chunks of D, the D mod 3
-    leftover dims trilinear, sm_scale again defaulting to 1/sqrt(D) (`simplicial_attn.reference`
+    leftover dims trilinear, sm_scale again defaulting to 1/sqrt(D) (`altattn.simplicial.reference`
     states the form; on CUDA the `triton` variants and, forward only, `tlx_pipelined_kv` and
     `tlx_pipelined_pingpong` at G = 128 compute it). Bad input raises TypeError /
     ValueError naming the argument before anything is launched; a wrong-shape or complex
     incoming gradient is refused by torch's autograd, which casts one of another real dtype to
     the output's. deterministic=True: the backward takes only bitwise-repeatable variants
-    (`simplicial_attn.backward.backward`; "auto" otherwise takes `tlx_pairs` where it is fastest,
+    (`altattn.simplicial.backward`; "auto" otherwise takes `tlx_pairs` where it is fastest,
     whose reduce-adds run in the hardware's order).
     """
     check_variant_names(variant, bwd_variant, deterministic)
-    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=_dtypes_for(q), form=form)
-    if q.device.type == "cuda" and not torch.compiler.is_compiling():
-        _bwd.check_variant(bwd_variant, spec, deterministic)  # errors now, not at backward
+    spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form, cpu_reference=True)
+    if q.device.type == "cuda" and not torch.compiler.is_compiling():  # errors now, not at backward
+        launcher.pick(spec, bwd_variant, True, "bwd", deterministic, FAMILY)
     # the op takes int64 windows: pass the spec's, clamped to N (the same function, and 10**40
     # fits), in the caller's order
     w1, w2 = (spec.w2, spec.w1) if spec.swapped else (spec.w1, spec.w2)
-    return torch.ops.simplicial_attn.fwd(q, k1, k2, v1, v2, w1, w2, spec.sm_scale, variant,
+    return torch.ops.altattn.simplicial_fwd(q, k1, k2, v1, v2, w1, w2, spec.sm_scale, variant,
                                          bwd_variant, spec.form, deterministic)

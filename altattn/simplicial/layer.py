@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .autograd import attention, check_variant_names
-from .spec import SUPPORTED_HEAD_DIMS, check_form, positive_int
+from ..checks import positive_int
+from .ops import attention, check_variant_names
+from .spec import SUPPORTED_HEAD_DIMS, check_form
 
 
 class SimplicialAttention(nn.Module):

@@ -18,7 +18,7 @@ only when T > 1. Supports any B, N, Hk, w1 <= w2 (the launcher swaps), D in {64,
 two up to 128.
 
 Form "det" (constexpr DET = +1, or -1 when the launcher swapped the pairs): A is the chunkwise
-cross product instead, A = Q x3 K1[j], built as kernels_triton/det.py states: two Q tiles loaded
+cross product instead, A = Q x3 K1[j], built as kernels_triton/simplicial/det.py states: two Q tiles loaded
 once per tile with permuted columns (Qa, Qb), K1's two rotations packed by the host (det_keys, two
 contiguous rows per j), and A = fma(Qa, K1a, Qb * K1b) in bf16 (two roundings: the product
 Qb * K1b, then the FMA). Everything else, tensor-core work included, is the trilinear kernel's;
@@ -29,11 +29,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels_triton.det import det_keys, det_of, load_q_det
-from kernels_triton.host import entry_points
-from kernels_triton.tiling import (M_START, enter, key_block, leave, load_q, mask_scores,
+from kernels_triton.simplicial.det import det_keys, det_of, load_q_det
+from kernels_triton.simplicial.host import entry_points
+from kernels_triton.simplicial.tiling import (M_START, enter, key_block, leave, load_q, mask_scores,
                                    row_coords, softmax_step, store_rows, supports, tile_setup)
-from simplicial_attn.spec import ProblemSpec
+from altattn.simplicial.spec import ProblemSpec
 
 
 @triton.jit
@@ -87,7 +87,7 @@ def simplicial_fwd_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
     if not DET:
         q = load_q(Q, b, g, tok, head, N, HQ, G, D)
         qb = q
-    else:  # q = Qa, qb = Qb (kernels_triton/det.py)
+    else:  # q = Qa, qb = Qb (kernels_triton/simplicial/det.py)
         q, qb = load_q_det(Q, b, g, tok, head, N, offs_d, HQ, G, D, DET)
 
     kv_base = b.to(tl.int64) * N * (HK * D) + g * D  # token 0 of this (batch, KV head)

@@ -1,7 +1,7 @@
 """`tlx_ws` backward: the `triton` backward with its k-owner (dK2, dV2) warp-specialized in TLX,
-and its row-owner too (kernels_tlx/bwd_dq_ws.py).
+and its row-owner too (kernels_tlx/simplicial/bwd_dq_ws.py).
 
-The split is `kernels_triton/bwd.py`'s (Delta, k-owner, row-owner, reduce; 8 GEMMs, no atomics,
+The split is `kernels_triton/simplicial/bwd.py`'s (Delta, k-owner, row-owner, reduce; 8 GEMMs, no atomics,
 bitwise deterministic); this file replaces its `_dkv2_kernel`, half of its time at S*. One
 program per (batch, KV head, block of 128 keys); a tile is 64 rows, 64 heads of one token (G >= 64;
 G = 128 has two tiles per token), and every tile whose token's w2 window reaches the block is
@@ -44,15 +44,15 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx import bwd_dq_ws
-from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release, opaque
-from kernels_tlx.hadamard import build, row_tile
-from kernels_triton import bwd as triton_bwd
-from kernels_triton.host import kv_descriptor, q_descriptor
-from kernels_triton.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
-from kernels_triton.tiling import supports as tiling_supports
-from simplicial_attn.registry import CompileConfig
-from simplicial_attn.spec import ProblemSpec
+from kernels_tlx.simplicial import bwd_dq_ws
+from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release, opaque
+from kernels_tlx.simplicial.hadamard import build, row_tile
+from kernels_triton.simplicial import bwd as triton_bwd
+from kernels_triton.simplicial.host import kv_descriptor, q_descriptor
+from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
+from kernels_triton.simplicial.tiling import supports as tiling_supports
+from altattn.registry import CompileConfig
+from altattn.simplicial.spec import ProblemSpec
 
 EXECUTED_FLOPS_PER_F = triton_bwd.EXECUTED_FLOPS_PER_F
 ROWS = 64  # rows per tile: 64 heads of one token
@@ -350,8 +350,8 @@ def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
-    """`triton`'s (kernels_triton.bwd.profiled_kernels), with this file's k-owner in "dkv2" and,
-    where it runs, kernels_tlx/bwd_dq_ws.py's row-owner in "dq": a producer and NUM_CONSUMERS
+    """`triton`'s (kernels_triton.simplicial.bwd.profiled_kernels), with this file's k-owner in "dkv2" and,
+    where it runs, kernels_tlx/simplicial/bwd_dq_ws.py's row-owner in "dq": a producer and NUM_CONSUMERS
     consumer warp groups each."""
     warps = config(spec)["num_warps"] * (1 + NUM_CONSUMERS.value)
     out = {**triton_bwd.profiled_kernels(spec), "dkv2": warps}
@@ -362,8 +362,8 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False) -> None:
-    """`kernels_triton.bwd.launch` with this file's k-owner in place of `_dkv2_kernel` and, at
-    G in {64, 128}, kernels_tlx/bwd_dq_ws.py's row-owner in place of `_dq_kernel`."""
+    """`kernels_triton.simplicial.bwd.launch` with this file's k-owner in place of `_dkv2_kernel` and, at
+    G in {64, 128}, kernels_tlx/simplicial/bwd_dq_ws.py's row-owner in place of `_dq_kernel`."""
     triton_bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
                       profile=profile, dkv2=launch_dkv2,
                       dq_fn=bwd_dq_ws.launch_dq if bwd_dq_ws.supports(spec) is None else None)
@@ -371,7 +371,7 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
 
 def compile_configs() -> list[CompileConfig]:
     """The k-owner at every compile shape it supports, and the row-owner of
-    kernels_tlx/bwd_dq_ws.py at its own (the rest is `triton`'s)."""
+    kernels_tlx/simplicial/bwd_dq_ws.py at its own (the rest is `triton`'s)."""
     out = []
     for spec in triton_bwd.compile_specs():
         if supports(spec) is not None:

@@ -1,6 +1,6 @@
 """The `tlx_ws` backward's row-owner (dQ and the dK1/dV1 partials), warp-specialized in TLX.
 
-It replaces `kernels_triton/bwd.py`'s `_dq_kernel` at G = 128 and G = 64 and writes dK1/dV1
+It replaces `kernels_triton/simplicial/bwd.py`'s `_dq_kernel` at G = 128 and G = 64 and writes dK1/dV1
 partial slices (one per consumer, chunks of L tokens) that that file's `_dkv1_kernel` then sums.
 One program per (batch, KV head, chunk of L tokens); the two consumer warp groups own 64 rows
 each: at G = 128 a tile is one token's 128 query heads (a head half per consumer), at G = 64 two
@@ -43,13 +43,13 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release
-from kernels_tlx.hadamard import mul_bf16x2, row_tile
-from kernels_triton import bwd as triton_bwd
-from kernels_triton.host import kv_descriptor
-from kernels_triton.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
-from simplicial_attn.registry import CompileConfig
-from simplicial_attn.spec import ProblemSpec
+from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release
+from kernels_tlx.simplicial.hadamard import mul_bf16x2, row_tile
+from kernels_triton.simplicial import bwd as triton_bwd
+from kernels_triton.simplicial.host import kv_descriptor
+from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
+from altattn.registry import CompileConfig
+from altattn.simplicial.spec import ProblemSpec
 
 ROWS = tl.constexpr(64)  # rows per consumer: 64 heads of one token
 SPLIT = tl.constexpr(2)  # dK1/dV1 partial slices per chunk: one per consumer
@@ -379,7 +379,7 @@ def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, d
 
 
 def compile_configs() -> list[CompileConfig]:
-    """The kernel at every compile shape it supports (kernels_triton.bwd.compile_specs)."""
+    """The kernel at every compile shape it supports (kernels_triton.simplicial.bwd.compile_specs)."""
     out = []
     for spec in triton_bwd.compile_specs():
         if supports(spec) is not None:

@@ -33,12 +33,12 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import NUM_CONSUMERS, release_layout, v1_layout
-from kernels_tlx.hadamard import build, row_tile, start_consumer, supports, token_tile
-from kernels_triton.host import entry_points
-from kernels_triton.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores,
+from kernels_tlx.simplicial.common import NUM_CONSUMERS, release_layout, v1_layout
+from kernels_tlx.simplicial.hadamard import build, row_tile, start_consumer, supports, token_tile
+from kernels_triton.simplicial.host import entry_points
+from kernels_triton.simplicial.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores,
                                    softmax_step, store_rows)
-from simplicial_attn.spec import ProblemSpec
+from altattn.simplicial.spec import ProblemSpec
 
 
 @triton.jit

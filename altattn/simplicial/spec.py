@@ -1,22 +1,24 @@
-"""The problem a call describes, and the checks that turn bad input into a clear Python error.
-
-Every check here runs before any device work, so CI exercises all of them on CPU tensors.
+"""The 2-simplicial problem a call describes, and the checks that turn bad input into a clear
+Python error (the shared ones are altattn.checks). Every check runs before any device work, so CI
+exercises all of them on CPU tensors.
 """
 from __future__ import annotations
 
 import math
-import numbers
-import operator
+import warnings
 from dataclasses import dataclass
 
 import torch
+
+from ..checks import check_tensors, positive_float, positive_int
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
 # the plain-PyTorch reference (and the op on CPU tensors, which runs it) also takes these
 REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 SUPPORTED_HEAD_DIMS = (64, 128)
+MAX_GPU_HEAD_RATIO = 128  # the kernels take G = Hq/Hk a power of two up to this
 NAMES = ("q", "k1", "k2", "v1", "v2")
-# the logits' form: the plain trilinear sum, or the determinant form (simplicial_attn/reference.py)
+# the logits' form: the plain trilinear sum, or the determinant form (altattn/simplicial/reference.py)
 FORMS = ("trilinear", "det")
 
 
@@ -50,47 +52,6 @@ class ProblemSpec:
         return s if self.form == "trilinear" else f"{s} form={self.form}"
 
 
-def positive_int(name: str, value, meaning: str = "") -> int:
-    """`value` as an int >= 1, or TypeError (not an integer: float, bool, tensor, str, None) or
-    ValueError (< 1) naming `name`. Python and numpy integers pass; bool and 0-dim tensors do not,
-    though `operator.index` takes them: True is no window size, and a tensor would be read on
-    the host at every call. `meaning` (e.g. "a window of at least one token") goes into the
-    ValueError."""
-    if isinstance(value, (bool, torch.Tensor)):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
-    try:
-        value = operator.index(value)  # int and numpy integers
-    except TypeError:
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} "
-                        f"{value!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int{f' ({meaning})' if meaning else ''}, "
-                         f"got {value}")
-    return value
-
-
-def positive_float(name: str, value, kind: str = "a float") -> float:
-    """`value` as a finite float > 0, or TypeError (no real number: bool, str, tensor, None; the
-    message says `name` must be `kind`) or ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
-    try:
-        value = float(value)
-    except OverflowError:
-        raise ValueError(f"{name} must be a finite positive float, got {value}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite positive float, got {value}")
-    return value
-
-
-def check_floating(name: str, t) -> None:
-    """TypeError naming `name` unless t is a floating-point torch.Tensor."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-
-
 def _check_window(name: str, w) -> int:
     return positive_int(name, w, "a window of at least one token")
 
@@ -104,26 +65,18 @@ def check_form(form) -> str:
     return form
 
 
-def check_bool(name: str, value) -> bool:
-    """`value` itself when it is a bool, else TypeError naming `name`."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
-
-
-def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
-             dtypes=SUPPORTED_DTYPES, form="trilinear") -> ProblemSpec:
+def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None, form="trilinear", *,
+             dtypes: tuple | None = None, cpu_reference: bool = False) -> ProblemSpec:
     """Check arguments, dtypes and shapes (that the tensors share one device, not which: see
     `check_device`) and return the problem spec.
 
-    q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all of one dtype in `dtypes` (bfloat16 for
-    the kernels), on one device; `form` one of FORMS.
+    q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all of one dtype, on one device; `form` one
+    of FORMS, of a dtype in `dtypes` (default: bfloat16, the kernels'; with cpu_reference=True,
+    CPU tensors, which the fp64 reference computes, may have any dtype in REFERENCE_DTYPES).
     The returned spec has w1 <= w2; `spec.swapped` says whether the caller's pairs must be exchanged.
     """
     tensors = (q, k1, k2, v1, v2)
-    for name, t in zip(NAMES, tensors):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensors(NAMES, tensors)
     # devices before dtypes: the dtypes a call may use depend on q's device (`dtypes`), so with
     # q on one device and k1 on another, "k1 must be bf16" would blame the wrong thing
     devices = {t.device for t in tensors}
@@ -133,6 +86,9 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
     for name, t in zip(NAMES, tensors):
         if t.dim() != 4:
             raise ValueError(f"{name} must have rank 4 [B, N, H, D], got shape {tuple(t.shape)}")
+    if dtypes is None:
+        dtypes = (REFERENCE_DTYPES if cpu_reference and q.device.type == "cpu"
+                  else SUPPORTED_DTYPES)
     for name, t in zip(NAMES, tensors):
         if t.dtype not in dtypes:
             if dtypes == SUPPORTED_DTYPES:
@@ -159,6 +115,11 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
         raise ValueError(f"Hq={Hq} must be a multiple of Hk={Hk} (grouped-query heads)")
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dim D={D} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
+    G = Hq // Hk
+    if q.device.type == "cpu" and (G & (G - 1) or G > MAX_GPU_HEAD_RATIO):  # no kernel takes it
+        warnings.warn(f"Hq/Hk = {Hq}/{Hk} = {G} runs on the CPU (the fp64 reference), but no GPU "
+                      f"kernel takes it: the kernels need Hq/Hk a power of two up to "
+                      f"{MAX_GPU_HEAD_RATIO}", stacklevel=3)
     w1 = _check_window("w1", w1)
     w2 = _check_window("w2", w2)
     sm_scale = (1.0 / math.sqrt(D) if sm_scale is None
@@ -173,34 +134,8 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None,
     return ProblemSpec(B, N, Hq, Hk, D, w1, w2, sm_scale, swapped, form)
 
 
-def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device) -> None:
-    """Check a tensor that comes with q, k1, k2, v1, v2 (the forward's out and lse, the incoming
-    gradients dout and dlse): a floating-point torch.Tensor of `shape` (`layout` names its dims,
-    e.g. "[B, Hq, N]") on `device`. Its dtype is the caller's to cast; a shape that only has the
-    right element count (dlse as [B, N, Hq]) is refused, since a reshape would take it silently."""
-    check_floating(name, t)
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but q, k1, k2, v1, v2 are on {device}")
-
-
 def validate_shape(B, N, Hq, Hk, D, w1, w2, sm_scale=None) -> ProblemSpec:
     """`validate` for a shape alone: the same checks on meta tensors (no memory, no device)."""
     q = torch.empty(B, N, Hq, D, dtype=torch.bfloat16, device="meta")
     kv = [torch.empty(B, N, Hk, D, dtype=torch.bfloat16, device="meta") for _ in range(4)]
     return validate(q, *kv, w1, w2, sm_scale)
-
-
-def check_device(device: torch.device, *, needs_hopper: bool, variant: str) -> None:
-    """Raise a clear error when `device` (the tensors') is not a GPU this variant can run on."""
-    if device.type != "cuda":
-        raise ValueError(f"variant {variant!r} needs the tensors on a CUDA GPU "
-                         f"({'sm_90 Hopper' if needs_hopper else 'sm_80 or newer'}); "
-                         f"they are on {device}")
-    major, minor = torch.cuda.get_device_capability(device)
-    if needs_hopper and major != 9:
-        raise RuntimeError(f"variant {variant!r} needs a Hopper GPU (sm_90: TMA, wgmma); this GPU "
-                           f"is sm_{major}{minor}")
-    if major < 8:
-        raise RuntimeError(f"variant {variant!r} needs sm_80 or newer; this GPU is sm_{major}{minor}")

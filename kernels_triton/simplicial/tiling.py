@@ -1,6 +1,6 @@
 """Tile geometry and the online-softmax step, shared by the Triton and TLX kernels.
 
-A tile is BLOCK_M rows = T tokens x HPT heads of one KV head (see kernels_triton/fwd.py). Its keys
+A tile is BLOCK_M rows = T tokens x HPT heads of one KV head (see kernels_triton/simplicial/fwd.py). Its keys
 are cut into BLOCK_N blocks, enumerated as: interior blocks (every row sees every key: no mask),
 then edge blocks (first/last T-1 keys of the range, the partial last block: masked per row).
 Producer and consumers enumerate the same sequence, block index t = 0, 1, ... via `key_block`.
@@ -10,7 +10,7 @@ import triton.language as tl
 
 from triton.profiler import language as pl
 
-from simplicial_attn.spec import ProblemSpec
+from altattn.simplicial.spec import ProblemSpec
 
 pl.enable_semantic("triton")  # Proton scopes in Triton-DSL kernels (off unless PROFILE is set)
 

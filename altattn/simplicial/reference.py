@@ -18,7 +18,7 @@ Softmax, O and LSE are the plain form's. sm_scale defaults to 1/sqrt(D) for both
 paper scales the trilinear logits by 1/sqrt(d) (eq. 5) and writes eq. 9 with no factor
 (sm_scale=1.0 gives it as written). Each 3x3 determinant has six products where the trilinear
 sum has three, so with unit-variance inputs the det logits have about twice the variance. det is
-invariant under one rotation (SO(3)) of every chunk of q, k1 and k2 (`simplicial_attn.det_rotary`
+invariant under one rotation (SO(3)) of every chunk of q, k1 and k2 (`altattn.simplicial.det_rotary`
 builds rotary position embeddings on it) and changes sign under a reflection, or when K1 and K2
 are exchanged.
 
@@ -30,7 +30,8 @@ import math
 
 import torch
 
-from .spec import REFERENCE_DTYPES, check_form, validate, validate_aux
+from ..checks import validate_aux
+from .spec import REFERENCE_DTYPES, check_form, validate
 
 _CHUNK_ELEMENTS = 1 << 25  # elements of the largest per-chunk intermediate
 

@@ -44,15 +44,15 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_tlx import bwd_ws
-from kernels_tlx.common import EPILOGUE_BARRIER, NUM_CONSUMERS, opaque
-from kernels_tlx.hadamard import build, row_tile
-from kernels_triton import bwd as triton_bwd
-from kernels_triton.host import kv_descriptor, q_descriptor
-from kernels_triton.tiling import BF16_BYTES, LOG2E, enter, leave
-from kernels_triton.tiling import supports as tiling_supports
-from simplicial_attn.registry import CompileConfig
-from simplicial_attn.spec import ProblemSpec
+from kernels_tlx.simplicial import bwd_ws
+from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, opaque
+from kernels_tlx.simplicial.hadamard import build, row_tile
+from kernels_triton.simplicial import bwd as triton_bwd
+from kernels_triton.simplicial.host import kv_descriptor, q_descriptor
+from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, enter, leave
+from kernels_triton.simplicial.tiling import supports as tiling_supports
+from altattn.registry import CompileConfig
+from altattn.simplicial.spec import ProblemSpec
 
 ROWS = tl.constexpr(64)  # rows per tile (64 heads of one token, or all G heads of 64 / G tokens)
 KEYS = 64  # keys per consumer

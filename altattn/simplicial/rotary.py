@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .spec import NAMES, check_floating, positive_float
+from ..checks import check_floating, positive_float
+from .spec import NAMES
 
 DEFAULT_BASE = 10000.0  # RoPE's
 

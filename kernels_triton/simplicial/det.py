@@ -2,7 +2,7 @@
 host packing of the TLX keys-side det forward (det_keys_side).
 
 pi rotates each 3-chunk of D, (pi x)[3l+m] = x[3l + (m+1) mod 3], and leaves the D mod 3 leftover
-columns in place (simplicial_attn/reference.py states the form). A kernel builds
+columns in place (altattn/simplicial/reference.py states the form). A kernel builds
 
     A_j = Qa * K1a[j] + Qb * K1b[j],   Qa = pi^R Q, K1a = pi^(3-R) K1, Qb = -chi pi^(3-R) Q, K1b = pi^R K1
 
@@ -12,7 +12,7 @@ when it has exchanged the pairs, since that negates every determinant (the lefto
 term keeps its sign). Q's two rotations are permuted-column loads of Q (`load_q_det`); K1's are
 packed by the host (`det_keys`), two contiguous rows per j.
 
-The backward differentiates that same A (kernels_triton/bwd.py), so the sign takes care of itself:
+The backward differentiates that same A (kernels_triton/simplicial/bwd.py), so the sign takes care of itself:
 with X = dL/dA_j,
     dQ   = sum_j pi^(3-R)(X * K1a[j]) - chi pi^R(X * K1b[j])
     dK1[j] = pi^R(sum_rows X * Qa) + pi^(3-R)(sum_rows X * Qb)
@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from simplicial_attn.reference import chunk_dims, pi_chunks
-from simplicial_attn.spec import ProblemSpec
+from altattn.simplicial.reference import chunk_dims, pi_chunks
+from altattn.simplicial.spec import ProblemSpec
 
 
 def det_of(spec: ProblemSpec) -> int:
@@ -55,7 +55,7 @@ def form_suffix(spec: ProblemSpec) -> str:
 
 def rotations(x: torch.Tensor, det: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Host (and test) side: (pi^R x, pi^(3-R) x) for DET = det (R = 1 or 2), pi rotating each
-    3-chunk of the last dim as simplicial_attn.reference.pi_chunks does. Qa is the first for q;
+    3-chunk of the last dim as altattn.simplicial.reference.pi_chunks does. Qa is the first for q;
     Qb minus the second with the leftover dims zeroed; K1a, K1b the second and first for k1."""
     r = 1 if det > 0 else 2
     return pi_chunks(x, r), pi_chunks(x, 3 - r)
@@ -106,7 +106,7 @@ def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:
 def det_keys_side(k1: torch.Tensor, k2: torch.Tensor,
                   det: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The K1 and K2 a keys-side kernel (one that builds B_j = K1[j] x3 K2 and computes
-    S = Q @ B_j^T, kernels_tlx/ws_kv.py) reads with DET = det: both [B, N, Hk, 2, D] (contiguous),
+    S = Q @ B_j^T, kernels_tlx/simplicial/ws_kv.py) reads with DET = det: both [B, N, Hk, 2, D] (contiguous),
     with B_j = K1a[j] * K2a + K1b[j] * K2b for
         K1a = pi^R K1,  K1b = -chi pi^(3-R) K1,  K2a = pi^(3-R) K2,  K2b = pi^R K2
     in slots 0 and 1. For R = 1 that is (pi k1)(pi^2 k2) - (pi^2 k1)(pi k2) = k1 x3 k2, and

@@ -18,7 +18,7 @@ Warp groups (4 warps each):
       S = Q @ B_j^T                 RS-wgmma (Q the register operand); B slot released
       online softmax in exp2
       acc = acc * alpha + P @ C_j   RS-wgmma accumulating into acc; C slot released
-`PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/pipelined_kv.py) issues the QK wgmma of a
+`PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/simplicial/pipelined_kv.py) issues the QK wgmma of a
 step together with the PV wgmma of the one before (consume_pipelined); `PINGPONG` on top of it (the
 `tlx_pipelined_pingpong` variant) makes the two consumers take turns issuing those wgmma pairs.
 Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys).
@@ -26,7 +26,7 @@ Rounds K1[j] * K2 and V1[j] * V2 to bf16 (tests/test_gpu.py emulates both).
 
 Form "det" (DET = +-1, the pipelined variants only: PIPELINED_FORMS) is built keys-side, since
 det[q; k1; k2] = q . (k1 x3 k2): the B producer builds B_j = K1[j] x3 K2 = K1a[j] * K2a +
-K1b[j] * K2b from the host-packed rotations (kernels_triton/det.py: det_keys_side), so each K2
+K1b[j] * K2b from the host-packed rotations (kernels_triton/simplicial/det.py: det_keys_side), so each K2
 block is two TMA loads and the consumers are unchanged. K2b's slot is the consumers' Q tiles
 (shared memory has no 32 KB more): the consumers hold Q in registers (`held`) and release the
 tiles on `q_free` before the producer's first load; the epilogue's use of them comes after the
@@ -39,14 +39,14 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.common import (NUM_CONSUMERS, acc_layout, held, pass_turn, release_layout,
+from kernels_tlx.simplicial.common import (NUM_CONSUMERS, acc_layout, held, pass_turn, release_layout,
                                take_turn)
-from kernels_tlx.hadamard import build, row_tile, start_consumer, supports, token_tile
-from kernels_triton.det import det_keys_side, det_of
-from kernels_triton.host import entry_points
-from kernels_triton.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores, normalized,
+from kernels_tlx.simplicial.hadamard import build, row_tile, start_consumer, supports, token_tile
+from kernels_triton.simplicial.det import det_keys_side, det_of
+from kernels_triton.simplicial.host import entry_points
+from kernels_triton.simplicial.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores, normalized,
                                    softmax_step, write_rows)
-from simplicial_attn.spec import ProblemSpec
+from altattn.simplicial.spec import ProblemSpec
 
 
 @triton.jit
@@ -285,7 +285,7 @@ def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -
     """Every shape: 128-row tile, 128-key blocks, two B and two C slots (all that fits in shared
     memory at D = 128 beside Q and the K2/V2 slots), 8-row build chunks (docs/history/perf-notes.md
     session 5); consumers at 224 registers, which Q in registers needs (216 spill), and so the two
-    producers at 32 (24 spill; session 10). Form "det" adds DET (kernels_triton/det.py: det_of)."""
+    producers at 32 (24 spill; session 10). Form "det" adds DET (kernels_triton/simplicial/det.py: det_of)."""
     cfg = dict(BLOCK_M=128, BLOCK_N=128, NUM_B=2, CH=8, CONSUMER_REGS=224, PRODUCER_REGS=32,
                PIPELINE=pipelined, PINGPONG=pingpong, num_warps=4, num_stages=1)
     if spec.form == "det":

@@ -1,0 +1,25 @@
+"""Fast kernels for attention beyond softmax's pairwise form, for NVIDIA Hopper (Triton and TLX).
+
+Families (each a subpackage with its op, layer, reference and kernels; `families()` lists them):
+    altattn.simplicial   2-simplicial attention: simplicial_attention, SimplicialAttention
+
+`variants(family, pass_)` names the registered kernels. See README.md and docs/DESIGN.md.
+"""
+from . import simplicial
+from .simplicial import SimplicialAttention
+from .simplicial import attention as simplicial_attention
+
+
+def families() -> dict[str, str]:
+    """Registered family names, each with its title."""
+    from . import registry
+    return {f.name: f.title for f in registry.families()}
+
+
+def variants(family: str = "simplicial", pass_: str = "fwd") -> dict[str, str]:
+    """Registered variant names of a family's pass, each with the shapes it supports."""
+    from . import registry
+    return registry.variants(pass_, family)
+
+
+__all__ = ["simplicial", "simplicial_attention", "SimplicialAttention", "families", "variants"]

@@ -1,0 +1,119 @@
+"""Checks every family shares: arguments that are no positive number, tensors of the wrong kind,
+shape or device, devices no kernel runs on. Each raises TypeError or ValueError naming the
+argument, before any device work (so CI exercises them on CPU tensors)."""
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+
+import torch
+
+
+def positive_int(name: str, value, meaning: str = "") -> int:
+    """`value` as an int >= 1, or TypeError (not an integer: float, bool, tensor, str, None) or
+    ValueError (< 1) naming `name`. Python and numpy integers pass; bool and 0-dim tensors do not,
+    though `operator.index` takes them: True is no window size, and a tensor would be read on
+    the host at every call. `meaning` (e.g. "a window of at least one token") goes into the
+    ValueError."""
+    if isinstance(value, (bool, torch.Tensor)):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    try:
+        value = operator.index(value)  # int and numpy integers
+    except TypeError:
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int{f' ({meaning})' if meaning else ''}, "
+                         f"got {value}")
+    return value
+
+
+def positive_float(name: str, value, kind: str = "a float") -> float:
+    """`value` as a finite float > 0, or TypeError (no real number: bool, str, tensor, None; the
+    message says `name` must be `kind`) or ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite positive float, got {value}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive float, got {value}")
+    return value
+
+
+def check_floating(name: str, t) -> None:
+    """TypeError naming `name` unless t is a floating-point torch.Tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
+def check_bool(name: str, value) -> bool:
+    """`value` itself when it is a bool, else TypeError naming `name`."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device) -> None:
+    """Check a tensor that comes with q, k1, k2, v1, v2 (the forward's out and lse, the incoming
+    gradients dout and dlse): a floating-point torch.Tensor of `shape` (`layout` names its dims,
+    e.g. "[B, Hq, N]") on `device`. Its dtype is the caller's to cast; a shape that only has the
+    right element count (dlse as [B, N, Hq]) is refused, since a reshape would take it silently."""
+    check_floating(name, t)
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q, k1, k2, v1, v2 are on {device}")
+
+
+def check_device(device: torch.device, *, needs_hopper: bool, variant: str) -> None:
+    """Raise a clear error when `device` (the tensors') is not a GPU this variant can run on."""
+    if device.type != "cuda":
+        raise ValueError(f"variant {variant!r} needs the tensors on a CUDA GPU "
+                         f"({'sm_90 Hopper' if needs_hopper else 'sm_80 or newer'}); "
+                         f"they are on {device}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if needs_hopper and major != 9:
+        raise RuntimeError(f"variant {variant!r} needs a Hopper GPU (sm_90: TMA, wgmma); this GPU "
+                           f"is sm_{major}{minor}")
+    if major < 8:
+        raise RuntimeError(f"variant {variant!r} needs sm_80 or newer; this GPU is sm_{major}{minor}")
+
+
+def check_tensors(names, tensors) -> None:
+    """TypeError naming the first of `tensors` that is no torch.Tensor (a numpy array, a list or
+    None), before anything reads an attribute of it."""
+    for name, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_str(name: str, value) -> str:
+    """`value` itself when it is a str, else TypeError naming `name`."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    return value
+
+
+def dense_aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself when contiguous with a 16-byte aligned start (TMA needs both), else a copy."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def output(given: torch.Tensor | None, name: str, shape: tuple, dtype: torch.dtype,
+           device: torch.device) -> torch.Tensor:
+    """`given` when it is a contiguous tensor of this shape, dtype and device, else ValueError; a
+    new tensor when None."""
+    if given is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if (tuple(given.shape) != shape or given.dtype != dtype or given.device != device
+            or not given.is_contiguous()):
+        raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape {shape} on "
+                         f"{device}, got {given.dtype} {tuple(given.shape)} on {given.device}")
+    return given

@@ -1,0 +1,119 @@
+"""The one way every family's variants run, either pass: validate -> pick the variant -> check the
+device -> allocate the outputs -> launch -> the outputs.
+
+A family's record (registry.Family) gives, per pass, the object that knows its arguments:
+    validate(*args, **options) -> Call     # every check, before any device work
+    allocate(call, outputs) -> dict        # the outputs, new or the caller's (checked)
+    kernel_args(call, outs) -> tuple|None  # what the module's launch takes after the spec
+                                           # (dense, aligned, reordered); None: nothing to launch
+    result(call, outs) -> tuple            # what the caller gets back
+The public APIs (e.g. altattn.simplicial.forward), bench, the trace tool and the GPU tests all
+call `run`; `select` is its pick-and-device-check step alone, for callers that must know before
+launching whether a variant can run (a benchmark row's note, a command line's error).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import registry
+from .checks import check_bool, check_device, check_str
+
+
+@dataclass
+class Call:
+    """One validated call: its spec, device and tensors (a pass's `validate` makes it)."""
+
+    spec: object
+    device: torch.device
+    tensors: dict[str, torch.Tensor | None]
+    extra: dict = field(default_factory=dict)   # whatever else the pass's steps need
+
+
+def pick(spec, variant: str, hopper: bool = True, pass_: str = "fwd",
+         deterministic: bool = False, family: str = registry.DEFAULT_FAMILY) -> registry.Variant:
+    """Resolve `variant` ("auto" or a name of (family, pass_)) to a registry entry that can run
+    `spec`, or raise ValueError (NotImplementedError when no variant of the pass computes a value
+    the spec asks for, e.g. form "det"). `hopper=False` makes "auto" skip the sm_90-only
+    variants; `deterministic=True` makes it skip the variants that are not bitwise repeatable,
+    and refuses one named."""
+    fam = registry.get_family(family)
+    v = fam.variant(variant, pass_) if variant != "auto" else None  # an unknown name first
+    if v is not None and deterministic:
+        registry.refuse_nondeterministic(v)
+    candidates = registry.all_variants(pass_, family)
+    for key in fam.accepts:
+        value = getattr(spec, key)
+        if not any(value in o.accepted(key) for o in candidates):
+            raise NotImplementedError(
+                f"no {pass_} kernel of {fam.title} computes {key}={value!r} yet; on CPU tensors "
+                f"the fp64 reference computes it")
+    if v is not None:
+        why = v.cannot_take(spec)
+        if why is not None:
+            able = [o.name for o in candidates if o.name != v.name and o.cannot_take(spec) is None]
+            hint = f"; variants that can: {', '.join(able)}" if able else ""
+            raise ValueError(f"variant {variant!r} cannot take {spec.short()}: {why}{hint}")
+        return v
+    reasons = []
+    for v in sorted(candidates, key=lambda v: -v.rank_for(spec)):
+        if v.needs_hopper and not hopper:
+            reasons.append(f"{v.name}: needs sm_90")
+            continue
+        if deterministic and not v.deterministic:
+            reasons.append(f"{v.name}: not deterministic")
+            continue
+        why = v.cannot_take(spec)
+        if why is None:
+            return v
+        reasons.append(f"{v.name}: {why}")
+    raise ValueError(f"no variant can take {spec.short()}: " + "; ".join(reasons))
+
+
+def select(spec, variant: str, device: torch.device | str, pass_: str = "fwd",
+           deterministic: bool = False,
+           family: str = registry.DEFAULT_FAMILY) -> registry.Variant:
+    """The variant that runs `spec` on `device`: `pick` (shape errors first, on any device; on a
+    GPU other than sm_90 "auto" skips the Hopper-only variants), then the device check
+    (`checks.check_device`). Raises ValueError or RuntimeError."""
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    cap = torch.cuda.get_device_capability(device) if on_gpu else None
+    hopper = cap is not None and cap[0] == 9
+    try:
+        v = pick(spec, variant, hopper or not on_gpu, pass_, deterministic, family)
+    except ValueError:
+        if variant != "auto" or hopper or not on_gpu:
+            raise
+        try:  # not Hopper: is the shape or the GPU the problem?
+            pick(spec, "auto", True, pass_, deterministic, family)
+        except ValueError as shape_error:
+            raise shape_error from None
+        raise RuntimeError(
+            f"no variant runs on this GPU (sm_{cap[0]}{cap[1]}): the variants that take "
+            f"{spec.short()} need a Hopper GPU (sm_90: TMA, wgmma)") from None
+    check_device(device, needs_hopper=v.needs_hopper, variant=v.name)
+    return v
+
+
+def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bool = False,
+        profile: bool | str = False, outputs: dict | None = None, **options) -> tuple:
+    """Run pass `pass_` of `family` on `args` (the pass's own arguments, `options` its keyword
+    ones): validate, pick `variant` ("auto": the fastest that takes the shape; deterministic=True:
+    only bitwise-repeatable ones), allocate (or check `outputs`, {name: tensor}), launch (profile:
+    the Proton-scoped kernels, profiling/trace_capture.py), and return the pass's outputs."""
+    check_str("variant", variant)
+    check_bool("deterministic", deterministic)
+    fam = registry.get_family(family)
+    if pass_ not in fam.passes:
+        raise ValueError(f"{fam.title} has no pass {pass_!r}; passes: {', '.join(fam.passes)}")
+    io = fam.passes[pass_]
+    call = io.validate(*args, **options)
+    v = select(call.spec, variant, call.device, pass_, deterministic, family)
+    outs = io.allocate(call, outputs or {})
+    kernel_args = io.kernel_args(call, outs)
+    if kernel_args is not None:
+        with torch.cuda.device(call.device):
+            v.load().launch(call.spec, *kernel_args, profile=profile)
+    return io.result(call, outs)

@@ -1,0 +1,1 @@
+"""2-simplicial attention kernels (docs/DESIGN.md: the kernel conventions)."""
