@@ -5,7 +5,7 @@ Families (each a subpackage with its op, layer, reference and kernels; `families
 
 `variants(family, pass_)` names the registered kernels. See README.md and docs/DESIGN.md.
 """
-from . import simplicial
+from . import compile_workers, simplicial
 from .simplicial import SimplicialAttention
 from .simplicial import attention as simplicial_attention
 
@@ -21,5 +21,7 @@ def variants(family: str = "simplicial", pass_: str = "fwd") -> dict[str, str]:
     from . import registry
     return registry.variants(pass_, family)
 
+
+compile_workers.configure()  # torch.compile of a model on the GPU: see compile_workers.py
 
 __all__ = ["simplicial", "simplicial_attention", "SimplicialAttention", "families", "variants"]
