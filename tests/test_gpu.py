@@ -23,7 +23,8 @@ import torch
 
 from altattn import registry
 from altattn.simplicial import flops, forward, reference
-from altattn.launcher import pick, run
+from altattn.launcher import pick
+from altattn.simplicial.passes import forward as run
 from altattn.simplicial.reference import chunk_dims, pi_chunks
 from altattn.simplicial.spec import validate, validate_shape
 

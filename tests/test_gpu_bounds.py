@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from altattn import registry
-from altattn.launcher import run
+from altattn.simplicial.passes import forward as run
 from altattn.simplicial.spec import validate_shape
 
 from conftest import hq_taken_by

@@ -1,7 +1,8 @@
 """The `tlx_ws` backward's row-owner (dQ and the dK1/dV1 partials), warp-specialized in TLX.
 
-It replaces `kernels_triton/simplicial/bwd.py`'s `_dq_kernel` at G = 128 and G = 64 and writes dK1/dV1
-partial slices (one per consumer, chunks of L tokens) that that file's `_dkv1_kernel` then sums.
+It replaces `kernels_triton/simplicial/bwd.py`'s `_dq_kernel` at G = 128 and G = 64 and writes
+dK1/dV1 partial slices (one per consumer, chunks of L tokens) that the shared `_dkv1_kernel`
+(kernels_triton/simplicial/bwd_common.py, with `Scratch` and the compile-config helpers) sums.
 One program per (batch, KV head, chunk of L tokens); the two consumer warp groups own 64 rows
 each: at G = 128 a tile is one token's 128 query heads (a head half per consumer), at G = 64 two
 tokens t, t + 1 (one per consumer). Both consumers read the same key blocks: at G = 64 the tile's
@@ -45,9 +46,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release
 from kernels_tlx.simplicial.hadamard import mul_bf16x2, row_tile
-from kernels_triton.simplicial import bwd as triton_bwd
+from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, Scratch, compile_specs,
+                                                  fresh_rows, kernel_config, launch_dkv1)
 from kernels_triton.simplicial.host import kv_descriptor
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
+from kernels_triton.simplicial.tiling import supports as tiling_supports
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
 
@@ -82,7 +85,7 @@ def build_rows(row, X, row0, ok, j, dst_tile, dst_row: tl.constexpr, D: tl.const
     """Producer: rows dst_row .. dst_row + ROWS - 1 of dst = row * X[row0 .. row0 + ROWS - 1]
     (rows of a [*, D] tensor in global memory), CH rows at a time. The addresses are made from
     an opaque function of j, the loop variable (held across the loops, they spill)."""
-    offs = triton_bwd._fresh_rows(j, CH)[:, None] * D + tl.arange(0, D)[None, :]
+    offs = fresh_rows(j, CH)[:, None] * D + tl.arange(0, D)[None, :]
     for ch in tl.static_range(ROWS // CH):
         x = _load(X + (row0 + ch * CH) * D + offs, ok, MASKED)  # ok: a token < N
         tlx.local_store(tlx.local_slice(dst_tile, [dst_row + ch * CH, 0], [CH, D]),
@@ -99,7 +102,7 @@ def _row_offsets(r, D: tl.constexpr):
 def fresh_program_id(v):
     """tl.program_id(0), recomputed where it is used (an opaque function of v, a loop variable):
     what is derived from it is not held in registers across the loop."""
-    return triton_bwd._fresh_rows(v, 1).sum(0) + tl.program_id(0)
+    return fresh_rows(v, 1).sum(0) + tl.program_id(0)
 
 
 @triton.jit
@@ -145,8 +148,8 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     slot = ((bg * SPLIT + cid).to(tl.int64) * n_chunks + chunk) * (L + w1 - 1) * D \
         + (j - chunk * L + w1 - 1) * D  # row j of this consumer's dK1/dV1 partial slice
     tile_row = (pid * SPLIT + cid) * ROWS  # this consumer's dQ scratch tile
-    tile = _row_offsets(triton_bwd._fresh_rows(j, ROWS), D)
-    offs_d = triton_bwd._fresh_rows(j, D)
+    tile = _row_offsets(fresh_rows(j, ROWS), D)
+    offs_d = fresh_rows(j, D)
     q = _load(Q + rows + tile, ok, MASKED)
     k1 = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d).to(tl.float32)
     pk1 = tl.load(PK1 + slot + offs_d)
@@ -275,7 +278,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                 n_blocks = tl.cdiv(t_last - k_lo + 1, BLOCK_N)
                 tc = t + cid // HALVES  # this consumer's token (at G = 64 past N in a last tile
                 ok = tc < N             # of one token: then every score is masked)
-                head = g * G + (cid % HALVES) * ROWS + triton_bwd._fresh_rows(t, ROWS)
+                head = g * G + (cid % HALVES) * ROWS + fresh_rows(t, ROWS)
                 row_off = (b.to(tl.int64) * HQ + head) * N + tc
                 lse2 = _load(Lse + row_off, ok, T > 1) * LOG2E_JIT  # LSE in log2 units
                 delta = _load(Delta + row_off, ok, T > 1)
@@ -323,7 +326,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
 def supports(spec: ProblemSpec) -> str | None:
     """G = 128 (a tile is one token, a head half per consumer) or G = 64 (two tokens, one per
     consumer); the rest of `triton`'s shapes."""
-    why = triton_bwd.supports(spec)
+    why = tiling_supports(spec)
     if why is None and spec.G not in (64, 128):
         why = f"G = Hq/Hk = {spec.G}, not 64 or 128 (a consumer's 64 rows are heads of one token)"
     return why
@@ -345,14 +348,14 @@ def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
     return per_tile * triton.cdiv(L, per_tile)  # whole tiles
 
 
-def scratch(spec: ProblemSpec, n_sm: int = 132) -> triton_bwd.Scratch:
-    """This row-owner's grid and scratch sizes (elements), in `triton_bwd.Scratch`'s terms."""
+def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
+    """This row-owner's grid and scratch sizes (elements), in `Scratch`'s terms."""
     L = chunk_tokens(spec, n_sm)
     n_chunks = triton.cdiv(spec.N, L)
     n_programs = spec.B * spec.Hk * n_chunks
-    return triton_bwd.Scratch(L, n_chunks, n_programs,
-                              n_programs * SPLIT.value * (L + spec.w1 - 1) * spec.D,
-                              n_programs * SPLIT.value * ROWS.value * spec.D)
+    return Scratch(L, n_chunks, n_programs,
+                   n_programs * SPLIT.value * (L + spec.w1 - 1) * spec.D,
+                   n_programs * SPLIT.value * ROWS.value * spec.D)
 
 
 def dq_descriptor(dq_acc, spec: ProblemSpec) -> TensorDescriptor:
@@ -363,7 +366,7 @@ def dq_descriptor(dq_acc, spec: ProblemSpec) -> TensorDescriptor:
 
 def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
               profile: bool = False) -> None:
-    """dq, and dk1/dv1 through the partials and `triton`'s `_dkv1_kernel`."""
+    """dq, and dk1/dv1 through the partials and the shared `_dkv1_kernel` (launch_dkv1)."""
     import torch
     cfg = config(spec)
     sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
@@ -375,19 +378,19 @@ def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, d
         q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, dq_descriptor(dq_acc, spec), pk1, pv1,
         spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E, spec.sm_scale, sc.L, sc.n_chunks,
         HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, **cfg)
-    triton_bwd.launch_dkv1(spec, pk1, pv1, dk1, dv1, sc.L, sc.n_chunks, SPLIT.value)
+    launch_dkv1(spec, pk1, pv1, dk1, dv1, sc.L, sc.n_chunks, SPLIT.value)
 
 
 def compile_configs() -> list[CompileConfig]:
-    """The kernel at every compile shape it supports (kernels_triton.simplicial.bwd.compile_specs)."""
+    """The kernel at every compile shape it supports (bwd_common.compile_specs)."""
     out = []
-    for spec in triton_bwd.compile_specs():
+    for spec in compile_specs():
         if supports(spec) is not None:
             continue
         cfg = config(spec)
         kv = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{spec.D}]>"
-        out.append(triton_bwd.kernel_config("dq", _dq_ws_kernel, spec, cfg, {
-            **triton_bwd.SIGNATURE, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32",
+        out.append(kernel_config("dq", _dq_ws_kernel, spec, cfg, {
+            **SIGNATURE, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32",
             "DQtma": f"tensordesc<fp32[{ROWS.value},{spec.D}]>", "PK1": "*fp32", "PV1": "*fp32",
-            **triton_bwd.SCALARS, "L": "i32", "n_chunks": "i32"}))
+            **SCALARS, "L": "i32", "n_chunks": "i32"}))
     return out

@@ -44,10 +44,10 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels_tlx.simplicial import bwd_ws
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, opaque
 from kernels_tlx.simplicial.hadamard import build, row_tile
-from kernels_triton.simplicial import bwd as triton_bwd
+from kernels_triton.simplicial.bwd_common import (compile_specs, kernel_config, kv_rows,
+                                                  launch_delta, launch_sum_parts)
 from kernels_triton.simplicial.host import kv_descriptor, q_descriptor
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
@@ -238,7 +238,7 @@ def scale_add_rows(acc, stage, row, X, kv_base, k0, N, DST, DSUM, j_off, cid,
     for c in tl.static_range(64 // CHUNK):
         x = tlx.local_load(tlx.local_slice(stage, [c * CHUNK, 0], [CHUNK, D]))
         kpos = k0 + c * CHUNK + tl.arange(0, CHUNK)
-        offs = triton_bwd._kv_rows(kv_base, kpos, HK, D)
+        offs = kv_rows(kv_base, kpos, HK, D)
         ok = (kpos < N)[:, None]
         xk = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
         col += tl.sum(xk * x, 0)
@@ -403,7 +403,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
 
 @triton.jit
 def _finish_kernel(ACC, OUT, numel, scale, BLOCK: tl.constexpr):
-    """OUT = bf16(scale * ACC), fp32 -> bf16 (dQ; dK/dV go through `bwd_ws._sum_parts_kernel`)."""
+    """OUT = bf16(scale * ACC), fp32 -> bf16 (dQ; dK/dV go through `launch_sum_parts`)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < numel
     tl.store(OUT + i, (tl.load(ACC + i, mask=ok, other=0.0) * scale).to(tl.bfloat16), mask=ok)
@@ -445,14 +445,14 @@ def row_descriptor(t, spec: ProblemSpec) -> TensorDescriptor:
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False) -> None:
-    """Delta (`triton`'s kernel), `_pairs_kernel` into zeroed fp32 accumulators (profile: True or
+    """Delta (`launch_delta`), `_pairs_kernel` into zeroed fp32 accumulators (profile: True or
     "pairs" runs its Proton-scoped copy), then the bf16 gradients (dQ, dK1, dK2 scaled by
-    sm_scale) by `_finish_kernel` and `bwd_ws._sum_parts_kernel`. Scratch: fp32 copies of the
-    five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies of LSE (log2)
-    and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N])."""
+    sm_scale) by `_finish_kernel` and `_sum_parts_kernel` (launch_sum_parts). Scratch: fp32
+    copies of the five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies
+    of LSE (log2) and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N])."""
     if isinstance(profile, str) and profile != "pairs":
         raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
-    delta = triton_bwd.launch_delta(spec, out, dout, dlse)
+    delta = launch_delta(spec, out, dout, dlse)
     lse2d, deltad = (row_descriptor(t.transpose(1, 2).contiguous(), spec)  # [B, N, Hq]
                      for t in (lse * LOG2E, delta))
     dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=q.device)
@@ -471,9 +471,7 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
         dq_acc, dq, dq.numel(), spec.sm_scale, BLOCK=FINISH_BLOCK, num_warps=4)
     for dk_acc, dv_acc, dk, dv in ((dk1_acc, dv1_acc, dk1, dv1), (dk2_acc, dv2_acc, dk2, dv2)):
         # dK = sm_scale * its sum, dV its sum, in bf16: the k-owner's sum of one part
-        bwd_ws._sum_parts_kernel[(triton.cdiv(dk.numel(), bwd_ws.SUM_BLOCK),)](
-            dk_acc, dv_acc, dk, dv, dk.numel(), spec.sm_scale, PARTS=1, BLOCK=bwd_ws.SUM_BLOCK,
-            num_warps=4)
+        launch_sum_parts(dk_acc, dv_acc, dk, dv, spec.sm_scale, parts=1)
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
@@ -484,14 +482,14 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
 def compile_configs() -> list[CompileConfig]:
     """The kernel at every compile shape it supports."""
     out = []
-    for spec in triton_bwd.compile_specs():
+    for spec in compile_specs():
         if supports(spec) is not None:
             continue
         r = min(spec.G, ROWS.value)  # a token's rows in a tile
         kv = f"tensordesc<bf16[1,{KEYS},{spec.D}]>"
         rows = f"tensordesc<bf16[{r},{spec.D}]>"
         row = f"tensordesc<fp32[1,{r}]>"
-        out.append(triton_bwd.kernel_config("pairs", _pairs_kernel, spec, config(spec), {
+        out.append(kernel_config("pairs", _pairs_kernel, spec, config(spec), {
             "Q": rows, "K1": "*bf16", "K2": kv, "V1": "*bf16", "V2": kv, "DO": rows, "Lse2": row,
             "Delta": row, "K2rows": "*bf16", "V2rows": "*bf16",
             "DQacc": f"tensordesc<fp32[{r},{spec.D // 2}]>", "DK1acc": "*fp32",

@@ -1,8 +1,8 @@
 """`tlx_ws` backward: the `triton` backward with its k-owner (dK2, dV2) warp-specialized in TLX,
 and its row-owner too (kernels_tlx/simplicial/bwd_dq_ws.py).
 
-The split is `kernels_triton/simplicial/bwd.py`'s (Delta, k-owner, row-owner, reduce; 8 GEMMs, no atomics,
-bitwise deterministic); this file replaces its `_dkv2_kernel`, half of its time at S*. One
+The split is `kernels_triton/simplicial/bwd.py`'s (Delta, k-owner, row-owner, reduce; 8 GEMMs, no
+atomics, bitwise deterministic); this file replaces its `_dkv2_kernel`, half of its time at S*. One
 program per (batch, KV head, block of 128 keys); a tile is 64 rows, 64 heads of one token (G >= 64;
 G = 128 has two tiles per token), and every tile whose token's w2 window reaches the block is
 visited with every j of the token's w1 window.
@@ -32,8 +32,12 @@ two consumers of 64 keys each instead of one 8-warp program on 128 keys, 64-row 
 32, and the per-consumer skip of edge tiles.
 Small grids (`key_block_parts`): at G = 128, when twice the key blocks fit in one wave of the
 SMs (N = 2048 at B = 4: 64 blocks on 132 SMs), each block is two programs, one per head half
-(PARTIAL), that write fp32 partials of dK2/dV2; `_sum_parts_kernel` adds the two in a fixed
-order. Deterministic, but not bitwise the one-program sums (a different fp32 order).
+(PARTIAL), that write fp32 partials of dK2/dV2; `_sum_parts_kernel` (launch_sum_parts) adds
+the two in a fixed order. Deterministic, but not bitwise the one-program sums (a different fp32
+order).
+What this and the other TLX backwards share with `triton` (Delta, the reduce, `_sum_parts_kernel`,
+the row and key-block helpers, the compile-config helpers) is in kernels_triton/simplicial/
+bwd_common.py; `triton`'s public `launch` and `profiled_kernels` run the rest of the split.
 """
 from __future__ import annotations
 
@@ -48,6 +52,9 @@ from kernels_tlx.simplicial import bwd_dq_ws
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release, opaque
 from kernels_tlx.simplicial.hadamard import build, row_tile
 from kernels_triton.simplicial import bwd as triton_bwd
+from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, compile_specs,
+                                                  key_block_program, kernel_config, kv_rows,
+                                                  launch_sum_parts)
 from kernels_triton.simplicial.host import kv_descriptor, q_descriptor
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
@@ -95,7 +102,7 @@ def key_block_coords(N, w2, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.const
     tensor, and its tile count: SPLIT head halves of every token from kb to the last one whose
     window sees the block. Computed in each warp group (not passed into the partitions through
     shared memory, where ptxas kept one of them spilled across the consumer's loops)."""
-    b, g, kb, kv_base = triton_bwd.key_block_program(N, HK, D, BLOCK_N)
+    b, g, kb, kv_base = key_block_program(N, HK, D, BLOCK_N)
     t_hi = tl.minimum(N - 1, kb + BLOCK_N + w2 - 2)
     return b, g, kb, kv_base, (t_hi - kb + 1) * SPLIT
 
@@ -151,25 +158,8 @@ def store_staged(base, kv_base, k_first, N, x, stage, cid, HK: tl.constexpr, D: 
     for c in tl.static_range(R // CHUNK):
         chunk = tlx.local_load(tlx.local_slice(stage, [c * CHUNK, 0], [CHUNK, D]))
         kpos = k_first + c * CHUNK + tl.arange(0, CHUNK)
-        tl.store(base + triton_bwd._kv_rows(kv_base, kpos, HK, D), chunk,
-                 mask=(kpos < N)[:, None])
+        tl.store(base + kv_rows(kv_base, kpos, HK, D), chunk, mask=(kpos < N)[:, None])
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every chunk read: stage is free
-
-
-@triton.jit
-def _sum_parts_kernel(DK2P, DV2P, DK2, DV2, numel, sm_scale, PARTS: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """dK2 = sm_scale * the sum of the PARTS fp32 partials, dV2 = theirs, in part order, stored
-    in bf16."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < numel
-    dk = tl.zeros([BLOCK], tl.float32)
-    dv = tl.zeros([BLOCK], tl.float32)
-    for p in tl.static_range(PARTS):
-        dk += tl.load(DK2P + p * numel + i, mask=ok, other=0.0)
-        dv += tl.load(DV2P + p * numel + i, mask=ok, other=0.0)
-    tl.store(DK2 + i, (dk * sm_scale).to(tl.bfloat16), mask=ok)
-    tl.store(DV2 + i, dv.to(tl.bfloat16), mask=ok)
 
 
 @triton.jit
@@ -294,7 +284,7 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
                 store_staged(DV2 + part, kv_base, k_first, N, dv2, stage, cid, HK, D, HALF, 16)
             else:
                 kpos = k_first + tl.arange(0, HALF)
-                out = triton_bwd._kv_rows(kv_base, kpos, HK, D)
+                out = kv_rows(kv_base, kpos, HK, D)
                 tl.store(DK2 + out, (dk2 * sm_scale).to(tl.bfloat16), mask=(kpos < N)[:, None])
                 tl.store(DV2 + out, dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
             leave("epilogue", PROFILE)
@@ -312,9 +302,6 @@ def config(spec: ProblemSpec) -> dict:
     """128 keys (64 per consumer), two A_j/dO_j slots, the producer's build in 8-row chunks; the
     consumers at 232 registers (at 240 the producer's 24 spill 68 bytes)."""
     return dict(BLOCK_N=128, NUM_A=2, CH=8, CONSUMER_REGS=232, num_warps=4, num_stages=1)
-
-
-SUM_BLOCK = 1024   # elements per program of `_sum_parts_kernel`
 
 
 def key_block_parts(spec: ProblemSpec, n_sm: int = 132) -> int:
@@ -344,15 +331,13 @@ def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2
         spec.sm_scale * LOG2E, spec.sm_scale, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
         PROFILE=profile, PARTIAL=parts > 1, **cfg)
     if parts > 1:
-        _sum_parts_kernel[(triton.cdiv(dk2.numel(), SUM_BLOCK),)](
-            out_k, out_v, dk2, dv2, dk2.numel(), spec.sm_scale, PARTS=parts, BLOCK=SUM_BLOCK,
-            num_warps=4)
+        launch_sum_parts(out_k, out_v, dk2, dv2, spec.sm_scale, parts)
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
-    """`triton`'s (kernels_triton.simplicial.bwd.profiled_kernels), with this file's k-owner in "dkv2" and,
-    where it runs, kernels_tlx/simplicial/bwd_dq_ws.py's row-owner in "dq": a producer and NUM_CONSUMERS
-    consumer warp groups each."""
+    """`triton`'s (kernels_triton.simplicial.bwd.profiled_kernels), with this file's k-owner in
+    "dkv2" and, where it runs, kernels_tlx/simplicial/bwd_dq_ws.py's row-owner in "dq": a producer
+    and NUM_CONSUMERS consumer warp groups each."""
     warps = config(spec)["num_warps"] * (1 + NUM_CONSUMERS.value)
     out = {**triton_bwd.profiled_kernels(spec), "dkv2": warps}
     if bwd_dq_ws.supports(spec) is None:
@@ -362,8 +347,9 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False) -> None:
-    """`kernels_triton.simplicial.bwd.launch` with this file's k-owner in place of `_dkv2_kernel` and, at
-    G in {64, 128}, kernels_tlx/simplicial/bwd_dq_ws.py's row-owner in place of `_dq_kernel`."""
+    """`kernels_triton.simplicial.bwd.launch` with this file's k-owner in place of `_dkv2_kernel`
+    and, at G in {64, 128}, kernels_tlx/simplicial/bwd_dq_ws.py's row-owner in place of
+    `_dq_kernel`."""
     triton_bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
                       profile=profile, dkv2=launch_dkv2,
                       dq_fn=bwd_dq_ws.launch_dq if bwd_dq_ws.supports(spec) is None else None)
@@ -373,7 +359,7 @@ def compile_configs() -> list[CompileConfig]:
     """The k-owner at every compile shape it supports, and the row-owner of
     kernels_tlx/simplicial/bwd_dq_ws.py at its own (the rest is `triton`'s)."""
     out = []
-    for spec in triton_bwd.compile_specs():
+    for spec in compile_specs():
         if supports(spec) is not None:
             continue
         kv = f"tensordesc<bf16[1,{config(spec)['BLOCK_N'] // 2},{spec.D}]>"
@@ -381,8 +367,8 @@ def compile_configs() -> list[CompileConfig]:
         for partial in (False, True) if spec.G == 128 else (False,):  # "_parts": key_block_parts
             cfg = {**config(spec), **({"PARTIAL": True} if partial else {})}
             grad = "*fp32" if partial else "*bf16"
-            c = triton_bwd.kernel_config("dkv2", _dkv2_ws_kernel, spec, cfg, {
-                **triton_bwd.SIGNATURE, "Q": rows, "K2": kv, "V2": kv, "DO": rows, "DK2": grad,
-                "DV2": grad, **triton_bwd.SCALARS})
+            c = kernel_config("dkv2", _dkv2_ws_kernel, spec, cfg, {
+                **SIGNATURE, "Q": rows, "K2": kv, "V2": kv, "DO": rows, "DK2": grad,
+                "DV2": grad, **SCALARS})
             out.append(replace(c, name=c.name + "_parts") if partial else c)
     return out + bwd_dq_ws.compile_configs()

@@ -7,7 +7,7 @@ pair (j, k), with A_j = Q*K1[j] and dO_j = dO*V1[j] (a D-vector broadcast over t
     dQ = c sum_jk dS K1[j]*K2[k]      dK1[j] = c sum_rk dS q*K2[k]      dK2[k] = c sum_rj dS q*K1[j]
     dV1[j] = sum_rk P dO*V2[k]           dV2[k] = sum_rj P dO*V1[j]
 Three reduction index sets (rows, k, j) need three owners. Four kernels, no atomics:
-  1. `_delta_kernel`: Delta [B, Hq, N] fp32 from the bf16 O the forward returned.
+  1. `_delta_kernel` (kernels_triton/simplicial/bwd_common.py): Delta [B, Hq, N] fp32.
   2. `_dkv2_kernel` (k-owner): one program per (batch, KV head, block of BLOCK_N keys) holds K2/V2
      of its block and fp32 dK2/dV2 accumulators; for every row tile whose window covers the block
      and every j of that tile: S^T = K2 A_j^T, P^T, dP^T = V2 dO_j^T, dS^T, dV2 += P^T dO_j,
@@ -21,8 +21,8 @@ Three reduction index sets (rows, k, j) need three owners. Four kernels, no atom
      program-private buffer in memory (L1/L2-resident) and written to dq once, in bf16. The
      partials live in a program-private slice (plain read-add-write, in program order, a barrier
      after each write), one slice per (head split, chunk of L tokens).
-  4. `_dkv1_kernel`: dK1/dV1 = the sum, in a fixed order, of the <= 2 partial slices (per head
-     split) that cover each j.
+  4. `_dkv1_kernel` (bwd_common.py): dK1/dV1 = the sum, in a fixed order, of the <= 2 partial
+     slices (per head split) that cover each j.
 Executed tensor-core work: 8 GEMMs (4 in each of `_dkv2_kernel` and `_dq_kernel`) for the 5
 useful ones: 4 F against the useful 2.5 F (EXECUTED_FLOPS_PER_F).
 Rounding (what the GPU tests' emulation mirrors): A_j, dO_j, P and dS are rounded to bf16 as GEMM
@@ -45,7 +45,7 @@ addresses once per row tile; its dK1 partials are two slices (sum_r X_j Qa, sum_
 epilogue does two tile read-add-writes and two column sums per j instead of one each, and the
 permuted loads' addresses take registers, so det has its own tile configs (dkv2_config,
 dq_config) and every column vector built from tl.arange is rebuilt per use (an opaque copy,
-`_fresh_rows`) so the compiler cannot hoist it into registers held over the key loop (that alone
+`fresh_rows`) so the compiler cannot hoist it into registers held over the key loop (that alone
 spilled 1,132 bytes). A permuted load is one narrow load per element, so with STAGE_Q (the 64-row
 tiles) `_dq_kernel` loads Qa and Qb through permuted columns once per row tile into the program's
 scratch and reads them back contiguously at each j, for the build and for the column sums.
@@ -54,21 +54,25 @@ acc_tiles), and the packed K1.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
-from kernels_triton.simplicial.det import (det_cols, det_keys, det_of, det_specs, form_suffix, load_q_cols,
-                                load_q_det)
+from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, Scratch, compile_specs,
+                                                  fresh_rows, key_block_program, kernel_config,
+                                                  kv_rows, launch_delta, launch_dkv1, profiled,
+                                                  row_stats, tile, visible, visible_t)
+# the Delta and reduce kernels, which tests launch through this module
+from kernels_triton.simplicial.bwd_common import (DKV1_ROWS, _delta_kernel,  # noqa: F401
+                                                  _dkv1_kernel)
+from kernels_triton.simplicial.det import (det_cols, det_keys, det_of, det_specs, load_q_cols,
+                                           load_q_det)
 from kernels_triton.simplicial.host import kv_descriptor
-from kernels_triton.simplicial.tiling import (COMPILE_SHAPES, LOG2E, LOG2E_JIT, enter, leave, load_q,
-                                   row_coords, row_ptrs)
+from kernels_triton.simplicial.tiling import (LOG2E, enter, leave, load_q, row_coords,
+                                              row_ptrs)
 from kernels_triton.simplicial.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
-
 
 
 # Tile configs, the fastest measured at S* (and its D = 64 and Hq = 64 siblings) among those that
@@ -131,9 +135,7 @@ def acc_tiles(det, stage_q) -> int:
     return 1 if not det else 3 if stage_q else 2
 
 
-DELTA_ROWS = 64  # rows of O per program of the Delta kernel
 EXECUTED_FLOPS_PER_F = 4.0  # tensor-core FLOPs executed per forward FLOP (8 GEMMs of F / 2 each)
-DKV1_ROWS = 32   # rows of dK1/dV1 per program of the reduce kernel
 DET_ROWS = tl.constexpr(16)  # rows of a det dQ tile read back (permuted) and stored at a time
 
 
@@ -153,25 +155,6 @@ def chunk_tokens(spec: ProblemSpec, n_sm: int = 132) -> int:
     per_window = triton.cdiv(spec.w1, T)
     for_parallelism = max(1, spec.B * spec.Hk * split * tiles // (4 * n_sm))
     return T * max(1, min(per_window, for_parallelism))
-
-
-class Scratch(NamedTuple):
-    """The `_dq_kernel` grid and the scratch sizes (elements) that `launch` allocates."""
-    L: int            # tokens per program (chunk_tokens)
-    n_chunks: int
-    n_programs: int
-    partial: int      # each of the dK1 and dV1 partial buffers
-    dq_tiles: int     # the programs' fp32 dQ tiles
-    acc_tiles: int = 1  # fp32 tiles per program (acc_tiles): the dQ tile; det U, W (Qa, Qb)
-
-    def buffers(self, device, det: bool = False):
-        """(pk1, pv1, dq_acc): the dK1 and dV1 partials (zeroed: read-add-written) and the dQ
-        tiles (each tile zeroed by its program), fp32; form "det" (det) twice pk1 and dq_acc (the
-        Qa and Qb partials, the U and W tiles)."""
-        n = 2 if det else 1
-        return (torch.zeros(n * self.partial, dtype=torch.float32, device=device),
-                torch.zeros(self.partial, dtype=torch.float32, device=device),
-                torch.empty(self.acc_tiles * self.dq_tiles, dtype=torch.float32, device=device))
 
 
 def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
@@ -194,87 +177,6 @@ def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
     packed = 2 * 2 * spec.B * spec.N * spec.Hk * spec.D if spec.form == "det" else 0
     return (4 * (spec.B * spec.Hq * spec.N + (n + 1) * sc.partial + sc.acc_tiles * sc.dq_tiles)
             + packed)
-
-
-@triton.jit
-def _delta_kernel(Out, DOut, DLse, Delta, N, rows, HQ: tl.constexpr, D: tl.constexpr,
-                  ROWS: tl.constexpr, HAS_DLSE: tl.constexpr):
-    """Delta[b, h, i] = sum_d dO[b,i,h,d] O[b,i,h,d] - dLSE[b,h,i] for `ROWS` of the B*N*HQ rows."""
-    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    ok = r < rows
-    b = r // (N * HQ)
-    i = (r // HQ) % N
-    h = r % HQ
-    offs_d = tl.arange(0, D)
-    o = tl.load(Out + r[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
-    do = tl.load(DOut + r[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    lse_off = (b * HQ + h) * N + i
-    if HAS_DLSE:
-        delta -= tl.load(DLse + lse_off, mask=ok, other=0.0)
-    tl.store(Delta + lse_off, delta, mask=ok)
-
-
-@triton.jit
-def _row_tile(Lse, Delta, b, g, i0, h0, N, HQ: tl.constexpr, G: tl.constexpr,
-              BLOCK_M: tl.constexpr):
-    """One row tile's tokens and heads, LSE in log2 units and Delta (0 past N)."""
-    tok, head = row_coords(i0, h0, tl.arange(0, BLOCK_M), G, BLOCK_M)
-    row_off = (b.to(tl.int64) * HQ + g * G + head) * N + tok
-    lse2 = tl.load(Lse + row_off, mask=tok < N, other=0.0) * LOG2E_JIT
-    delta = tl.load(Delta + row_off, mask=tok < N, other=0.0)
-    return tok, head, lse2, delta
-
-
-@triton.jit
-def _fresh_rows(j, ROWS: tl.constexpr, FRESH: tl.constexpr = True):
-    """tl.arange(0, ROWS) recomputed at each j: an opaque copy of arange + j, minus j, keeps LLVM
-    from hoisting the [ROWS, D] address tensors built from it out of the j loop (held across the
-    loop, they spill)."""
-    if not FRESH:
-        return tl.arange(0, ROWS)
-    r = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tl.arange(0, ROWS) + j],
-                                  dtype=tl.int32, is_pure=True, pack=1)
-    return r - j
-
-
-@triton.jit
-def _tile(base, rows, COLS: tl.constexpr):
-    """Pointers to rows `rows` of a dense row-major [*, COLS] block at `base`."""
-    return base + rows[:, None] * COLS + tl.arange(0, COLS)[None, :]
-
-
-@triton.jit
-def _kv_rows(kv_base, pos, HK: tl.constexpr, D: tl.constexpr):
-    """Offsets of the [len(pos), D] rows at tokens `pos` of one (batch, KV head) of a
-    [B, N, HK, D] tensor whose token 0 is at kv_base."""
-    return kv_base + pos.to(tl.int64)[:, None] * (HK * D) + tl.arange(0, D)[None, :]
-
-
-@triton.jit
-def _visible(tok, j, kpos, N, w1, w2):
-    """[len(tok), len(kpos)]: row tok < N sees the pair (j, kpos)."""
-    row = (tok < N) & (j <= tok) & (j > tok - w1)
-    return row[:, None] & (kpos[None, :] <= tok[:, None]) & (kpos[None, :] > tok[:, None] - w2)
-
-
-@triton.jit
-def _visible_t(tok, j, kpos, N, w1, w2):
-    """_visible transposed: [len(kpos), len(tok)]."""
-    row = (tok < N) & (j <= tok) & (j > tok - w1)
-    return row[None, :] & (kpos[:, None] <= tok[None, :]) & (kpos[:, None] > tok[None, :] - w2)
-
-
-@triton.jit
-def key_block_program(N, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A k-owner program's batch b, KV head g, first key kb (grid: key blocks fastest, then
-    B * HK), and kv_base, the offset of token 0 of (b, g) in a [B, N, HK, D] tensor."""
-    n_kb = tl.cdiv(N, BLOCK_N)
-    pid = tl.program_id(0)
-    bg = pid // n_kb
-    b = bg // HK
-    g = bg % HK
-    return b, g, (pid % n_kb) * BLOCK_N, b.to(tl.int64) * N * (HK * D) + g * D
 
 
 @triton.jit
@@ -302,8 +204,8 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
     offs_d = tl.arange(0, D)
     kpos = kb + tl.arange(0, BLOCK_N)
     enter("load_kv", PROFILE)
-    k2 = tl.load(K2 + _kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
-    v2 = tl.load(V2 + _kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
+    k2 = tl.load(K2 + kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
+    v2 = tl.load(V2 + kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
     leave("load_kv", PROFILE)
     dk2 = tl.zeros([BLOCK_N, D], tl.float32)
     dv2 = tl.zeros([BLOCK_N, D], tl.float32)
@@ -311,11 +213,11 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
     for t in range(kb // T, t_hi + 1):
         i0 = t * T
         for s in range(SPLIT):
-            tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
+            tok, head, lse2, delta = row_stats(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
             if not DET:
                 q = load_q(Q, b, g, tok, head, N, HQ, G, D)
             else:  # q = Qa, qb = Qb
-                q, qb = load_q_det(Q, b, g, tok, head, N, _fresh_rows(i0 + s, D), HQ, G, D, DET)
+                q, qb = load_q_det(Q, b, g, tok, head, N, fresh_rows(i0 + s, D), HQ, G, D, DET)
             do = load_q(DO, b, g, tok, head, N, HQ, G, D)
             for j in range(tl.maximum(i0 - w1 + 1, 0), tl.minimum(i0 + T, N)):
                 enter("qk_gemm", PROFILE)
@@ -330,7 +232,7 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
                 dpt = tl.dot(v2, tl.trans(doj))
                 leave("qk_gemm", PROFILE)
                 enter("softmax", PROFILE)
-                ok = _visible_t(tok, j, kpos, N, w1, w2)
+                ok = visible_t(tok, j, kpos, N, w1, w2)
                 pt = tl.where(ok, tl.math.exp2(st * qk_scale - lse2[None, :]), 0.0)
                 dst = pt * (dpt - delta[None, :])
                 leave("softmax", PROFILE)
@@ -339,9 +241,9 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
                 dk2 += tl.dot(dst.to(tl.bfloat16), a)
                 leave("pv_gemm", PROFILE)
     enter("epilogue", PROFILE)
-    tl.store(DK2 + _kv_rows(kv_base, kpos, HK, D), (dk2 * sm_scale).to(tl.bfloat16),
+    tl.store(DK2 + kv_rows(kv_base, kpos, HK, D), (dk2 * sm_scale).to(tl.bfloat16),
              mask=(kpos < N)[:, None])
-    tl.store(DV2 + _kv_rows(kv_base, kpos, HK, D), dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
+    tl.store(DV2 + kv_rows(kv_base, kpos, HK, D), dv2.to(tl.bfloat16), mask=(kpos < N)[:, None])
     leave("epilogue", PROFILE)
 
 
@@ -358,7 +260,7 @@ def _dq_step(x, z, a, doj, K2, V2, b, g, kb, tok, j, lse2, delta, N, w1, w2, qk_
     sc = tl.dot(a, tl.trans(k2))
     leave("qk_gemm", PROFILE)
     enter("softmax", PROFILE)
-    ok = _visible(tok, j, kb + tl.arange(0, BLOCK_N), N, w1, w2)
+    ok = visible(tok, j, kb + tl.arange(0, BLOCK_N), N, w1, w2)
     p = tl.where(ok, tl.math.exp2(sc * qk_scale - lse2[:, None]), 0.0)
     leave("softmax", PROFILE)
     if DO_Z:
@@ -416,17 +318,17 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
     for t in range(chunk * L // T, t_end):
         i0 = t * T
         i_hi = tl.minimum(i0 + T, N) - 1
-        tok, head, lse2, delta = _row_tile(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
+        tok, head, lse2, delta = row_stats(Lse, Delta, b, g, i0, s * HPT, N, HQ, G, BLOCK_M)
         k_lo = tl.maximum(i0 - w2 + 1, 0)
         j_lo = tl.maximum(i0 - w1 + 1, 0)
-        tl.store(_tile(acc, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
+        tl.store(tile(acc, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
         if DET:  # W
-            tl.store(_tile(acc + BLOCK_M * D, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
+            tl.store(tile(acc + BLOCK_M * D, offs_m, D), tl.zeros([BLOCK_M, D], tl.float32))
         if STAGE_Q:  # Qa and Qb once per row tile (permuted loads), read back per j contiguously
-            rows = _fresh_rows(t, BLOCK_M)  # no address held over the tile loop
-            qa, qb = load_q_det(Q, b, g, tok, head, N, _fresh_rows(t + 1, D), HQ, G, D, DET)
-            tl.store(_tile(q_stage, rows, D), qa)
-            tl.store(_tile(q_stage + BLOCK_M * D, rows, D), qb)
+            rows = fresh_rows(t, BLOCK_M)  # no address held over the tile loop
+            qa, qb = load_q_det(Q, b, g, tok, head, N, fresh_rows(t + 1, D), HQ, G, D, DET)
+            tl.store(tile(q_stage, rows, D), qa)
+            tl.store(tile(q_stage + BLOCK_M * D, rows, D), qb)
             tl.debug_barrier()
         for j in range(j_lo, i_hi + 1):
             if not DET:
@@ -434,7 +336,7 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             else:
                 k1j, k1b = _k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
             v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
-            rows = _fresh_rows(j, BLOCK_M, FRESH_ROWS)
+            rows = fresh_rows(j, BLOCK_M, FRESH_ROWS)
             tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
             # A_j and dO_j, invariant over the keys, are wgmma operands from shared memory;
             # X_j = dS_j K2 and Z_j = P_j V2 fill the registers
@@ -442,10 +344,10 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                 a = load_q(Q, b, g, tok_j, head_j, N, HQ, G, D) * k1j[None, :]
             else:
                 if STAGE_Q:
-                    qa = tl.load(_tile(q_stage, rows, D))
-                    qb = tl.load(_tile(q_stage + BLOCK_M * D, rows, D))
+                    qa = tl.load(tile(q_stage, rows, D))
+                    qb = tl.load(tile(q_stage + BLOCK_M * D, rows, D))
                 else:
-                    qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, _fresh_rows(j + 3, D), HQ, G,
+                    qa, qb = load_q_det(Q, b, g, tok_j, head_j, N, fresh_rows(j + 3, D), HQ, G,
                                         D, DET)
                 a = tl.fma(qa, k1j[None, :], qb * k1b[None, :])
             doj = load_q(DO, b, g, tok_j, head_j, N, HQ, G, D) * v1j[None, :]
@@ -460,10 +362,10 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                                     w2, qk_scale, D, BLOCK_N, True, False, PROFILE)
             enter("epilogue", PROFILE)
             # a second opaque copy of the rows: no address is held over the key loop
-            rows = _fresh_rows(j + 1, BLOCK_M, FRESH_ROWS)
+            rows = fresh_rows(j + 1, BLOCK_M, FRESH_ROWS)
             tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
             if not DET:
-                dq_tile = _tile(acc, rows, D)
+                dq_tile = tile(acc, rows, D)
                 tl.store(dq_tile, tl.load(dq_tile) + x * k1j[None, :].to(tl.float32))
                 slot = part + (j - j_base) * D + offs_d
                 pk1 = tl.sum(load_q(Q, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * x, 0)
@@ -477,20 +379,20 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                 pk1b = tl.num_programs(0).to(tl.int64) * ((L + w1 - 1) * D)
                 pv1 = tl.sum(load_q(DO, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * z, 0)
                 tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
-                k1a, k1b = _k1_rows(K1, kv_base, j, _fresh_rows(j + 2, D), HK, D, DET)
-                u_tile = _tile(acc, rows, D)
+                k1a, k1b = _k1_rows(K1, kv_base, j, fresh_rows(j + 2, D), HK, D, DET)
+                u_tile = tile(acc, rows, D)
                 tl.store(u_tile, tl.load(u_tile) + x * k1a[None, :].to(tl.float32))
-                w_tile = _tile(acc + BLOCK_M * D, rows, D)
+                w_tile = tile(acc + BLOCK_M * D, rows, D)
                 tl.store(w_tile, tl.load(w_tile) + x * k1b[None, :].to(tl.float32))
-                cols_a, cols_b, in_chunk = det_cols(_fresh_rows(j + 4, D), D, DET)
+                cols_a, cols_b, in_chunk = det_cols(fresh_rows(j + 4, D), D, DET)
                 if STAGE_Q:
-                    qa = tl.load(_tile(q_stage, rows, D))
+                    qa = tl.load(tile(q_stage, rows, D))
                 else:
                     qa = load_q_cols(Q, b, g, tok_j, head_j, N, cols_a, cols_a >= 0, HQ, G, D)
                 pa = tl.sum(qa.to(tl.float32) * x, 0)
                 tl.store(PK1 + slot, tl.load(PK1 + slot) + pa)
                 if STAGE_Q:  # the staged Qb
-                    qb = tl.load(_tile(q_stage + BLOCK_M * D, rows, D))
+                    qb = tl.load(tile(q_stage + BLOCK_M * D, rows, D))
                     pb = -tl.sum(qb.to(tl.float32) * x, 0)
                 else:  # Qb is minus this tile
                     qb = load_q_cols(Q, b, g, tok_j, head_j, N, cols_b, in_chunk, HQ, G, D)
@@ -499,12 +401,12 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             tl.debug_barrier()  # the next read of a slot or of acc, by any thread, sees this write
             leave("epilogue", PROFILE)
         if not DET:
-            dq = (tl.load(_tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16)
+            dq = (tl.load(tile(acc, offs_m, D)) * sm_scale).to(tl.bfloat16)
             tok, head = row_coords(i0, s * HPT, offs_m, G, BLOCK_M)
             tl.store(row_ptrs(DQ, b, g, tok, head, N, HQ, G, D), dq, mask=(tok < N)[:, None])
         else:  # dQ = pi^(3-R) U - chi pi^R W (kernels_triton/simplicial/det.py), DET_ROWS rows at a time
             # (permuted addresses cannot be vectorized: a whole tile's would fill the registers)
-            cols_a, cols_b, in_chunk = det_cols(_fresh_rows(t, D), D, DET)
+            cols_a, cols_b, in_chunk = det_cols(fresh_rows(t, D), D, DET)
             for r0 in tl.static_range(0, BLOCK_M, DET_ROWS):
                 r = r0 + tl.arange(0, DET_ROWS)
                 u = tl.load(acc + r[:, None] * D + cols_b[None, :])
@@ -513,43 +415,6 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                 tok, head = row_coords(i0, s * HPT, r, G, BLOCK_M)
                 tl.store(row_ptrs(DQ, b, g, tok, head, N, HQ, G, D), dq, mask=(tok < N)[:, None])
         tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
-
-
-@triton.jit
-def _dkv1_kernel(PK1, PK1b, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.constexpr,
-                 D: tl.constexpr, SPLIT: tl.constexpr, ROWS: tl.constexpr, DET: tl.constexpr = 0):
-    """ROWS rows of dK1, dV1 of one (batch, KV head): the partials that cover each row j, summed
-    in a fixed order (head split, then chunk). One flat grid axis: (row blocks, B * HK).
-    DET: dK1 = pi^R PK1 + pi^(3-R) PK1b (kernels_triton/simplicial/det.py), read through permuted columns."""
-    n_jb = tl.cdiv(N, ROWS)
-    bg = tl.program_id(0) // n_jb
-    b = bg // HK
-    g = bg % HK
-    j = (tl.program_id(0) % n_jb) * ROWS + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, D)
-    R = L + w1 - 1
-    c_first = j // L
-    c_last = tl.minimum((j + w1 - 1) // L, n_chunks - 1)
-    acc_k = tl.zeros([ROWS, D], tl.float32)
-    acc_v = tl.zeros([ROWS, D], tl.float32)
-    for s in range(SPLIT):
-        for dc in range(0, (w1 - 1) // L + 2):
-            c = c_first + dc
-            ok = (c <= c_last) & (j < N)
-            row = ((bg * SPLIT + s).to(tl.int64) * n_chunks + c) * R + (j - (c * L - w1 + 1))
-            off = row[:, None] * D + offs_d[None, :]
-            if not DET:
-                acc_k += tl.load(PK1 + off, mask=ok[:, None], other=0.0)
-            else:
-                cols_a, cols_b, _ = det_cols(offs_d, D, DET)
-                acc_k += tl.load(PK1 + row[:, None] * D + cols_a[None, :], mask=ok[:, None],
-                                 other=0.0)
-                acc_k += tl.load(PK1b + row[:, None] * D + cols_b[None, :], mask=ok[:, None],
-                                 other=0.0)
-            acc_v += tl.load(PV1 + off, mask=ok[:, None], other=0.0)
-    out = (b.to(tl.int64) * N + j)[:, None] * (HK * D) + g * D + offs_d[None, :]
-    tl.store(DK1 + out, (acc_k * sm_scale).to(tl.bfloat16), mask=(j < N)[:, None])
-    tl.store(DV1 + out, acc_v.to(tl.bfloat16), mask=(j < N)[:, None])
 
 
 def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
@@ -568,16 +433,6 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
     per session and a kernel must have every warp named, so profiling/trace_capture.py traces one
     kernel per session, each with its own warps."""
     return {"dkv2": dkv2_config(spec)["num_warps"], "dq": dq_config(spec)["num_warps"]}
-
-
-def profiled(profile: bool | str, kernel: str) -> bool:
-    """Whether `kernel` ("dkv2" or "dq") runs its Proton-scoped copy under `launch`'s `profile`:
-    True (both), False, or one kernel's name."""
-    if isinstance(profile, str):
-        if profile not in ("dkv2", "dq"):
-            raise ValueError(f"profile={profile!r}: the scoped kernels are 'dkv2' and 'dq'")
-        return profile == kernel
-    return bool(profile)
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
@@ -602,16 +457,6 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
                          profiled(profile, "dq"))
 
 
-def launch_delta(spec: ProblemSpec, out, dout, dlse):
-    """Delta [B, Hq, N] fp32 by `_delta_kernel`: rowsum(dO * O) - dLSE (dlse may be None)."""
-    rows = spec.B * spec.N * spec.Hq
-    delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=out.device)
-    _delta_kernel[(triton.cdiv(rows, DELTA_ROWS),)](
-        out, dout, dlse if dlse is not None else delta, delta, spec.N, rows, HQ=spec.Hq, D=spec.D,
-        ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
-    return delta
-
-
 def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
               profile: bool = False) -> None:
     """`_dq_kernel` then `_dkv1_kernel`: dq, dk1, dv1 from the inputs, dout, lse and Delta (form
@@ -625,45 +470,6 @@ def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, d
         spec.sm_scale * LOG2E, spec.sm_scale, sc.L, sc.n_chunks, HQ=spec.Hq, HK=spec.Hk, G=spec.G,
         D=spec.D, PROFILE=profile, DET=det_of(spec), **dqc)
     launch_dkv1(spec, pk1, pv1, dk1, dv1, sc.L, sc.n_chunks, tiling(spec)[2])
-
-
-def launch_dkv1(spec: ProblemSpec, pk1, pv1, dk1, dv1, L: int, n_chunks: int, split: int) -> None:
-    """`_dkv1_kernel`: dk1, dv1 from the partial slices (split head splits, n_chunks chunks of L
-    tokens) that a row-owner wrote; form "det": pk1 holds the Qa partials, then the Qb ones."""
-    det = det_of(spec)
-    pk1b = pk1[pk1.numel() // 2:] if det else pk1
-    _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS) * spec.B * spec.Hk,)](
-        pk1, pk1b, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk,
-        D=spec.D, SPLIT=split, ROWS=DKV1_ROWS, DET=det, num_warps=4)
-
-
-# The forward's compile shapes, with G = 1 taken at Hk = 2: at Hq = Hk = 1 `_dq_kernel` spills
-# 64 bytes in every config tried (it runs correctly, slower); G = 1 at Hk = 2 does not.
-COMPILE_SHAPES_BWD = tuple((2, 2, d) if (hq, hk) == (1, 1) else (hq, hk, d)
-                           for hq, hk, d in COMPILE_SHAPES)
-
-
-SIGNATURE = dict(Q="*bf16", K1="*bf16", K2="*bf16", V1="*bf16", V2="*bf16", DO="*bf16",
-                 Lse="*fp32", Delta="*fp32")  # the GEMM kernels' first arguments, in order
-SCALARS = dict(N="i32", w1="i32", w2="i32", qk_scale="fp32", sm_scale="fp32")
-
-
-def compile_specs() -> list[ProblemSpec]:
-    """One spec per COMPILE_SHAPES_BWD shape, at the resource report's N and windows."""
-    return [ProblemSpec(B=1, N=4096, Hq=hq, Hk=hk, D=d, w1=32, w2=512, sm_scale=d ** -0.5)
-            for hq, hk, d in COMPILE_SHAPES_BWD]
-
-
-def kernel_config(kern: str, fn, spec: ProblemSpec, cfg: dict, sig: dict) -> CompileConfig:
-    """The CompileConfig of backward kernel `fn` (`kern`: "dkv2" or "dq") at `spec` with config
-    `cfg` (its constexprs + num_warps/num_stages) and runtime signature `sig`, named by its tile
-    (and, for form "det", by the form and the pairs' order)."""
-    consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
-                  **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
-    tile = "".join(f"_{k[-1]}{cfg[k]}" for k in ("BLOCK_M", "BLOCK_N") if k in cfg)
-    return CompileConfig(f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{tile}{form_suffix(spec)}", fn,
-                         {**sig, **{k: "constexpr" for k in consts}}, consts, cfg["num_warps"],
-                         cfg["num_stages"])
 
 
 def _det_cfg(spec: ProblemSpec, cfg: dict) -> dict:
