@@ -108,12 +108,15 @@ def dense_aligned(t: torch.Tensor) -> torch.Tensor:
 
 def output(given: torch.Tensor | None, name: str, shape: tuple, dtype: torch.dtype,
            device: torch.device) -> torch.Tensor:
-    """`given` when it is a contiguous tensor of this shape, dtype and device, else ValueError; a
-    new tensor when None."""
+    """`given` when it is a contiguous tensor of this shape, dtype and device whose start is 16-byte
+    aligned (the kernels store through TMA), else ValueError; a new tensor when None."""
     if given is None:
         return torch.empty(shape, dtype=dtype, device=device)
     if (tuple(given.shape) != shape or given.dtype != dtype or given.device != device
             or not given.is_contiguous()):
         raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape {shape} on "
                          f"{device}, got {given.dtype} {tuple(given.shape)} on {given.device}")
+    if given.device.type != "meta" and given.data_ptr() % 16:
+        raise ValueError(f"{name} must start on a 16-byte boundary (the kernels store through "
+                         f"TMA); its start is {given.data_ptr() % 16} bytes past one")
     return given

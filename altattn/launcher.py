@@ -13,6 +13,7 @@ launching whether a variant can run (a benchmark row's note, a command line's er
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -114,6 +115,7 @@ def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bo
     outs = io.allocate(call, outputs or {})
     kernel_args = io.kernel_args(call, outs)
     if kernel_args is not None:
-        with torch.cuda.device(call.device):
+        on_gpu = call.device.type == "cuda"
+        with torch.cuda.device(call.device) if on_gpu else contextlib.nullcontext():
             v.load().launch(call.spec, *kernel_args, profile=profile)
     return io.result(call, outs)

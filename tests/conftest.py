@@ -187,3 +187,59 @@ def compiled_grads_differ(model, loss_of_output) -> list[str]:
         grads.append([p.grad.clone() for p in model.parameters()])
     return [name for (name, _), a, b in zip(model.named_parameters(), *grads)
             if not torch.equal(a, b)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Contract tests (tests/test_contract.py, tests/test_gpu_contract.py): generated from the registry,
+# family-agnostic (only the Family record and the launcher).
+
+def contract_params(per_form: bool = False) -> list:
+    """One pytest.param(variant, form) per registered (family, pass, variant), id
+    "family-pass-name": form is the variant's first accepted one (None for a family whose
+    `accepts` has no "form"); per_form=True gives one param per accepted form, id "...-form"."""
+    from altattn import registry
+    params = []
+    for v in registry.all_variants(None, None):
+        fam = registry.get_family(v.family)
+        forms = tuple(v.accepted("form")) if "form" in fam.accepts else (None,)
+        for form in forms if per_form else forms[:1]:
+            tail = f"-{form}" if per_form and form is not None else ""
+            params.append(pytest.param(v, form, id=f"{v.family}-{v.pass_}-{v.name}{tail}"))
+    return params
+
+
+def contract_shape(v, form=None, batch: int | None = None):
+    """(shape, None): the first of the family's sanitizer shapes (group by group) that variant `v`
+    takes in `form`, with its field B set to `batch` where given; (None, why) when it takes none
+    (or the shape record has no field B to set)."""
+    import dataclasses
+    from altattn import registry
+    fam = registry.get_family(v.family)
+    reasons = []
+    for group in fam.sanitizer_shapes:
+        for shape in group:
+            if batch is not None:
+                if "B" not in shape.fields():
+                    return None, f"{fam.name}'s shape record has no batch field B"
+                shape = dataclasses.replace(shape, B=batch)
+            spec = shape.spec(form) if form is not None else shape.spec()
+            why = v.cannot_take(spec)
+            if why is None:
+                return shape, None
+            reasons.append(f"{shape.short()}: {why}")
+    return None, (f"{v.family} {v.pass_} variant {v.name!r} takes none of the sanitizer shapes"
+                  f"{f' in form {form!r}' if form else ''}: " + "; ".join(reasons))
+
+
+def contract_inputs(fam, pass_: str, shape, form, seed: int, device) -> tuple:
+    """fam.make_inputs for one call of `pass_` (form passed only where the family has one)."""
+    kw = {} if form is None else {"form": form}
+    return tuple(fam.make_inputs(shape, pass_, seed=seed, device=device, **kw))
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bytes (NaN payloads included: torch.equal says NaN != NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.detach().contiguous().flatten().view(torch.uint8),
+                       b.detach().contiguous().flatten().view(torch.uint8))
