@@ -3,6 +3,7 @@ hostile inputs to `attention` and `backward.backward` (devices, incoming gradien
 partial requires_grad, non-finite values). (Grids with B * Hk > 65535 are tested on the GPU in
 test_gpu.py; the layer and empty shapes in test_backward_cpu.py.)"""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -224,3 +225,27 @@ def test_non_finite_input_stays_in_its_window_on_the_reference(poisoned):
     (out[0].sum() + lse[0].sum() + out[1][torch.isfinite(out[1])].sum()).backward()
     for name, v in zip(names, x):
         assert torch.isfinite(v.grad[0]).all(), name
+
+
+@pytest.mark.parametrize("bad", [None, [[1.0]], "numpy"], ids=["None", "list", "numpy"])
+@pytest.mark.parametrize("arg", range(5), ids=["q", "k1", "k2", "v1", "v2"])
+def test_op_names_a_non_tensor_input(arg, bad):
+    """The op (not only the launcher) names the argument that is no tensor: a numpy array as q
+    once raised AttributeError ('str' object has no attribute 'type')."""
+    x: list = [torch.zeros(1, 4, h, 64) for h in (2, 1, 1, 1, 1)]
+    x[arg] = np.zeros((1, 4, 1, 64), dtype=np.float32) if bad == "numpy" else bad
+    name = ("q", "k1", "k2", "v1", "v2")[arg]
+    with pytest.raises(TypeError, match=f"^{name} must be a torch.Tensor"):
+        sa.attention(*x, 2, 4)
+
+
+def test_cpu_head_ratio_no_kernel_takes_warns():
+    x = [torch.zeros(1, 4, h, 64) for h in (3, 1, 1, 1, 1)]
+    with pytest.warns(UserWarning, match=r"Hq/Hk = 3/1 = 3 runs on the CPU .* no GPU kernel"):
+        sa.attention(*x, 2, 4)
+    layer = sa.SimplicialAttention(dim=32, n_heads=3, n_kv_heads=1, head_dim=64, w1=2, w2=4)
+    with pytest.warns(UserWarning, match="no GPU kernel takes it"):
+        layer(torch.zeros(1, 4, 32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sa.attention(*[torch.zeros(1, 4, h, 64) for h in (4, 1, 1, 1, 1)], 2, 4)  # G = 4: silent
