@@ -138,7 +138,8 @@ class Family:
             "" if self.name == DEFAULT_FAMILY else f" of family {self.name!r}")
         others = [p for p in PASSES if p != pass_ and any(
             v.name == name and v.pass_ == p for v in self.variants)]
-        hint = f" ({name!r} is a {others[0]} variant: pass {others[0]!r})" if others else ""
+        hint = (f" ({name!r} is a {others[0]} variant: ask for pass {others[0]!r}; --pass "
+                f"{others[0]} in profiling/, bench/{others[0]}.py)" if others else "")
         known = ", ".join(v.name for v in self.variants if v.pass_ == pass_) or "none"
         raise ValueError(f"unknown variant {name!r}{where}{hint}; known: {known} (or 'auto')")
 

@@ -1,18 +1,26 @@
-"""Backward benchmark: time the backward variants alone and forward + backward, on one shape.
+"""Backward benchmark: time an attention family's backward variants (default: 2-simplicial
+attention) alone and forward + backward, on one shape.
 
-    python bench/bwd.py                          # `star` shape, every backward variant
+    python bench/bwd.py                          # default preset, every backward variant
     python bench/bwd.py --preset star64 --peers  # + cuDNN SDPA backward on dense equal work
     python bench/bwd.py --d 64 --json out/bwd.json
     python bench/bwd.py --layer 4096             # + one SimplicialAttention layer's training step
     python bench/bwd.py --variant triton --form trilinear det  # det vs plain, one run
 
-Useful TFLOPS (the "TFLOPS" column): 2.5 x the forward FLOPs of `altattn.simplicial.flops` for the
-backward, 3.5 x for forward + backward (FlashAttention's convention, ../shared/docs/BACKWARD.md
+--variant takes the backward variants of the family, 'auto' (the one the launcher picks for the
+shape and form on this GPU) or 'all' (the default: every one that takes the shape), as
+bench/fwd.py takes the forward ones; a forward variant is refused, naming bench/fwd.py. The family
+record (altattn.registry.Family, --family) gives the presets, the tolerance, the FLOP model and
+the peers (bench/peers.py times them).
+
+Useful TFLOPS (the "TFLOPS" column): `Family.flops` of the backward (2.5 x the forward FLOPs),
+and of forward + backward (3.5 x) (FlashAttention's convention, ../shared/docs/BACKWARD.md
 §2), over the median time (bench.common.median_ms: do_bench, L2 flushed before every call).
 "tensor TFLOPS" counts what the variant executes on the tensor cores (its EXECUTED_FLOPS_PER_F
 x F). Each variant's gradients are first checked against an fp32 autograd-free reference on a
-reduced shape (B=1, N = min(N, 2*max(w1, w2) + 37)). --peers times cuDNN SDPA's backward (and
-fwd+bwd) on q [B, Hq, N, D], k/v [B, Hq, w1*w2, D] (the same work, non-causal) and a bf16 matmul.
+reduced shape (`Shape.check_shape`: B=1, N = min(N, 2*max(w1, w2) + 37)). --peers times cuDNN
+SDPA's backward (and fwd+bwd) on the dense shape of the family's equal-work rule (Peer.dense:
+q [B, Hq, N, D], k/v [B, Hq, w1*w2, D], non-causal) and a bf16 matmul.
 --layer DIM times a training step (forward + backward) of one bf16 `SimplicialAttention` of width
 DIM with the shape's heads, per variant: tokens/s and the share of the step the attention's own
 forward + backward (the fwd+bwd row) takes; the rest is the five input and one output projections.
@@ -38,68 +46,70 @@ import argparse  # noqa: E402
 import torch  # noqa: E402
 
 from altattn import simplicial as sa  # noqa: E402
-from bench.common import add_form_ratios, check_forms, table_columns, write_rows  # noqa: E402
-from profiling.common import (gpu_problem, Shape, add_shape_args, check_out_path,  # noqa: E402
-                              make_inputs, metadata_line, positive_float, positive_int,
-                              print_table, run_metadata, shape_from_args)
+from bench.common import (add_form_ratios, build_parser, check_out_paths,  # noqa: E402
+                          family_in, presets_text, table_columns, variant_runs, write_rows)
+from bench.peers import bench_matmul, bench_sdpa  # noqa: E402
+from profiling.common import (gpu_problem, Shape, make_inputs, metadata_line,  # noqa: E402
+                              positive_int, print_table, run_metadata, shape_from_args)
 from profiling.timing import median_ms, tflops  # noqa: E402
-from altattn.simplicial import passes as bwd_launcher  # noqa: E402
 from altattn import launcher, registry  # noqa: E402
-from altattn.simplicial.spec import FORMS  # noqa: E402
 
 PROG = "bench/bwd.py"
-GRAD_REL_TOL = 3e-2   # ||grad - ref||_F / ||ref||_F for each gradient, pre-timing check
-MATMUL_SIZE = 8192
+PASS = "bwd"  # the pass this benchmark times (launcher.run: the backward)
 COLUMNS = [("variant", "variant"), ("form", "form"), ("pass", "pass"), ("shape", "shape"),
            ("ms", "ms"), ("tflops", "TFLOPS"), ("tensor_tflops", "tensor TFLOPS"),
            ("note", "note")]
 
 
-def check(variant: str, s: Shape, form: str = "trilinear") -> str | None:
-    """None when the variant's gradients in the logits' `form` match the fp32 reference on a
-    reduced shape."""
-    n = min(s.N, 2 * max(s.w1, s.w2) + 37)
-    x = make_inputs(1, n, s.Hq, s.Hk, s.D, seed=1)
+def check(variant: str, s: Shape, form: str = "trilinear",
+          family: str = registry.DEFAULT_FAMILY) -> str | None:
+    """None when the variant's gradients in the logits' `form` match the fp32 reference on
+    `s.check_shape()` within the family's "grad_rel" tolerance, else which one does not."""
+    tol = registry.get_family(family).tolerances["grad_rel"]
+    c = s.check_shape()
+    x = make_inputs(c.B, c.N, c.Hq, c.Hk, c.D, seed=1)
     gen = torch.Generator(device="cuda").manual_seed(2)
-    dout = torch.randn(1, n, s.Hq, s.D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    out, lse = sa.forward(*x, s.w1, s.w2, form=form)
-    got = bwd_launcher.backward(dout, None, *x, out, lse, s.w1, s.w2, variant=variant, form=form)
-    ref = sa.reference_backward(*x, s.w1, s.w2, dout, dtype=torch.float32, form=form)
+    dout = torch.randn(c.B, c.N, c.Hq, c.D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    out, lse = sa.forward(*x, c.w1, c.w2, form=form)
+    got = launcher.run(family, PASS, dout, None, *x, out, lse, c.w1, c.w2, variant=variant,
+                       form=form)
+    ref = sa.reference_backward(*x, c.w1, c.w2, dout, dtype=torch.float32, form=form)
     for name, g, r in zip(("dq", "dk1", "dk2", "dv1", "dv2"), got, ref):
         rel = ((g.float() - r).norm() / r.norm().clamp(min=1e-30)).item()
-        if not rel <= GRAD_REL_TOL:
-            return f"{name}: relative error {rel:.2e} > {GRAD_REL_TOL}"
+        if not rel <= tol:
+            return f"{name}: relative error {rel:.2e} > {tol}"
     return None
 
 
 def bench_variant(variant: str, form: str, s: Shape, args) -> list[dict]:
-    f = sa.flops(s.B, s.N, s.Hq, s.D, s.w1, s.w2)
+    fam = registry.get_family(args.family)
+    f = fam.flops(s, "fwd")
     base = {"kind": "variant", "variant": variant, "form": form, "shape": s.short(),
             **s.fields()}
-    why = check(variant, s, form)
+    why = check(variant, s, form, fam.name)
     if why is not None:
         raise SystemExit(f"{PROG}: {variant} (form {form}) failed its correctness check: {why}")
     x = [t.requires_grad_() for t in make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, seed=args.seed)]
     out, lse = sa.attention(*x, s.w1, s.w2, bwd_variant=variant, form=form)
     dout = torch.randn_like(out)
     saved = [t.detach() for t in x] + [out.detach(), lse.detach()]
-    per_f = registry.get(variant, "bwd").load().EXECUTED_FLOPS_PER_F
+    per_f = fam.variant(variant, PASS).load().EXECUTED_FLOPS_PER_F
 
     def bwd():
-        return bwd_launcher.backward(dout, None, *saved[:5], *saved[5:], s.w1, s.w2,
-                                     variant=variant, form=form)
+        return launcher.run(fam.name, PASS, dout, None, *saved, s.w1, s.w2, variant=variant,
+                            form=form)
 
     def fwd_bwd():
         o, _ = sa.attention(*x, s.w1, s.w2, bwd_variant=variant, form=form)
         o.backward(dout)
 
     rows = []
-    ms = median_ms(bwd, args.warmup_ms, args.rep_ms)
-    rows.append({**base, "pass": "bwd", "ms": ms, "flops": 2.5 * f, "tflops": tflops(2.5 * f, ms),
-                 "tensor_tflops": tflops(per_f * f, ms)})
-    ms = median_ms(fwd_bwd, args.warmup_ms, args.rep_ms)
-    rows.append({**base, "pass": "fwd+bwd", "ms": ms, "flops": 3.5 * f,
-                 "tflops": tflops(3.5 * f, ms), "tensor_tflops": tflops((2 + per_f) * f, ms)})
+    for pass_, fn, flops, executed in (("bwd", bwd, fam.flops(s, PASS), per_f * f),
+                                       ("fwd+bwd", fwd_bwd, f + fam.flops(s, PASS),
+                                        (2 + per_f) * f)):
+        ms = median_ms(fn, args.warmup_ms, args.rep_ms)
+        rows.append({**base, "pass": pass_, "ms": ms, "flops": flops,
+                     "tflops": tflops(flops, ms), "tensor_tflops": tflops(executed, ms)})
     return rows
 
 
@@ -120,84 +130,31 @@ def bench_layer(variant: str, form: str, s: Shape, args, attention_ms: float) ->
             "note": f"width {args.layer}: {tokens_per_s:,.0f} tokens/s, attention {share:.0%}"}
 
 
-def bench_peers(s: Shape, args) -> list[dict]:
-    """cuDNN SDPA backward and fwd+bwd on dense equal work; the bf16 matmul."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    lkv = s.w1 * s.w2
-    f = 4 * s.B * s.Hq * s.N * lkv * s.D
-    base = {"kind": "peer", "variant": "cudnn_sdpa", "shape": f"B{s.B} H{s.Hq} N{s.N} "
-            f"Lkv{lkv} D{s.D}", **s.fields()}
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    q = torch.randn(s.B, s.Hq, s.N, s.D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(s.B, s.Hq, lkv, s.D, generator=gen, device="cuda", dtype=torch.bfloat16)
-            for _ in range(2))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    rows = []
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        do = torch.randn_like(o)
-        ms = median_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
-                       args.warmup_ms, args.rep_ms)
-        rows.append({**base, "pass": "bwd", "ms": ms, "flops": 2.5 * f,
-                     "tflops": tflops(2.5 * f, ms)})
-
-        def fwd_bwd():
-            torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v),
-                                (q, k, v), do)
-        ms = median_ms(fwd_bwd, args.warmup_ms, args.rep_ms)
-        rows.append({**base, "pass": "fwd+bwd", "ms": ms, "flops": 3.5 * f,
-                     "tflops": tflops(3.5 * f, ms)})
-    a, b = (torch.randn(MATMUL_SIZE, MATMUL_SIZE, device="cuda", dtype=torch.bfloat16)
-            for _ in range(2))
-    ms = median_ms(lambda: a @ b, args.warmup_ms, args.rep_ms)
-    rows.append({"kind": "peer", "variant": "matmul", "pass": "-", "shape": f"{MATMUL_SIZE}^3",
-                 "ms": ms, "tflops": tflops(2 * MATMUL_SIZE ** 3, ms)})
-    return rows
-
-
 def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_shape_args(p, "star")
-    names = list(registry.variants("bwd"))
-    p.add_argument("--variant", action="append", choices=names + ["auto"], metavar="NAME",
-                   help=f"backward variant, repeatable: one of {', '.join(names)}, or 'auto' "
-                        f"(the one `sa.attention` takes for the shape; default: all that take it)")
-    p.add_argument("--form", nargs="+", choices=FORMS, default=["trilinear"], metavar="FORM",
-                   help=f"the logits' form(s) to time: {' and/or '.join(FORMS)} (default: "
-                        f"trilinear); each variant in each asked form it computes, det rows "
-                        f"with their TFLOPS over the trilinear row's ('x trilinear')")
-    p.add_argument("--peers", action="store_true", help="also time cuDNN SDPA and a matmul")
+    fam = family_in(argv)
+    p = build_parser(
+        PROG, PASS, fam, description=__doc__.split("\n\n")[0],
+        epilog=f"Presets (H = Hq/Hk): {presets_text(fam)}. Check threshold: each gradient's "
+               f"rel. Frobenius error <= {fam.tolerances['grad_rel']}.",
+        all_means="every backward variant that takes the shape",
+        peers_time="the backward and forward + backward")
     p.add_argument("--layer", type=positive_int, metavar="DIM",
                    help="also time one SimplicialAttention layer of width DIM (a training step)")
-    p.add_argument("--csv", metavar="PATH", help="write the rows as CSV")
-    p.add_argument("--json", metavar="PATH", help="write the rows and run metadata as JSON")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup-ms", type=positive_float, default=100.0, metavar="MS")
-    p.add_argument("--rep-ms", type=positive_float, default=1000.0, metavar="MS")
     return p.parse_args(argv), p
 
 
 def main(argv=None) -> int:
     args, parser = parse_args(argv)
     s = shape_from_args(args)
-    args.form = list(dict.fromkeys(args.form))
     # errors first, on any machine: each named variant computes each form and takes the shape
-    asked = args.variant or ["auto"]
-    check_forms(parser, "bwd", [n for n in asked if n != "auto"], args.form, [s])
-    if "auto" in asked:  # some variant takes the shape in each form
-        check_forms(parser, "bwd", [], args.form, [s])
-    # default: every backward variant that takes the shape in some asked form
-    named = args.variant or [v.name for v in registry.all_variants("bwd")
-                             if any(v.cannot_take(s.spec(f)) is None for f in args.form)]
-    for flag in ("csv", "json"):
-        check_out_path(parser, f"--{flag}", getattr(args, flag))
+    named = variant_runs(parser, args, PASS, [s], takers_only=True)
+    check_out_paths(parser, args)
     if (status := gpu_problem(PROG)) is not None:
         return status
+    fam = registry.get_family(args.family)
     # "auto" times the variant it resolves to on this GPU (a row needs a name and a FLOP count)
-    runs = list(dict.fromkeys((launcher.select(s.spec(f), n, "cuda", "bwd").name, f)
-                              for n in named for f in args.form
-                              if n == "auto" or f in registry.get(n, "bwd").accepted("form")))
+    runs = list(dict.fromkeys((launcher.select(s.spec(f), n, "cuda", PASS, family=fam.name).name,
+                               f) for n, f in named))
     meta = run_metadata()
     print(metadata_line(meta), flush=True)
     rows = []
@@ -209,7 +166,8 @@ def main(argv=None) -> int:
             rows.append(bench_layer(v, form, s, args, rows[-1]["ms"]))
     if args.peers:
         print(f"[{steps}/{steps}] peers ...", flush=True)
-        rows += bench_peers(s, args)
+        rows += bench_sdpa(fam, s, args, ("bwd", "fwd+bwd"))
+        rows.append(bench_matmul(args, PASS))
     add_form_ratios(rows)
     write_rows([{**meta, **r} for r in rows], args.csv, args.json)
     print_table(rows, table_columns(rows, COLUMNS))

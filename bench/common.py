@@ -1,25 +1,158 @@
 """Benchmark helpers beyond what profiling/ shares with bench/ (profiling/common.py: shapes,
-arguments, inputs, metadata, tables; profiling/timing.py: the one timing routine): the sweep,
-rows as CSV/JSON, the TFLOPS-vs-N plot."""
+arguments, inputs, metadata, tables; profiling/timing.py: the one timing routine): the arguments
+bench/fwd.py and bench/bwd.py share (--family, --variant, --form, the shape, --peers, outputs,
+timing) and the (variant, form) runs they name, the sweep, rows as CSV/JSON, the TFLOPS-vs-N
+plot. The family record (altattn.registry.Family) gives the presets, the sweep axes, the
+tolerances, the FLOP model and the peers; bench/peers.py times the peers."""
 from __future__ import annotations
 
+import argparse
 import csv
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from profiling.common import Shape, check_variants
+from profiling.common import (Shape, add_family_arg, add_shape_args, check_out_path,
+                              check_variants, positive_float)
+from profiling.timing import pct_of_peak, tflops
 from altattn import registry
+from altattn.simplicial.spec import FORMS
 
-SWEEP_N = (1024, 2048, 4096, 8192, 16384)
-SWEEP_W2 = (256, 512, 1024)
+TOOLS = {"fwd": "bench/fwd.py", "bwd": "bench/bwd.py"}  # the benchmark of each pass
+PASS_WORDS = {"fwd": "forward", "bwd": "backward"}
+WORDS = ("auto", "all")  # --variant's words beside the pass's variant names
+MATMUL_SIZE = 8192       # the --peers matmul: M = N = K (bench/peers.py)
 
 
-def sweep_shapes(base: Shape, ns: Sequence[int] = SWEEP_N,
-                 w2s: Sequence[int] = SWEEP_W2) -> list[Shape]:
-    """`base` with N and w2 replaced by every pair of `ns` x `w2s`; w2 outer, N inner
-    (ascending)."""
-    return [replace(base, N=n, w2=w2) for w2 in w2s for n in ns]
+def sweep_shapes(base: Shape, sweep: Mapping[str, Sequence]) -> list[Shape]:
+    """`base` with the fields of `sweep` (Family.sweep: field -> values) replaced by every
+    combination of their values; the first axis innermost (for the simplicial family: w2 outer,
+    N inner, each in the order given)."""
+    keys = list(sweep)[::-1]
+    return [replace(base, **dict(zip(keys, values)))
+            for values in itertools.product(*(sweep[k] for k in keys))]
+
+
+def timed_row(base: dict, ms: float) -> dict:
+    """`base` (with its "flops") timed at `ms`: ms, TFLOPS and % of the GPU's peak."""
+    tf = tflops(base["flops"], ms)
+    return {**base, "ms": ms, "tflops": tf, "pct_peak": pct_of_peak(tf)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments: one vocabulary for both passes' benchmarks
+
+
+def family_in(argv: Sequence[str] | None) -> registry.Family:
+    """The family --family names in `argv` (the parser's variants depend on it, so it is read
+    first); an unknown name gives the default one, whose parser then refuses the name."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = registry.DEFAULT_FAMILY
+    for i, a in enumerate(argv):
+        if a == "--family" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif a.startswith("--family="):
+            name = a.split("=", 1)[1]
+    return registry.get_family(name if name in registry.FAMILIES else registry.DEFAULT_FAMILY)
+
+
+def pass_variants(fam: registry.Family, pass_: str) -> list[str]:
+    return [v.name for v in fam.variants if v.pass_ == pass_]
+
+
+def variant_type(fam: registry.Family, pass_: str) -> Callable[[str], str]:
+    """argparse type of --variant: a variant of `pass_` of `fam`, 'auto' or 'all'; any other name
+    is refused naming them (and, for a variant of the other pass, the benchmark that times it)."""
+    names = pass_variants(fam, pass_)
+
+    def variant(text: str) -> str:
+        if text in names or text in WORDS:
+            return text
+        other = [p for p in registry.PASSES if p != pass_ and text in pass_variants(fam, p)]
+        hint = f" ({text!r} is a {other[0]} variant: use {TOOLS[other[0]]})" if other else ""
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r}{hint}; {pass_} variants of {fam.name}: "
+            f"{', '.join(names)}, or {' or '.join(map(repr, WORDS))}")
+    return variant
+
+
+def presets_text(fam: registry.Family) -> str:
+    return ", ".join(f"{k}: {v.short()}" for k, v in fam.presets.items())
+
+
+def build_parser(prog: str, pass_: str, fam: registry.Family, description: str, epilog: str,
+                 all_means: str, peers_time: str, **kwargs) -> argparse.ArgumentParser:
+    """The arguments both benchmarks take, for pass `pass_` of family `fam`: --family,
+    --variant (`all_means`: what 'all' times), --form, the shape, --peers (`peers_time`: which
+    of the peer's passes it times), --csv, --json, --seed, --warmup-ms, --rep-ms."""
+    names = pass_variants(fam, pass_)
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, **kwargs)
+    add_family_arg(p)
+    p.add_argument("--variant", action="append", type=variant_type(fam, pass_), metavar="NAME",
+                   help=f"{PASS_WORDS[pass_]} variant to time, repeatable: one of "
+                        f"{', '.join(names)}; "
+                        f"'auto' (the one the launcher picks for the shape and form on this GPU) "
+                        f"or 'all' ({all_means}; the default)")
+    p.add_argument("--form", nargs="+", choices=FORMS, default=["trilinear"], metavar="FORM",
+                   help=f"the logits' form(s) to time: {' and/or '.join(FORMS)} (default: "
+                        f"trilinear); '--form trilinear det' times each variant that computes "
+                        f"both in both, in one run, and gives det's TFLOPS as a fraction of "
+                        f"trilinear's (column 'x trilinear'). 'all' variants: those that compute "
+                        f"the form")
+    add_shape_args(p, default_preset=fam.default_preset)
+    rules = "; ".join(f"{peer.name} on {peer.rule}" for peer in fam.peers)
+    p.add_argument("--peers", action="store_true",
+                   help=f"also time {peers_time} of {rules}, and a bf16 {MATMUL_SIZE}^3 matmul; "
+                        f"the same for every --form: the useful FLOPs of det equal the plain "
+                        f"form's (Family.flops)")
+    p.add_argument("--csv", metavar="PATH", help="write the rows (with run metadata) as CSV")
+    p.add_argument("--json", metavar="PATH", help="write the rows (with run metadata) as JSON")
+    p.add_argument("--seed", type=int, default=0, metavar="INT", help="input seed (default: 0)")
+    p.add_argument("--warmup-ms", type=positive_float, default=100.0, metavar="MS",
+                   help="do_bench warm-up time per measurement (default: 100)")
+    p.add_argument("--rep-ms", type=positive_float, default=1000.0, metavar="MS",
+                   help="do_bench timed-repetition time per measurement (default: 1000)")
+    return p
+
+
+def check_out_paths(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                    flags: Sequence[str] = ("csv", "json")) -> None:
+    """Exit 2 when an output path's directory does not exist (before the run, not after it)."""
+    for flag in flags:
+        check_out_path(parser, f"--{flag}", getattr(args, flag))
+
+
+def variant_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, pass_: str,
+                 shapes: Sequence[Shape], takers_only: bool) -> list[tuple[str, str]]:
+    """Check --variant and --form against `shapes` before any GPU work (check_forms; exit 2) and
+    return the (variant, form) runs, in --variant order, each variant's forms in --form order
+    (args.form: duplicates dropped). 'all': every variant of the pass that computes the form
+    (`takers_only`: and takes some shape in it); 'auto' stays 'auto' (the run resolves it)."""
+    fam = registry.get_family(args.family)
+    args.form = list(dict.fromkeys(args.form))
+    chosen = list(dict.fromkeys(args.variant or ["all"]))
+    named = [n for n in chosen if n not in WORDS]
+    check_forms(parser, pass_, named, args.form, shapes, fam.name)
+    if named and len(named) < len(chosen):  # 'auto' / 'all': some variant takes each shape
+        check_forms(parser, pass_, [], args.form, shapes, fam.name)
+
+    def takes(v: registry.Variant, form: str) -> bool:
+        try:
+            return any(v.cannot_take(s.spec(form)) is None for s in shapes)
+        except ImportError:  # e.g. TLX under upstream Triton: the run itself says so
+            return True
+
+    runs: list[tuple[str, str]] = []
+    for n in chosen:
+        if n == "all":
+            runs += [(v.name, f) for v in fam.variants if v.pass_ == pass_ for f in args.form
+                     if f in v.accepted("form") and (not takers_only or takes(v, f))]
+        else:
+            runs += [(n, f) for f in args.form
+                     if n == "auto" or f in fam.variant(n, pass_).accepted("form")]
+    return list(dict.fromkeys(runs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,8 +203,7 @@ def series_name(row: dict) -> str:
     return str(row["variant"]) if form in (None, "", "trilinear") else f"{row['variant']} {form}"
 
 
-def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str = "2-simplicial attention forward"
-                     ) -> None:
+def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str) -> None:
     """TFLOPS vs N (log2 x axis): one line per variant, one panel per w2 when the rows hold
     several (panels share the y axis, so heights compare across them).
 
@@ -161,16 +293,17 @@ def table_columns(rows: Sequence[dict], columns: Sequence[tuple[str, str]]
 
 
 def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
-                shapes: Sequence[Shape]) -> None:
+                shapes: Sequence[Shape], family: str = registry.DEFAULT_FAMILY) -> None:
     """Before any GPU work, exit 2 (parser.error) unless every named variant of pass `pass_`
     computes each of `forms` (the form first: a variant that lacks it fails whatever the shape),
     some variant does, and each shape passes the checks in that form with each named variant
     (profiling.common.check_variants; none named: "auto")."""
     for form in forms:
-        computing = [v.name for v in registry.all_variants(pass_) if form in v.accepted("form")]
+        computing = [v.name for v in registry.all_variants(pass_, family)
+                     if form in v.accepted("form")]
         for n in named:
             try:
-                have = registry.get(n, pass_).accepted("form")
+                have = registry.get(n, pass_, family).accepted("form")
             except ValueError as e:  # a variant of another pass only
                 parser.error(str(e))
             if form not in have:

@@ -1,9 +1,8 @@
 """Compute-sanitizer runs anyone can repeat: memcheck, racecheck and synccheck on every registered
-variant, forward and backward, in each logits' form it computes (form "det": `triton`, and the
-forward's `tlx_pipelined_kv` and `tlx_pipelined_pingpong`), at two small shapes each, failing on
-any finding that the allow-list (ALLOWED, one entry per explained finding, for every form of the
-variant) does not name. docs/sanitizers.md says what is allowed
-and why.
+variant of a family (--family, default simplicial), forward and backward, in each logits' form it
+computes, at the family's small shapes (Family.sanitizer_shapes), failing on any finding that the
+family's allow-list (sanitize_report.ALLOWED_BY_FAMILY, one entry per explained finding, for every
+form of the variant) does not name. docs/sanitizers.md says what is allowed and why.
 
     python3 profiling/sanitize.py                                   # everything (GPU)
     python3 profiling/sanitize.py --tool racecheck --pass fwd --variant tlx_ws
@@ -14,8 +13,8 @@ and why.
 
 Each run is one child process, `compute-sanitizer --tool T --error-exitcode 1 ... python3
 profiling/sanitize.py --worker ...`, that calls one variant of one pass once on one shape
-(profiling.common.run_pass; the backward after a plain forward, whose kernels are excluded from
-the check). Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A finding is what the
+(launcher.run on the family's make_inputs; the backward after a plain forward, whose kernels are
+excluded from the check: forward_kernel_prefix). Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A finding is what the
 sanitizer's summary counts: memcheck and synccheck "ERROR SUMMARY: N errors", racecheck
 "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (E + W; racecheck looks at shared
 memory only). A run passes when it finished (the worker printed its last line) with no finding,
@@ -24,11 +23,11 @@ one GPU; the lines and the table stay in the order of the runs.
 
 The probe (`--pass probe`, not a variant, not in the default passes): profiling/ws_probe.py's
 kernel, which has our TLX kernels' warp-specialized task layout and no shared memory of its own,
-so a finding in it is the compiler's dispatch code's (issue 23), one run per tool.
+so a finding in it is the compiler's dispatch code's, one run per tool.
 
-Shapes: for each variant, the first of SMALL_G_OR_HK that it takes (G < 16, else Hk > 1) and the
-first of RAGGED_N (N = 333, not a multiple of any block), chosen with Variant.cannot_take, so
-without a GPU. PyTorch's caching allocator is off in the child (PYTORCH_NO_CUDA_MEMORY_CACHING):
+Shapes: for each variant, the first shape it takes of each group of its family's
+`sanitizer_shapes` (chosen with Variant.cannot_take, so without a GPU); `--shapes 1 2` picks
+groups by number. PyTorch's caching allocator is off in the child (PYTORCH_NO_CUDA_MEMORY_CACHING):
 each tensor is its own allocation, so memcheck sees an access past its end.
 
 Exit status: 0 every run passed; 1 a finding not allowed, or a run that did not finish; 2 bad
@@ -44,6 +43,8 @@ if REPO_ROOT not in sys.path:  # `python3 profiling/sanitize.py` from a checkout
     sys.path.insert(0, REPO_ROOT)
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
 import shutil  # noqa: E402
@@ -55,10 +56,10 @@ from collections.abc import Sequence  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
-from profiling.common import (Shape, format_table, gpu_problem, positive_int,  # noqa: E402
-                              variant_names)
 from altattn import registry  # noqa: E402
-from altattn.simplicial.spec import FORMS  # noqa: E402
+from profiling.common import add_family_arg, format_table, gpu_problem, positive_int  # noqa: E402
+from profiling.sanitize_report import (ALLOWED_BY_FAMILY, WORKER_DONE, Allowance,  # noqa: E402,F401
+                                       Report, allowed_for, judge, parse_report)
 
 PROG = "profiling/sanitize.py"
 SCRIPT = os.path.abspath(__file__)
@@ -74,91 +75,26 @@ PROBE = "probe"
 PROBE_NAME = "ws_probe"
 PROBE_KERNEL = "ws_probe_kernel"   # its one kernel; the probe's runs check only it
 PASSES = (*registry.PASSES, PROBE)
-SHAPE_SETS = ("small", "ragged")
-# Every forward kernel's name starts with this (tests/test_sanitize.py checks it); a backward run
-# excludes them: its plain forward (out and LSE) is not what it checks.
-FWD_KERNEL_PREFIX = "simplicial_fwd"
-WORKER_DONE = "sanitize worker: done"
-
-# Candidate shapes (B, N, Hq, Hk, D, w1, w2): the first one a variant takes, of each list.
-SMALL_G_OR_HK = (Shape(1, 256, 8, 1, 64, 32, 64),     # G = 8: triton
-                 Shape(1, 256, 64, 2, 128, 32, 64),   # G = 32: tlx_ws, tlx_pingpong
-                 Shape(1, 256, 128, 2, 128, 32, 64),  # G = 64: the tlx_ws backward
-                 Shape(1, 256, 256, 2, 128, 32, 64))  # G = 128 only
-RAGGED_N = (Shape(2, 333, 128, 1, 128, 32, 96),)      # G = 128: every variant today
+ALLOWED = ALLOWED_BY_FAMILY[registry.DEFAULT_FAMILY]  # the default family's allow-list
 
 
-@dataclass(frozen=True)
-class Allowance:
-    """Findings of one (tool, pass, variant) explained in the docs: at most `count` per run (None:
-    any number) and, with `pattern`, only findings whose report line matches it (re.search)."""
-
-    doc: str                    # where the explanation is, e.g. "docs/sanitizers.md#a-section"
-    count: int | None = None
-    pattern: str | None = None
+def _kernel_name(fn) -> str:
+    return getattr(fn, "__name__", None) or fn.fn.__name__
 
 
-# The allow-list, keyed by (tool, pass, variant): the one place that excuses a finding, each
-# entry pointing at the docs section that explains it (the first of them, where it covers more).
-DISPATCH_DOC = "docs/sanitizers.md#the-warp-specialization-dispatch-issue-23"
-TMA_INIT_DOC = "docs/sanitizers.md#plain-triton-tma-loads-mbarrier-init-then-arrive-in-one-warp"
-RELEASE_DOC = "docs/sanitizers.md#a-warp-groups-reads-released-by-one-threads-mbarrier-arrive"
-
-
-def _lines(path: str, needle: str) -> list[int]:
-    """The 1-based numbers of the lines of REPO_ROOT/path that contain `needle`."""
-    with open(os.path.join(REPO_ROOT, path)) as f:
-        return [i for i, line in enumerate(f, 1) if needle in line]
-
-
-def _at(kernel: str, path: str, needle: str) -> str:
-    """A regex for "KERNEL+0x... in FILE:LINE" at the lines of `path` holding `needle`, as
-    racecheck names a kernel's instruction (the file as its path or its name)."""
-    lines = "|".join(map(str, _lines(path, needle)))
-    return rf"{kernel}\+0x[0-9a-f]+ in (\S*/)?{re.escape(os.path.basename(path))}:({lines})"
-
-
-def _race(severity: str, *write_at: str) -> str:
-    """The analysis report line of a race ("Error" or "Warning") whose write is at one of
-    `write_at` (regexes; racecheck's analysis report names the write first)."""
-    return rf"^{severity}: Race reported between Write access at ({'|'.join(write_at)})$"
-
-
-# Where the write of each explained race is: the kernel's entry line (the dispatch: the line info
-# places no other shared-memory instruction there), Triton's descriptor loads, a producer's store
-# into a ring slot that consumers read with plain loads.
-WS_FWD_ENTRY = _at("simplicial_fwd_ws_kernel", "kernels_tlx/simplicial/ws.py", "def simplicial_fwd_ws_kernel(")
-WS_KV_ENTRY = _at("simplicial_fwd_ws_kv_kernel", "kernels_tlx/simplicial/ws_kv.py",
-                  "def simplicial_fwd_ws_kv_kernel(")
-WS_BWD_ENTRY = _at("_dkv2_ws_kernel", "kernels_tlx/simplicial/bwd_ws.py", "def _dkv2_ws_kernel(")
-PAIRS_ENTRY = _at("_pairs_kernel", "kernels_tlx/simplicial/bwd_pairs.py", "def _pairs_kernel(")
-FWD_TMA_INIT = _at("simplicial_fwd_kernel", "kernels_triton/simplicial/fwd.py", "2.load([b, kb, g * D])")
-DQ_TMA_INIT = "|".join((_at("_dq_kernel", "kernels_triton/simplicial/bwd.py", "for kb in range(k_lo, i_hi"),
-                        _at("_dq_kernel", "kernels_triton/simplicial/bwd.py", "x, z = _dq_step(")))
-WS_KEYS_V1 = _at("simplicial_fwd_ws_keys_kernel", "kernels_tlx/simplicial/ws_keys.py",
-                 "tlx.local_store(tlx.local_view(v1_slots, bs), v1)")
-
-ALLOWED: dict[tuple[str, str, str], Allowance] = {
-    # The compiler's warp-specialization dispatch: racecheck's one report of the exit-code store
-    # against the workers' dispatch load.
-    ("racecheck", "fwd", "tlx_ws"): Allowance(DISPATCH_DOC, 1, _race("Error", WS_FWD_ENTRY)),
-    ("racecheck", "fwd", "tlx_pingpong"): Allowance(DISPATCH_DOC, 1, _race("Error", WS_FWD_ENTRY)),
-    # the same in the pipelined tlx_ws_kv kernels, reported in their form "det" runs only
-    ("racecheck", "fwd", "tlx_pipelined_kv"): Allowance(DISPATCH_DOC, 1,
-                                                        _race("Error", WS_KV_ENTRY)),
-    ("racecheck", "fwd", "tlx_pipelined_pingpong"): Allowance(DISPATCH_DOC, 1,
-                                                              _race("Error", WS_KV_ENTRY)),
-    # Triton's TMA load: warp 0 inits an mbarrier, then thread 0 arrives on it (ordered in SASS).
-    ("racecheck", "fwd", "triton"): Allowance(TMA_INIT_DOC, 2, _race("Warning", FWD_TMA_INIT)),
-    ("racecheck", "bwd", "triton"): Allowance(TMA_INIT_DOC, 1, _race("Warning", DQ_TMA_INIT)),
-    # A producer's store into a slot whose last reads (plain loads of a consumer warp group) are
-    # released by one thread's mbarrier arrive after the group's barrier (seen once in three runs).
-    ("racecheck", "fwd", "tlx_ws_keys"): Allowance(RELEASE_DOC, 1, _race("Error", WS_KEYS_V1)),
-    # tlx_ws's backward: its k-owner's dispatch (its row-owner, TLX at every G it takes, is clean)
-    ("racecheck", "bwd", "tlx_ws"): Allowance(DISPATCH_DOC, 1, _race("Error", WS_BWD_ENTRY)),
-    # tlx_pairs's: the same report at its entry, at one of the two shapes (session 21)
-    ("racecheck", "bwd", "tlx_pairs"): Allowance(DISPATCH_DOC, 1, _race("Error", PAIRS_ENTRY)),
-}
+@functools.lru_cache(maxsize=None)
+def forward_kernel_prefix(family: str = registry.DEFAULT_FAMILY) -> str:
+    """The longest common start of the names of `family`'s forward kernels (its forward variants'
+    compile configs), which no backward kernel's name has: a backward run excludes the kernels
+    whose names start with it (its plain forward, for out and LSE, is not what it checks).
+    ValueError when there is none."""
+    fwd = {_kernel_name(c.fn) for _, c in registry.compile_configs("fwd", family)}
+    bwd = {_kernel_name(c.fn) for _, c in registry.compile_configs("bwd", family)}
+    prefix = os.path.commonprefix(sorted(fwd))
+    if not prefix or any(n.startswith(prefix) for n in bwd):
+        raise ValueError(f"family {family}: no name start is common to its forward kernels "
+                         f"({', '.join(sorted(fwd))}) and absent from its backward ones")
+    return prefix
 
 
 @dataclass(frozen=True)
@@ -166,16 +102,17 @@ class Run:
     tool: str
     pass_: str           # "fwd", "bwd" or PROBE
     variant: str         # a registered variant, or PROBE_NAME
-    shape: Shape | None  # None for the probe (its launch is its own)
-    form: str = "trilinear"  # the logits' form (one of the variant's `forms`)
+    shape: object | None  # the family's shape type; None for the probe (its launch is its own)
+    form: str = "trilinear"  # the logits' form (one of the variant's accepted("form"))
+    family: str = registry.DEFAULT_FAMILY
 
     def tag(self) -> str:
         s = self.shape
         if s is None:
             return f"{self.tool}-{self.pass_}-{self.variant}"
         form = "" if self.form == "trilinear" else f"-{self.form}"
-        return (f"{self.tool}-{self.pass_}-{self.variant}-B{s.B}-N{s.N}-H{s.Hq}x{s.Hk}-D{s.D}"
-                f"-w{s.w1}x{s.w2}{form}")
+        shape = re.sub(r"[^\w.=-]+", "-", s.short().replace("/", "x"))  # a file name
+        return f"{self.tool}-{self.pass_}-{self.variant}-{shape}{form}"
 
     def shape_text(self) -> str:
         if self.shape is None:
@@ -183,38 +120,33 @@ class Run:
         return self.shape.short() + ("" if self.form == "trilinear" else f" form={self.form}")
 
 
-@dataclass
-class Report:
-    """What a run's log says: `findings` (None: no summary line, the sanitizer did not finish),
-    the report line of each finding, and whether the worker got to its last line."""
-
-    findings: int | None
-    lines: list[str] = field(default_factory=list)
-    done: bool = False
-
-
 # ---------------------------------------------------------------------------------------------
 # Shapes and runs (no GPU)
 
 
-def shapes_for(v: registry.Variant, form: str = "trilinear") -> list[Shape]:
-    """The variant's two shapes in the logits' `form`: the first it takes of SMALL_G_OR_HK and of
-    RAGGED_N (fewer when it takes none of a list: plan() refuses that)."""
+def shapes_for(v: registry.Variant, form: str = "trilinear") -> list:
+    """The variant's shapes in the logits' `form`: the first it takes of each group of its
+    family's sanitizer_shapes (fewer when it takes none of a group: plan() refuses that)."""
+    groups = registry.get_family(v.family).sanitizer_shapes
     return [s for s in (next((c for c in cands if v.cannot_take(c.spec(form)) is None), None)
-                        for cands in (SMALL_G_OR_HK, RAGGED_N)) if s is not None]
+                        for cands in groups) if s is not None]
 
 
 def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | None,
-         shape_sets: Sequence[str] = SHAPE_SETS,
-         forms: Sequence[str] | None = None) -> list[Run]:
-    """Every (tool, pass, variant, shape, form) to run: the probe's first (one per tool, when
-    PROBE is among `passes`), then grouped by variant and form; `names` None: every registered
-    variant of the passes; `shape_sets`: which of each variant's two shapes ("small": of
-    SMALL_G_OR_HK, "ragged": of RAGGED_N); `forms` None: every form each variant computes (its
-    `forms`), else those of them in `forms`. ValueError for a name no chosen pass has, or a
-    variant that takes no candidate shape of a list."""
+         groups: Sequence[int] | None = None, forms: Sequence[str] | None = None,
+         family: str = registry.DEFAULT_FAMILY) -> list[Run]:
+    """Every (tool, pass, variant, shape, form) of `family` to run: the probe's first (one per
+    tool, when PROBE is among `passes`), then grouped by variant and form; `names` None: every
+    registered variant of the passes; `groups`: which of each variant's shapes, by the 1-based
+    number of their group in Family.sanitizer_shapes (None: all); `forms` None: every form each
+    variant computes, else those of them in `forms`. ValueError for a name no chosen pass has, a
+    group number the family lacks, or a variant that takes no shape of a group."""
+    n_groups = len(registry.get_family(family).sanitizer_shapes)
+    for g in groups or ():
+        if not 1 <= g <= n_groups:
+            raise ValueError(f"--shapes {g}: family {family} has {n_groups} shape groups")
     runs = [Run(t, PROBE, PROBE_NAME, None) for t in tools] if PROBE in passes else []
-    variants = [v for p in passes if p != PROBE for v in registry.all_variants(p)
+    variants = [v for p in passes if p != PROBE for v in registry.all_variants(p, family)
                 if names is None or v.name in names]
     for n in names or ():
         if not any(v.name == n for v in variants):
@@ -223,11 +155,11 @@ def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | Non
     for v in variants:
         for form in (f for f in v.accepted("form") if forms is None or f in forms):
             shapes = shapes_for(v, form)
-            if len(shapes) < 2:
-                raise ValueError(f"{v.name} ({v.pass_}, form {form}) takes no shape of "
-                                 f"SMALL_G_OR_HK or of RAGGED_N in {PROG}: add one it takes")
-            shapes = [s for s, name in zip(shapes, SHAPE_SETS) if name in shape_sets]
-            runs += [Run(t, v.pass_, v.name, s, form) for s in shapes for t in tools]
+            if len(shapes) < n_groups:
+                raise ValueError(f"{v.name} ({v.pass_}, form {form}) takes no shape of some "
+                                 f"group of {family}'s sanitizer_shapes: add one it takes")
+            shapes = [s for g, s in enumerate(shapes, 1) if groups is None or g in groups]
+            runs += [Run(t, v.pass_, v.name, s, form, family) for s in shapes for t in tools]
     return runs
 
 
@@ -258,66 +190,11 @@ def command(sanitizer: str, run: Run, racecheck_report: str = "analysis") -> lis
         return cmd + ["--kernel-name", f"kns={PROBE_KERNEL}", sys.executable, SCRIPT,
                       "--worker", "--pass", PROBE]
     if run.pass_ == "bwd":
-        cmd += ["--kernel-name-exclude", f"kns={FWD_KERNEL_PREFIX}"]
+        cmd += ["--kernel-name-exclude", f"kns={forward_kernel_prefix(run.family)}"]
     form = [] if run.form == "trilinear" else ["--form", run.form]
+    family = [] if run.family == registry.DEFAULT_FAMILY else ["--family", run.family]
     return cmd + [sys.executable, SCRIPT, "--worker", "--pass", run.pass_, "--variant",
-                  run.variant, "--shape", *map(str, (s.B, s.N, s.Hq, s.Hk, s.D, s.w1, s.w2)),
-                  *form]
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading a report, judging it (no GPU)
-
-_ERRORS = re.compile(r"ERROR SUMMARY: (\d+) errors?")
-_RACES = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, "
-                    r"(\d+) warnings?\)")
-# The sanitizer's own lines ("========= " then text; detail lines are indented further) that are
-# not findings.
-_NOT_FINDINGS = re.compile(r"COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|"
-                           r"Target application returned an error|"
-                           r"process didn't terminate successfully")
-
-
-def parse_report(text: str, tool: str) -> Report:
-    """The findings of a sanitizer log: racecheck's errors + warnings from its summary, the other
-    tools' error count; the report line of each finding (the sanitizer's unindented lines); and
-    whether the worker printed WORKER_DONE."""
-    if tool == "racecheck":
-        counts = [int(e) + int(w) for _, e, w in _RACES.findall(text)]
-    else:
-        counts = [int(n) for n in _ERRORS.findall(text)]
-    lines = [m.group(1).rstrip() for m in re.finditer(r"^========= (\S.*)$", text, re.M)
-             if not _NOT_FINDINGS.search(m.group(1))]
-    done = any(line.startswith(WORKER_DONE) for line in text.splitlines())
-    return Report(sum(counts) if counts else None, lines, done)
-
-
-def judge(run: Run, report: Report, returncode: int | None,
-          allowed: dict[tuple[str, str, str], Allowance] | None = None) -> tuple[bool, str]:
-    """(passed, verdict) of a run: its report, the sanitizer's exit status (None: timed out) and
-    the allow-list (default ALLOWED)."""
-    allowed = ALLOWED if allowed is None else allowed
-    if returncode is None:
-        return False, "timed out"
-    n = report.findings
-    if n is None:
-        return False, f"no sanitizer summary (exit {returncode}): read the log"
-    if not report.done:
-        return False, f"{n} findings, the worker did not finish (exit {returncode}): read the log"
-    if n == 0:
-        if returncode != 0:
-            return False, f"exit {returncode} without a counted finding: read the log"
-        return True, "clean"
-    entry = allowed.get((run.tool, run.pass_, run.variant))
-    if entry is None:
-        return False, f"{n} findings, not allowed"
-    if entry.count is not None and n > entry.count:
-        return False, f"{n} findings, {entry.count} allowed ({entry.doc})"
-    if entry.pattern is not None:
-        stray = [line for line in report.lines if not re.search(entry.pattern, line)]
-        if stray:
-            return False, f"{n} findings, {len(stray)} outside the allowed pattern: {stray[0]}"
-    return True, f"{n} findings, allowed ({entry.doc})"
+                  run.variant, "--shape", *map(str, dataclasses.astuple(s)), *form, *family]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,12 +287,13 @@ def run_all(runs: Sequence[Run], sanitizer: str, out_dir: str, timeout: int, job
     return rows
 
 
-def worker(pass_: str, variant: str | None, s: Shape | None, form: str = "trilinear") -> int:
-    """One call of `variant` of `pass_` on `s` in the logits' `form` (what a run checks), or the
-    probe's one launch (pass_ PROBE), then WORKER_DONE."""
+def worker(pass_: str, variant: str | None, s, form: str = "trilinear",
+           family: str = registry.DEFAULT_FAMILY) -> int:
+    """One call of `variant` of (family, pass_) on `s` in the logits' `form` (what a run checks),
+    or the probe's one launch (pass_ PROBE), then WORKER_DONE."""
     import torch
 
-    from profiling.common import pass_inputs, run_pass
+    from altattn import launcher
     problem = gpu_problem(PROG)
     if problem is not None:
         return problem
@@ -424,8 +302,8 @@ def worker(pass_: str, variant: str | None, s: Shape | None, form: str = "trilin
         ws_probe.run()
         print(f"{WORKER_DONE}: {PROBE} {PROBE_NAME} {ws_probe.GRID} CTAs", flush=True)
         return 0
-    inputs = pass_inputs(pass_, s, form=form)
-    run_pass(pass_, variant, inputs, s, form=form)
+    inputs = registry.get_family(family).make_inputs(s, pass_, seed=0, form=form, device="cuda")
+    launcher.run(family, pass_, *inputs, variant=variant)
     torch.cuda.synchronize()
     print(f"{WORKER_DONE}: {pass_} {variant} {s.short()} form={form}", flush=True)
     return 0
@@ -448,14 +326,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"passes (default: {' '.join(registry.PASSES)}); '{PROBE}' adds the "
                         "warp-specialization probe (profiling/ws_probe.py, not a variant: one "
                         "run per tool)")
-    p.add_argument("--variant", nargs="+", choices=variant_names(), metavar="NAME",
-                   help="variants (default: every registered variant of the passes): "
-                        f"{', '.join(variant_names())}")
+    names = list(dict.fromkeys(v.name for v in registry.all_variants(None, None)))
+    forms = sorted({f for v in registry.all_variants(None, None)
+                    for f in (v.accepted("form") if "form" in registry.get_family(
+                        v.family).accepts else ())})
+    add_family_arg(p)
+    p.add_argument("--variant", nargs="+", choices=names, metavar="NAME",
+                   help="variants (default: every registered variant of the family's passes): "
+                        f"{', '.join(names)}")
     p.add_argument("--out", metavar="DIR", default="out/sanitize",
                    help="directory of the logs and summary.txt (default: out/sanitize; created)")
-    p.add_argument("--shapes", nargs="+", choices=SHAPE_SETS, default=list(SHAPE_SETS),
-                   metavar="SET", help="which of each variant's shapes: small (of SMALL_G_OR_HK), "
-                                       "ragged (of RAGGED_N) (default: both)")
+    p.add_argument("--shapes", nargs="+", type=positive_int, metavar="GROUP",
+                   help="which of each variant's shapes, by the number (from 1) of their group "
+                        "in the family's sanitizer_shapes (default: every group)")
     p.add_argument("--racecheck-report", choices=RACECHECK_REPORTS, default="analysis",
                    help="racecheck's report: analysis (one finding per pair of racing accesses, "
                         "the default), hazard (each hazard, with the threads and the address) or "
@@ -467,11 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds one run may take before it is killed (default: 1800)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the runs and their commands, run nothing (no GPU needed)")
-    p.add_argument("--form", nargs="+", choices=FORMS, metavar="FORM",
-                   help=f"the logits' forms to check: {', '.join(FORMS)} (default: every form "
-                        f"each variant computes, its registry `forms`)")
+    p.add_argument("--form", nargs="+", choices=forms, metavar="FORM",
+                   help=f"the logits' forms to check: {', '.join(forms)} (default: every form "
+                        f"each variant computes, its record's accepted('form'))")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--shape", nargs=7, type=positive_int, help=argparse.SUPPRESS)
+    p.add_argument("--shape", nargs="+", type=positive_int, help=argparse.SUPPRESS)
     return p
 
 
@@ -482,13 +365,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.passes == [PROBE]:
             return worker(PROBE, None, None)
         if not args.shape or not args.variant or len(args.variant) != 1 or len(args.passes) != 1:
-            parser.error("--worker needs --shape B N Hq Hk D w1 w2, one --variant and one --pass")
+            parser.error("--worker needs --shape (the shape's fields), one --variant and one "
+                         "--pass")
         if args.form is not None and len(args.form) != 1:
             parser.error("--worker takes one --form")
-        return worker(args.passes[0], args.variant[0], Shape(*args.shape),
-                      (args.form or ["trilinear"])[0])
+        shape = registry.get_family(args.family).shape_type(*args.shape)
+        return worker(args.passes[0], args.variant[0], shape, (args.form or ["trilinear"])[0],
+                      args.family)
     try:
-        runs = plan(args.tool, args.passes, args.variant, args.shapes, args.form)
+        runs = plan(args.tool, args.passes, args.variant, args.shapes, args.form, args.family)
     except ValueError as e:
         parser.error(str(e))
     sanitizer = find_sanitizer()
@@ -506,7 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         return problem
     import torch
-    if any(r.pass_ == PROBE or registry.get(r.variant, r.pass_).needs_hopper for r in runs):
+    if any(r.pass_ == PROBE or registry.get(r.variant, r.pass_, r.family).needs_hopper
+           for r in runs):
         major, minor = torch.cuda.get_device_capability()
         if major != 9:
             print(f"{PROG}: the variants need a Hopper GPU (sm_90); this one is sm_{major}{minor}",

@@ -9,9 +9,9 @@ trace_plot.py.
     python profiling/trace.py --summarize out/trace/tlx_ws.chrome_trace [--json]    # CPU only
     python profiling/trace.py --plot out/trace/tlx_ws.chrome_trace --png t.png      # CPU only
 
-Capture: `profiling.common.run_pass(..., profile=...)` runs copies of the variant's kernels with
-Proton scopes (its registry record's `scopes`: load_kv, build_a, build_b, build_c, wait_kv,
-qk_gemm, softmax, pv_gemm, v1_mul, epilogue). Proton's instrumentation backend records the cycle
+Capture: `launcher.run(..., profile=...)` runs copies of the variant's kernels with Proton scopes
+(its registry record's `scopes`, names of its family's `scopes`, each with a role: load, build,
+wait, gemm, softmax, scale, epilogue; --family picks the family, default simplicial). Proton's instrumentation backend records the cycle
 counter at every scope entry and exit for the sampled warps (default: the first warp of every
 warp group) of every CTA. A backward call runs several kernels of different widths (Delta,
 k-owner, row-owner, reduce; the k-owner and the row-owner have scopes): one Proton session per
@@ -21,10 +21,10 @@ and is written as OUT/<variant>.chrome_trace (backward: OUT/<variant>_bwd.chrome
 trace JSON: open it in ui.perfetto.dev or chrome://tracing). Summaries are per kernel.
 
 Summary (`summarize`): warps are grouped into warp groups of 4 (warp w -> group w // 4). A group
-that runs a gemm scope is a consumer; one that only loads is the producer (TLX). In each CTA a
+that runs a gemm-role scope is a consumer; one that only loads or builds is a producer (TLX). In each CTA a
 group's span runs from its sampled warps' first scope entry to their last scope exit.
   share      scope cycles / (sampled warps x span), summed over CTAs; "(outside scopes)" is the rest
-  tc busy    |union of qk_gemm and pv_gemm intervals of the group's warps| / span, summed over CTAs
+  tc busy    |union of the gemm scopes' intervals of the group's warps| / span, summed over CTAs
   bubble     share of the consumers' span (first to last consumer event of the CTA) in which no
              consumer group is in a gemm scope; cycle-weighted average over CTAs
 Caveats: a gemm scope ends after the warp has waited for the wgmma result, so it measures issue to
@@ -47,17 +47,17 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
-from profiling.common import (PRESETS, add_pass_arg, add_shape_args, check_variants,  # noqa: E402
-                              format_table, metadata_line, positive_int, run_metadata,
-                              shape_from_args, variant_names)
+from altattn import registry  # noqa: E402
+from profiling.common import (add_family_arg, add_pass_arg, add_shape_args,  # noqa: E402
+                              check_variants, format_table, metadata_line, positive_int,
+                              run_metadata, shape_from_args)
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS  # noqa: E402
 from profiling.trace_capture import (DEFAULT_CTAS, PASSES, capture, kernel_level,  # noqa: E402
                                      sampled_warps, trace_name)
+from profiling.trace_kernels import BREAKDOWN_COLUMNS, KERNEL_COLUMNS  # noqa: E402
 from profiling.trace_plot import plot_timelines  # noqa: E402
-from profiling.trace_summary import (BREAKDOWN_COLUMNS, KERNEL_COLUMNS,  # noqa: E402
-                                     MAX_TRACE_BYTES, format_comparison, format_summary,
-                                     load_trace, split_kernels, summarize)
-from altattn import registry  # noqa: E402
+from profiling.trace_summary import (MAX_TRACE_BYTES, format_comparison,  # noqa: E402
+                                     format_summary, load_trace, split_kernels, summarize)
 
 PROG = "profiling/trace.py"
 DEFAULT_PRESET = "small"   # B=1 N=2048 Hq=64 Hk=1 D=128 w1=32 w2=256
@@ -67,13 +67,15 @@ DEFAULT_PRESET = "small"   # B=1 N=2048 Hq=64 Hk=1 D=128 w1=32 w2=256
 # Command line
 
 def build_parser() -> argparse.ArgumentParser:
-    names = variant_names()
+    # every family's variant names (the family's own are checked after parsing)
+    names = list(dict.fromkeys(v.name for v in registry.all_variants(None, None)))
+    presets = registry.get_family().presets
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Proton traces of the forward and backward kernels (--pass). Capture modes "
                     "(--variant, --compare, --kernels) need a CUDA GPU; --summarize and --plot "
                     "run anywhere.",
-        epilog=f"Default shape: preset {DEFAULT_PRESET} ({PRESETS[DEFAULT_PRESET].short()}). "
+        epilog=f"Default shape: preset {DEFAULT_PRESET} ({presets[DEFAULT_PRESET].short()}). "
                "Numbers: cycles of the SM clock; gemm scopes include the wait for the wgmma "
                "result (an upper bound of tensor-core busy time); instrumentation perturbs "
                "timing. Open a .chrome_trace in ui.perfetto.dev. Exit status: 0 ok, 1 unusable "
@@ -91,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="timeline PNG of .chrome_trace file(s), stacked (no GPU); needs --png")
     p.add_argument("--variant", action="append", choices=names, metavar="NAME",
                    help=f"variant to capture (repeatable): {', '.join(names)}")
+    add_family_arg(p)
     add_pass_arg(p, PASSES)
     add_shape_args(p, default_preset=DEFAULT_PRESET)
     p.add_argument("--out", metavar="DIR", default="out/trace",
@@ -122,11 +125,11 @@ def _per_kernel(named: Sequence[tuple[str, list[dict]]]) -> list[tuple[str, list
     return [part for name, events in named for part in split_kernels(events, name)]
 
 
-def _summary_text(paths: Sequence[str], as_json: bool) -> str:
+def _summary_text(paths: Sequence[str], as_json: bool, family: str) -> str:
     traces = [(os.path.basename(p).replace(".chrome_trace", ""), load_trace(p)) for p in paths]
     where = {label: p for p, (name, ev) in zip(paths, traces)
              for label, _ in split_kernels(ev, name)}
-    named = [(label, summarize(ev)) for label, ev in _per_kernel(traces)]
+    named = [(label, summarize(ev, family)) for label, ev in _per_kernel(traces)]
     if as_json:
         out = [dict(s, path=where[label], label=label) for label, s in named]
         return json.dumps(out[0] if len(out) == 1 else out, indent=1)
@@ -151,14 +154,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 panels = _per_kernel([(os.path.basename(p).replace(".chrome_trace", ""),
                                        load_trace(p)) for p in paths])
-                plot_timelines(panels, args.png, args.max_ctas or (4 if len(panels) == 1 else 2))
+                plot_timelines(panels, args.png, args.max_ctas or (4 if len(panels) == 1 else 2),
+                               args.family)
             except (ValueError, OSError) as e:
                 print(f"{PROG}: {e}", file=sys.stderr)
                 return 1
             print(f"wrote {args.png}")
             return 0
         try:
-            print(_summary_text(paths, args.json))
+            print(_summary_text(paths, args.json, args.family))
         except (ValueError, OSError, json.JSONDecodeError) as e:
             print(f"{PROG}: {e}", file=sys.stderr)
             return 1
@@ -175,14 +179,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("say what to do: --variant NAME (capture), --compare A B, --kernels, "
                          "--summarize PATH or --plot PATH --png OUT.png")
         names = list(dict.fromkeys(args.variant))
+    for n in names:
+        try:
+            registry.get(n, args.pass_, args.family)
+        except ValueError as e:
+            parser.error(str(e))
     shape = shape_from_args(args)
     check_variants(parser, args.pass_, names or ["auto"], [shape])
     if not names:  # --kernels: every variant that takes the shape
-        names = [v.name for v in registry.all_variants(args.pass_)
+        names = [v.name for v in registry.all_variants(args.pass_, args.family)
                  if v.cannot_take(shape.spec()) is None]
     for n in names if not args.kernels else ():
         try:  # every traced kernel must have the sampled warps (Proton refuses others)
-            sampled_warps(n, shape, args.pass_, args.warps)
+            sampled_warps(n, shape, args.pass_, args.warps, args.family)
         except ValueError as e:
             parser.error(str(e))
         except ImportError:  # e.g. TLX under upstream Triton: the run itself says so
@@ -198,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.kernels:
         rows, per_kernel = kernel_level(names, shape, args.out, reps=args.reps, seed=args.seed,
-                                        pass_=args.pass_)
+                                        pass_=args.pass_, family=args.family)
         if args.json:
             print(json.dumps({"variants": rows, "kernels": per_kernel}, indent=1))
         else:
@@ -214,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in names:
         try:
             path = capture(n, shape, args.out, ctas=args.ctas, warps=args.warps, seed=args.seed,
-                           keep_full=args.keep_full, pass_=args.pass_)
+                           keep_full=args.keep_full, pass_=args.pass_, family=args.family)
         except (RuntimeError, ValueError, OSError, json.JSONDecodeError) as e:
             print(f"{PROG}: capture of {n} failed: {e}", file=sys.stderr)
             return 1
@@ -222,14 +231,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not events:
             print(f"{PROG}: {path} holds no scope events", file=sys.stderr)
             return 1
-        missing = set(registry.get(n, args.pass_).scopes) - {e["name"] for e in events}
+        missing = set(registry.get(n, args.pass_, args.family).scopes) - {e["name"] for e in events}
         if missing and not args.warps:
             print(f"warning: {n}: scopes missing from the trace: {', '.join(sorted(missing))}",
                   file=sys.stderr)
         captured.append((n, path, events))
     panels = _per_kernel([(n, ev) for n, _, ev in captured])
     where = {label: p for n, p, ev in captured for label, _ in split_kernels(ev, n)}
-    summaries = [(label, summarize(ev)) for label, ev in panels]
+    summaries = [(label, summarize(ev, args.family)) for label, ev in panels]
     if args.json:
         print(json.dumps([dict(s, variant=label, path=where[label]) for label, s in summaries],
                          indent=1))
@@ -242,13 +251,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare:
         stem = trace_name(f"compare_{names[0]}_{names[1]}", args.pass_)
         png = os.path.join(args.out, f"{stem}.png")
-        plot_timelines(panels, png, args.max_ctas or 2)
+        plot_timelines(panels, png, args.max_ctas or 2, args.family)
         print(f"wrote {png}")
     else:
         for n, _, ev in captured:
             png = os.path.join(args.out, f"{trace_name(n, args.pass_)}.png")
             mine = split_kernels(ev, n)
-            plot_timelines(mine, png, args.max_ctas or (4 if len(mine) == 1 else 2))
+            plot_timelines(mine, png, args.max_ctas or (4 if len(mine) == 1 else 2), args.family)
             print(f"wrote {png}")
     return 0
 

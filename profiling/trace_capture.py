@@ -1,8 +1,8 @@
 """Proton traces of the forward and backward kernels captured on a GPU: one instrumented call
 per variant, trimmed to a few CTAs from the middle of each kernel's launch and written as a
-Chrome trace; and the kernel-level (CUPTI) times. Every call goes through
-`profiling.common.run_pass` (launcher.run, backward.backward); what a trace of a variant holds
-(its scoped kernels and their warps, its scopes) comes from its registry record."""
+Chrome trace; and the kernel-level (CUPTI) times. Every call goes through `launcher.run` of the
+variant's family, on the inputs its record makes (Family.make_inputs); what a trace of a variant
+holds (its scoped kernels and their warps, its scopes) comes from its registry record."""
 from __future__ import annotations
 
 import contextlib
@@ -12,15 +12,16 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 
-from profiling.common import Shape, pass_flops, pass_inputs, run_pass
+from altattn import launcher, registry
 from profiling.timing import L2_FLUSH_BYTES
+from profiling.trace_kernels import kernel_breakdown, kernel_table
 from profiling.trace_summary import (MAX_TRACE_BYTES, WARPS_PER_GROUP, ctas_per_kernel,
-                                     kernel_breakdown, kernel_table, read_trace_file,
-                                     write_trimmed)
-from altattn import registry
+                                     read_trace_file, write_trimmed)
+
+DEFAULT_FAMILY = registry.DEFAULT_FAMILY
 
 DEFAULT_CTAS = 8
-PASSES = ("fwd", "bwd")  # the passes whose variants can be captured (profiling.common.run_pass)
+PASSES = ("fwd", "bwd")  # the passes whose variants can be captured (launcher.run)
 
 
 def _check_pass(pass_: str) -> None:
@@ -88,15 +89,26 @@ def one_buffer_per_kernel() -> Iterator[None]:
         knobs.runtime.launch_exit_hook.remove(forget)
 
 
-def sampled_warps(variant: str, s: Shape, pass_: str = "fwd",
-                  warps: str | None = None) -> list[tuple[bool | str, int, list[int]]]:
+def pass_inputs(pass_: str, s, seed: int = 0, family: str = DEFAULT_FAMILY) -> tuple:
+    """One call's arguments of pass `pass_` on shape `s`, on the GPU (the family's make_inputs)."""
+    return registry.get_family(family).make_inputs(s, pass_, seed=seed, device="cuda")
+
+
+def run_pass(pass_: str, variant: str, inputs, family: str = DEFAULT_FAMILY,
+             profile: bool | str = False) -> tuple:
+    """One call of `variant` of (family, pass_) on `inputs` (launcher.run)."""
+    return launcher.run(family, pass_, *inputs, variant=variant, profile=profile)
+
+
+def sampled_warps(variant: str, s, pass_: str = "fwd", warps: str | None = None,
+                  family: str = DEFAULT_FAMILY) -> list[tuple[bool | str, int, list[int]]]:
     """(launch's `profile` argument, warps per CTA, warps to sample) per capture session of
     `variant` on `s`: one per scoped kernel (registry.Variant.profiled_kernels), each sampling
     `warps` (parse_warps), default the first warp of every warp group of that kernel. ValueError
     when `warps` names a warp that one of the kernels lacks (Proton would refuse it)."""
     _check_pass(pass_)
     out = []
-    for profile, total in registry.get(variant, pass_).profiled_kernels(s.spec()).items():
+    for profile, total in registry.get(variant, pass_, family).profiled_kernels(s.spec()).items():
         try:
             sampled = parse_warps(warps, total) if warps else default_sampled_warps(total)
         except ValueError as e:
@@ -106,9 +118,9 @@ def sampled_warps(variant: str, s: Shape, pass_: str = "fwd",
     return out
 
 
-def capture(variant: str, s: Shape, out_dir: str, ctas: int = DEFAULT_CTAS,
+def capture(variant: str, s, out_dir: str, ctas: int = DEFAULT_CTAS,
             warps: str | None = None, seed: int = 0, keep_full: bool = False,
-            log=print, pass_: str = "fwd") -> str:
+            log=print, pass_: str = "fwd", family: str = DEFAULT_FAMILY) -> str:
     """Capture one trace of `variant` (of pass `pass_`) on shape `s` and write
     OUT/<trace_name>.chrome_trace, trimmed to `ctas` CTAs per kernel (fewer if it would pass
     MAX_TRACE_BYTES). One Proton session per scoped kernel (sampled_warps: its own warps); their
@@ -117,10 +129,10 @@ def capture(variant: str, s: Shape, out_dir: str, ctas: int = DEFAULT_CTAS,
     import triton.profiler as proton
     from triton.profiler import mode
 
-    sessions = sampled_warps(variant, s, pass_, warps)
+    sessions = sampled_warps(variant, s, pass_, warps, family)
     name = trace_name(variant, pass_)
-    inputs = pass_inputs(pass_, s, seed)
-    run_pass(pass_, variant, inputs, s)  # compile and warm the plain kernels
+    inputs = pass_inputs(pass_, s, seed, family)
+    run_pass(pass_, variant, inputs, family)  # compile and warm the plain kernels
     torch.cuda.synchronize()
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -137,7 +149,7 @@ def capture(variant: str, s: Shape, out_dir: str, ctas: int = DEFAULT_CTAS,
                                            buffer_type="global"))
             try:
                 with one_buffer_per_kernel():
-                    run_pass(pass_, variant, inputs, s, profile=profile)
+                    run_pass(pass_, variant, inputs, family, profile=profile)
                     torch.cuda.synchronize()
             finally:
                 proton.finalize()
@@ -169,21 +181,22 @@ def capture(variant: str, s: Shape, out_dir: str, ctas: int = DEFAULT_CTAS,
     return path
 
 
-def kernel_level(names: Sequence[str], s: Shape, out_dir: str, reps: int = 5,
-                 seed: int = 0, pass_: str = "fwd") -> tuple[list[dict], list[dict]]:
+def kernel_level(names: Sequence[str], s, out_dir: str, reps: int = 5, seed: int = 0,
+                 pass_: str = "fwd", family: str = DEFAULT_FAMILY
+                 ) -> tuple[list[dict], list[dict]]:
     """CUPTI kernel times of each variant (of pass `pass_`) on `s`: `reps` calls per variant,
-    each in its own proton scope "<variant>#<i>" with the call's useful FLOPs (pass_flops), L2
+    each in its own proton scope "<variant>#<i>" with the call's useful FLOPs (Family.flops), L2
     flushed before each call (as profiling.timing.median_ms does). Returns the rows of
     kernel_table and of kernel_breakdown (time per kernel of a call) of OUT/kernels.hatchet."""
     import torch
     import triton.profiler as proton
 
     _check_pass(pass_)
-    inputs = pass_inputs(pass_, s, seed)
+    inputs = pass_inputs(pass_, s, seed, family)
     for name in names:  # compile outside the session
-        run_pass(pass_, name, inputs, s)
+        run_pass(pass_, name, inputs, family)
     torch.cuda.synchronize()
-    flops = pass_flops(pass_, s)
+    flops = registry.get_family(family).flops(s, pass_)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -195,7 +208,7 @@ def kernel_level(names: Sequence[str], s: Shape, out_dir: str, reps: int = 5,
                 for i in range(reps):
                     flush.zero_()
                     with proton.scope(f"{name}#{i}", metrics={"flops": flops}):
-                        run_pass(pass_, name, inputs, s)
+                        run_pass(pass_, name, inputs, family)
             torch.cuda.synchronize()
         finally:
             proton.finalize()

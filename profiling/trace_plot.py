@@ -4,28 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from profiling.trace_summary import WARPS_PER_GROUP, group_labels, middle, ordered_scopes
+from altattn import registry
+from profiling.trace_summary import WARPS_PER_GROUP, ScopeRoles, group_labels, middle
 
-# Fixed colours per scope (tab10), so every picture reads the same.
-SCOPE_COLORS = {
-    "load_kv": "#1f77b4", "wait_kv": "#7f7f7f", "qk_gemm": "#d62728", "softmax": "#2ca02c",
-    "pv_gemm": "#ff7f0e", "v1_mul": "#9467bd", "epilogue": "#8c564b",
-}
-_EXTRA_COLORS = ("#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#98df8a", "#ffbb78")
+# Colours (tab10, then more) given to a family's scopes in its kernel order, so every picture of
+# the family reads the same; a name the family lacks gets one of the extra colours.
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+_EXTRA_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94")
 
 
-def scope_color(name: str) -> str:
-    if name in SCOPE_COLORS:
-        return SCOPE_COLORS[name]
+def scope_color(name: str, roles: ScopeRoles | None = None) -> str:
+    order = (roles or ScopeRoles.of()).order
+    if name in order:
+        i = order.index(name)
+        return (_COLORS + _EXTRA_COLORS)[i % (len(_COLORS) + len(_EXTRA_COLORS))]
     return _EXTRA_COLORS[sum(map(ord, name)) % len(_EXTRA_COLORS)]
 
 
-def _zoom_window(evs: list[dict], t0: float, t1: float) -> tuple[float, float]:
-    """A window of about 4 steps (qk_gemm starts) around the middle of the CTA, else 1/16 of it."""
-    starts = sorted(e["start"] for e in evs if e["name"] == "qk_gemm")
+def _zoom_window(evs: list[dict], t0: float, t1: float, step: str | None
+                 ) -> tuple[float, float]:
+    """A window of about 4 steps (starts of the `step` scope: the family's first gemm scope)
+    around the middle of the CTA, else 1/16 of it."""
+    starts = sorted(e["start"] for e in evs if e["name"] == step)
     if len(starts) > 8:
-        ws = sorted({e["warp"] for e in evs if e["name"] == "qk_gemm"})
-        starts = sorted(e["start"] for e in evs if e["name"] == "qk_gemm" and e["warp"] == ws[0])
+        ws = sorted({e["warp"] for e in evs if e["name"] == step})
+        starts = sorted(e["start"] for e in evs if e["name"] == step and e["warp"] == ws[0])
     if len(starts) > 8:
         i = len(starts) // 2
         return starts[i] - 0.02 * (starts[i + 4] - starts[i]), starts[i + 4]
@@ -34,7 +38,7 @@ def _zoom_window(evs: list[dict], t0: float, t1: float) -> tuple[float, float]:
 
 
 def _draw_cta(ax, evs: list[dict], t0: float, lanes: list[int], labels: dict[int, str],
-              window: tuple[float, float] | None = None) -> None:
+              roles: ScopeRoles, window: tuple[float, float] | None = None) -> None:
     from matplotlib.ticker import FuncFormatter, MaxNLocator
     for lane, w in enumerate(lanes):
         by_name: dict[str, list[tuple[float, float]]] = {}
@@ -45,7 +49,7 @@ def _draw_cta(ax, evs: list[dict], t0: float, lanes: list[int], labels: dict[int
                 continue
             by_name.setdefault(e["name"], []).append((e["start"] - t0, e["dur"]))
         for name, bars in by_name.items():
-            ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=scope_color(name),
+            ax.broken_barh(bars, (lane - 0.4, 0.8), facecolors=scope_color(name, roles),
                            edgecolor="none")
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels([labels[w] for w in lanes], fontsize=7)
@@ -58,23 +62,26 @@ def _draw_cta(ax, evs: list[dict], t0: float, lanes: list[int], labels: dict[int
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def plot_timelines(traces: Sequence[tuple[str, list[dict]]], png: str, max_ctas: int = 4) -> str:
+def plot_timelines(traces: Sequence[tuple[str, list[dict]]], png: str, max_ctas: int = 4,
+                   family: str = registry.DEFAULT_FAMILY) -> str:
     """One PNG: for each (title, events) up to max_ctas CTAs from the middle of the trace, stacked;
     each CTA gets its whole span (left; one common x scale when there are several traces) and a
     zoom on ~4 steps in its middle (right). One lane per sampled warp, labelled with its warp
-    group; x in cycles from the CTA's first event."""
+    group (its role from `family`'s scopes); x in cycles from the CTA's first event."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    roles = ScopeRoles.of(family)
+    step = roles.gemm[0] if roles.gemm else None
     panels = []  # (title, cta, events of the cta, lanes, labels)
     names: set[str] = set()
     for title, events in traces:
         if not events:
             raise ValueError(f"{title}: no scope events to plot")
         names.update(e["name"] for e in events)
-        _, group_label = group_labels(events)
+        _, group_label = group_labels(events, roles)
         starts: dict[str, float] = {}
         for e in events:
             starts[e["cta"]] = min(starts.get(e["cta"], float("inf")), e["start"])
@@ -92,16 +99,16 @@ def plot_timelines(traces: Sequence[tuple[str, list[dict]]], png: str, max_ctas:
     for (title, cta, evs, lanes, labels), (ax_full, ax_zoom) in zip(panels, axes):
         t0 = min(e["start"] for e in evs)
         t1 = max(e["end"] for e in evs)
-        _draw_cta(ax_full, evs, t0, lanes, labels)
+        _draw_cta(ax_full, evs, t0, lanes, labels, roles)
         ax_full.set_xlim(0, longest if len(traces) > 1 else t1 - t0)
         ax_full.set_title(f"{title}: {cta} ({t1 - t0:,.0f} cycles)", fontsize=8, loc="left")
-        win = _zoom_window(evs, t0, t1)
-        _draw_cta(ax_zoom, evs, t0, lanes, labels, window=win)
+        win = _zoom_window(evs, t0, t1, step)
+        _draw_cta(ax_zoom, evs, t0, lanes, labels, roles, window=win)
         ax_zoom.set_yticklabels([])
         ax_zoom.set_title("zoom: ~4 steps mid-CTA", fontsize=8, loc="left")
     for ax in axes[-1]:
         ax.set_xlabel("cycles since the CTA's first event (k = 1000)", fontsize=8)
-    handles = [Patch(color=scope_color(n), label=n) for n in ordered_scopes(names)]
+    handles = [Patch(color=scope_color(n, roles), label=n) for n in roles.ordered(names)]
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
                frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / (sum(heights) + 1.2)))
@@ -110,7 +117,8 @@ def plot_timelines(traces: Sequence[tuple[str, list[dict]]], png: str, max_ctas:
     return png
 
 
-def plot_timeline(events: list[dict], png: str, max_ctas: int = 4, title: str = "") -> str:
+def plot_timeline(events: list[dict], png: str, max_ctas: int = 4, title: str = "",
+                  family: str = registry.DEFAULT_FAMILY) -> str:
     """Timeline of up to max_ctas CTAs of one trace (see plot_timelines)."""
     kernel = title or ", ".join(sorted({e["kernel"] for e in events})) or "trace"
-    return plot_timelines([(kernel, events)], png, max_ctas)
+    return plot_timelines([(kernel, events)], png, max_ctas, family)

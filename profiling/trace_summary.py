@@ -1,7 +1,8 @@
 """Proton traces on the CPU: read, normalize, trim, summarize (cycles per scope, tensor-core busy,
-bubble), compare, and the kernel-level (CUPTI) table. The capture (GPU) is in trace_capture.py,
-the timeline picture in trace_plot.py, the command line in trace.py (its docstring says what the
-numbers mean).
+bubble) and compare. What a scope is for (its role: load, gemm, softmax, ...) comes from the
+family's record (registry.Family.scopes, ScopeRoles below). The capture (GPU) is in
+trace_capture.py, the kernel-level (CUPTI) table in trace_kernels.py, the timeline picture in
+trace_plot.py, the command line in trace.py (its docstring says what the numbers mean).
 
 Trace format (what proton writes): {"displayTimeUnit": "ns", "traceEvents": [{"name": scope,
 "ph": "X", "cat": "<kernel>", "pid": "<kernel> Core<sm> CTA<id>", "tid": "warp <w> (line 0)",
@@ -15,33 +16,80 @@ import itertools
 import json
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
+from altattn import registry
 from profiling.common import format_table
-from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS, pct_of_peak
-from altattn.simplicial.family import SCOPES
 
-# GEMM_SCOPES are the scopes that hold a wgmma (issue + wait); every scope name, in kernel order,
-# is registry.SCOPES.
-GEMM_SCOPES = ("qk_gemm", "pv_gemm")
-STEP_SCOPES = ("qk_gemm", "softmax", "pv_gemm", "v1_mul")  # the work of one (K2/V2 block, j)
-# One of each per step in every kernel design: unequal counts in a warp mean dropped events.
-PAIRED_SCOPES = ("qk_gemm", "softmax", "pv_gemm")
-PRODUCER_SCOPES = ("load_kv",)
 OUTSIDE = "(outside scopes)"
 WARPS_PER_GROUP = 4
 
 MAX_TRACE_BYTES = 20_000_000
 DEFAULT_FREQUENCY_MHZ = 1000.0
 
-CAVEATS = (
-    ("gemm scopes (qk_gemm, pv_gemm) include the wait for the wgmma result: they measure issue to "
-     "completion as seen by the warp, an upper bound of tensor-core busy time (qk_gemm also holds "
-     "the K1/V1 row loads and Q*K1[j], or in tlx_ws_keys the wait for the producer's B_j)"),
-    "instrumentation (a clock read + store per scope boundary) perturbs timing and scheduling",
-    ("cycles are the SM clock of the sampled warps; spans run from a group's first scope entry to "
-     "its last scope exit in each CTA"),
-)
+
+@dataclass(frozen=True)
+class ScopeRoles:
+    """A family's Proton scopes (registry.Family.scopes): their kernel order and the role of each
+    (registry.SCOPE_ROLES). All the summary knows about scope names comes from here: a warp group
+    that runs a "gemm" scope is a consumer, one that runs "load" or "build" scopes and no gemm is a
+    producer; a consumer's step is its gemm, softmax and scale scopes, counted by its first gemm
+    scope in kernel order."""
+
+    order: tuple[str, ...]
+    role: Mapping[str, str]
+
+    @classmethod
+    def of(cls, family: str = registry.DEFAULT_FAMILY) -> ScopeRoles:
+        scopes = registry.get_family(family).scopes
+        return cls(tuple(scopes), dict(scopes))
+
+    def named(self, *roles: str) -> tuple[str, ...]:
+        """The scopes of these roles, in kernel order."""
+        return tuple(s for s in self.order if self.role[s] in roles)
+
+    @property
+    def gemm(self) -> tuple[str, ...]:    # hold a wgmma (issue + wait): tensor-core busy
+        return self.named("gemm")
+
+    @property
+    def step(self) -> tuple[str, ...]:    # the work of one step of a consumer
+        return self.named("gemm", "softmax", "scale")
+
+    @property
+    def paired(self) -> tuple[str, ...]:  # one of each per step: unequal counts, dropped events
+        return self.named("gemm", "softmax")
+
+    def group_role(self, scope_names: Iterable[str]) -> str:
+        """'consumer' for a warp group that runs a gemm scope, 'producer' for one that only loads
+        or builds, 'other' otherwise."""
+        roles = {self.role.get(n) for n in scope_names}
+        if "gemm" in roles:
+            return "consumer"
+        if roles & {"load", "build"}:
+            return "producer"
+        return "other"
+
+    def ordered(self, names: Iterable[str]) -> list[str]:
+        """`names` in kernel order, names the family lacks after them (sorted)."""
+        names = set(names)
+        return [s for s in self.order if s in names] + sorted(names - set(self.order))
+
+    def caveats(self) -> tuple[str, ...]:
+        """The notes printed with every summary."""
+        return (
+            (f"gemm scopes ({', '.join(self.gemm)}) include the wait for the wgmma result: they "
+             "measure issue to completion as seen by the warp, an upper bound of tensor-core busy "
+             "time (a gemm scope also holds what its warps do between issue and wait, e.g. the "
+             "loads and products of its operands or the wait for a producer's)"),
+            "instrumentation (a clock read + store per scope boundary) perturbs timing and scheduling",
+            ("cycles are the SM clock of the sampled warps; spans run from a group's first scope "
+             "entry to its last scope exit in each CTA"),
+        )
+
+
+CAVEATS = ScopeRoles.of().caveats()  # the default family's
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,30 +227,22 @@ def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def group_role(scope_names: Iterable[str]) -> str:
-    """'consumer' for a warp group that runs a gemm scope, 'producer' for one that only loads,
-    'other' otherwise."""
-    names = set(scope_names)
-    if names & set(GEMM_SCOPES):
-        return "consumer"
-    if names & set(PRODUCER_SCOPES):
-        return "producer"
-    return "other"
-
-
-def group_labels(events: Iterable[dict]) -> tuple[dict[int, str], dict[int, str]]:
+def group_labels(events: Iterable[dict], roles: ScopeRoles | None = None
+                 ) -> tuple[dict[int, str], dict[int, str]]:
     """(role, label) per warp group of the events: 'wg1 consumer 0', 'wg0 producer', ...
-    Consumers are numbered only when there are several."""
+    Consumers are numbered only when there are several. `roles`: the family's (default: the
+    default family's)."""
+    roles = roles or ScopeRoles.of()
     names: dict[int, set[str]] = {}
     for e in events:
         names.setdefault(e["warp"] // WARPS_PER_GROUP, set()).add(e["name"])
-    roles = {g: group_role(names[g]) for g in sorted(names)}
-    consumers = [g for g in roles if roles[g] == "consumer"]
+    role = {g: roles.group_role(names[g]) for g in sorted(names)}
+    consumers = [g for g in role if role[g] == "consumer"]
     labels = {}
-    for g, role in roles.items():
-        labels[g] = f"wg{g} {role}" + (f" {consumers.index(g)}" if role == "consumer"
-                                         and len(consumers) > 1 else "")
-    return roles, labels
+    for g, r in role.items():
+        labels[g] = f"wg{g} {r}" + (f" {consumers.index(g)}" if r == "consumer"
+                                      and len(consumers) > 1 else "")
+    return role, labels
 
 
 def split_kernels(events: list[dict], name: str) -> list[tuple[str, list[dict]]]:
@@ -217,24 +257,26 @@ def split_kernels(events: list[dict], name: str) -> list[tuple[str, list[dict]]]
     return [(f"{name} {k}", by_kernel[k]) for k in sorted(by_kernel)]
 
 
-def ordered_scopes(names: Iterable[str]) -> list[str]:
-    names = set(names)
-    return [s for s in SCOPES if s in names] + sorted(names - set(SCOPES))
+def ordered_scopes(names: Iterable[str], roles: ScopeRoles | None = None) -> list[str]:
+    """`names` in the family's kernel order (ScopeRoles.ordered; default: the default family)."""
+    return (roles or ScopeRoles.of()).ordered(names)
 
 
-def summarize(events: list[dict]) -> dict:
+def summarize(events: list[dict], family: str = registry.DEFAULT_FAMILY) -> dict:
     """Per warp group and scope: count, mean and total cycles, share of the group's span;
     tensor-core busy per consumer group; bubble fraction per CTA and overall. `events` as from
-    load_trace.
+    load_trace; the roles of their scopes are `family`'s (ScopeRoles: gemm, step and paired scopes
+    below are the family's scopes of those roles).
 
     Returns {"kernel", "frequency_mhz", "ctas", "cta_ids", "warps", "cta_span_cycles" (mean
     first-to-last event of a CTA), "groups": [{"group", "role", "label", "warps", "scopes":
     {name: {"count", "mean_cycles", "total_cycles", "share"}}, "outside_share", "span_cycles"
-    (mean per CTA), "gemm_share" (qk_gemm + pv_gemm shares), "tc_busy" (consumers, else None),
-    "steps" and "step_cycles" (consumers: qk_gemm count, and the cycles of all
-    qk_gemm/softmax/pv_gemm/v1_mul scopes per qk_gemm)}], "bubble", "per_cta": [{"cta",
+    (mean per CTA), "gemm_share" (gemm scopes' shares), "tc_busy" (consumers, else None),
+    "steps" and "step_cycles" (consumers: the count of its first gemm scope, and the cycles of all
+    its step scopes per step)}], "bubble", "per_cta": [{"cta",
     "span_cycles", "bubble", "tc_busy": {label: fraction}}], "per_warp": {warp: {"group",
-    "counts"}}, "warnings": [...], "caveats": [...]}. Fractions are in [0, 1].
+    "counts"}}, "family", "gemm_scopes", "step_scopes", "warnings": [...], "caveats": [...]}.
+    Fractions are in [0, 1].
     """
     if not events:
         raise ValueError("no scope events in the trace")
@@ -247,7 +289,8 @@ def summarize(events: list[dict]) -> dict:
     ctas = sorted(first, key=lambda c: (first[c], c))
     warps = sorted({e["warp"] for e in events})
     group_ids = sorted({w // WARPS_PER_GROUP for w in warps})
-    roles, labels = group_labels(events)
+    sr = ScopeRoles.of(family)
+    roles, labels = group_labels(events, sr)
     warnings: list[str] = []
 
     # per-warp counts and sanity checks
@@ -260,9 +303,9 @@ def summarize(events: list[dict]) -> dict:
         per_warp[w] = {"group": w // WARPS_PER_GROUP, "counts": counts}
     for (cta, w), evs in sorted(by_cta_warp.items()):
         if roles[w // WARPS_PER_GROUP] == "consumer":
-            c = {s: sum(1 for e in evs if e["name"] == s) for s in PAIRED_SCOPES}
+            c = {s: sum(1 for e in evs if e["name"] == s) for s in sr.paired}
             if len(set(c.values())) > 1:
-                warnings.append(f"{cta} warp {w}: qk_gemm/softmax/pv_gemm counts differ {c} "
+                warnings.append(f"{cta} warp {w}: {'/'.join(sr.paired)} counts differ {c} "
                                 f"(events dropped? proton's buffer is circular)")
         ordered = sorted(evs, key=lambda e: e["start"])
         if any(b["start"] < a["end"] - 1e-6 for a, b in itertools.pairwise(ordered)):
@@ -291,11 +334,11 @@ def summarize(events: list[dict]) -> dict:
                 scope_cnt[e["name"]] = scope_cnt.get(e["name"], 0) + 1
             if roles[g] == "consumer":
                 covered = _union_length((e["start"], e["end"]) for e in evs
-                                        if e["name"] in GEMM_SCOPES)
+                                        if e["name"] in sr.gemm)
                 busy_sum += covered
                 per_cta[i]["tc_busy"][labels[g]] = covered / span if span > 0 else 0.0
         scopes = {}
-        for s in ordered_scopes(scope_tot):
+        for s in sr.ordered(scope_tot):
             scopes[s] = {"count": scope_cnt[s], "mean_cycles": scope_tot[s] / scope_cnt[s],
                          "total_cycles": scope_tot[s],
                          "share": scope_tot[s] / denom if denom > 0 else 0.0}
@@ -304,14 +347,15 @@ def summarize(events: list[dict]) -> dict:
                  "warps": [w for w in warps if w // WARPS_PER_GROUP == g],
                  "scopes": scopes, "outside_share": 1.0 - in_scopes,
                  "span_cycles": span_sum / n_spans if n_spans else 0.0,
-                 "gemm_share": sum(scopes[s]["share"] for s in GEMM_SCOPES if s in scopes),
+                 "gemm_share": sum(scopes[s]["share"] for s in sr.gemm if s in scopes),
                  "tc_busy": None, "steps": None, "step_cycles": None}
         if roles[g] == "consumer":
             entry["tc_busy"] = busy_sum / span_sum if span_sum > 0 else 0.0
-            if "qk_gemm" in scopes:
-                entry["steps"] = scopes["qk_gemm"]["count"]
-                entry["step_cycles"] = sum(scopes[s]["total_cycles"] for s in STEP_SCOPES
-                                           if s in scopes) / scopes["qk_gemm"]["count"]
+            first = next((s for s in sr.gemm if s in scopes), None)  # one per step
+            if first is not None:
+                entry["steps"] = scopes[first]["count"]
+                entry["step_cycles"] = sum(scopes[s]["total_cycles"] for s in sr.step
+                                           if s in scopes) / scopes[first]["count"]
         groups.append(entry)
 
     # bubble: per CTA, consumer span not covered by any consumer group's gemm scope
@@ -326,7 +370,7 @@ def summarize(events: list[dict]) -> dict:
             per_cta[i]["bubble"] = None
             continue
         span = max(e["end"] for e in evs) - min(e["start"] for e in evs)
-        covered = _union_length((e["start"], e["end"]) for e in evs if e["name"] in GEMM_SCOPES)
+        covered = _union_length((e["start"], e["end"]) for e in evs if e["name"] in sr.gemm)
         per_cta[i]["bubble"] = 1.0 - covered / span if span > 0 else 0.0
         bubble_cycles += span - covered
         cons_span_total += span
@@ -345,7 +389,10 @@ def summarize(events: list[dict]) -> dict:
         "per_cta": per_cta,
         "per_warp": per_warp,
         "warnings": warnings,
-        "caveats": list(CAVEATS),
+        "family": family,
+        "gemm_scopes": list(sr.gemm),
+        "step_scopes": list(sr.step),
+        "caveats": list(sr.caveats()),
     }
 
 
@@ -376,10 +423,11 @@ def format_summary(s: dict, title: str = "") -> str:
                                      ("total", "total cycles"), ("share", "% of span")]))
     for g in s["groups"]:
         if g["role"] == "consumer":
-            step = (f"; {g['steps']} steps of {g['step_cycles']:,.0f} cycles (qk+softmax+pv+v1)"
-                    if g["steps"] else "")
+            step = (f"; {g['steps']} steps of {g['step_cycles']:,.0f} cycles "
+                    f"({'+'.join(s['step_scopes'])})" if g["steps"] else "")
             lines.append(f"tensor-core busy {g['label']}: {100 * g['tc_busy']:.1f}% of its span "
-                         f"(qk_gemm U pv_gemm; scope shares {100 * g['gemm_share']:.1f}%){step}")
+                         f"({' U '.join(s['gemm_scopes'])}; scope shares "
+                         f"{100 * g['gemm_share']:.1f}%){step}")
     if s["bubble"] is not None:
         per_cta = [100 * c["bubble"] for c in s["per_cta"] if c["bubble"] is not None]
         per = (", ".join(f"{b:.1f}" for b in per_cta) if len(per_cta) <= 8 else
@@ -394,12 +442,14 @@ def format_summary(s: dict, title: str = "") -> str:
 
 
 def format_comparison(named: Sequence[tuple[str, dict]]) -> str:
-    """Key numbers of several summaries side by side: one column per trace."""
+    """Key numbers of several summaries side by side: one column per trace (scope rows in the
+    kernel order of the first summary's family)."""
     keys: list[tuple[str, object]] = [("CTAs", lambda s: s["ctas"]),
                                       ("CTA span (cycles)", lambda s: round(s["cta_span_cycles"])),
                                       ("bubble %", lambda s: _pct(s["bubble"]))]
+    roles = ScopeRoles.of(named[0][1].get("family", registry.DEFAULT_FAMILY)) if named else None
     scope_names = ordered_scopes({n for _, s in named for g in s["groups"]
-                                   if g["role"] == "consumer" for n in g["scopes"]})
+                                  if g["role"] == "consumer" for n in g["scopes"]}, roles)
 
     def consumers(s: dict) -> list[dict]:
         return [g for g in s["groups"] if g["role"] == "consumer"]
@@ -427,100 +477,3 @@ def format_comparison(named: Sequence[tuple[str, dict]]) -> str:
         rows.append(row)
     return format_table(rows, [("metric", "metric (scope rows: mean over consumer groups)")]
                         + [(name, name) for name, _ in named])
-
-
-# ---------------------------------------------------------------------------------------------
-# Kernel-level (CUPTI) table
-
-def _frames(node: dict) -> Iterable[dict]:
-    yield node
-    for c in node.get("children", []) or []:
-        yield from _frames(c)
-
-
-def _kernel_times(node: dict) -> dict[str, tuple[float, int]]:
-    """{kernel name: (sum of "time (ns)", sum of "count")} of the kernel frames under node."""
-    out: dict[str, tuple[float, int]] = {}
-    for f in _frames(node):
-        m = f.get("metrics", {}) or {}
-        if "time (ns)" in m:
-            t, n = out.get(f["frame"]["name"], (0.0, 0))
-            out[f["frame"]["name"]] = (t + float(m["time (ns)"]), n + int(m.get("count", 1)))
-    return out
-
-
-def measured_scopes(hatchet: list | dict) -> list[dict]:
-    """The measured scopes of a proton CUPTI .hatchet JSON (a list: the tree root, then device
-    info), in order: every frame whose metrics hold "flops", with the kernel frames below it.
-    {"variant": the scope name up to "#", "flops", "calls", "kernels": {name: (ns, count)}}. A
-    scope "<variant>#<i>" is one call (profiling/trace_capture.kernel_level enters each once; a
-    backward call runs several kernels); a scope "<variant>" counts one call per launch of its
-    most launched kernel."""
-    roots = hatchet if isinstance(hatchet, list) else [hatchet]
-    out: list[dict] = []
-
-    def visit(node: dict) -> None:
-        metrics = node.get("metrics", {}) or {}
-        name = str(node.get("frame", {}).get("name", ""))
-        if "flops" in metrics and name != "ROOT":
-            kernels = _kernel_times(node)
-            if kernels and sum(t for t, _ in kernels.values()) > 0:
-                calls = 1 if "#" in name else max(n for _, n in kernels.values())
-                out.append({"variant": name.split("#")[0], "flops": float(metrics["flops"]),
-                            "calls": calls, "kernels": kernels})
-            return
-        for child in node.get("children", []) or []:
-            visit(child)
-
-    for r in roots:
-        if isinstance(r, dict) and "frame" in r:
-            visit(r)
-    return out
-
-
-def _by_variant(scopes: list[dict]) -> dict[str, list[dict]]:
-    per: dict[str, list[dict]] = {}
-    for sc in scopes:
-        per.setdefault(sc["variant"], []).append(sc)
-    return per
-
-
-def kernel_table(hatchet: list | dict) -> list[dict]:
-    """One row per variant of a .hatchet (measured_scopes): variant, reps (scopes), launches
-    (kernel launches), kernels (distinct kernels per call: 1 forward, 4 and more backward), flops
-    (per call), ms (median time per call: a scope's kernel time / its calls), tflops (median over
-    scopes of flops / time), pct_peak (of H100_SXM_BF16_DENSE_TFLOPS)."""
-    rows = []
-    for variant, scopes in _by_variant(measured_scopes(hatchet)).items():
-        times = [sum(t for t, _ in sc["kernels"].values()) for sc in scopes]
-        tf = statistics.median(sc["flops"] / t / 1e3 for sc, t in zip(scopes, times))  # TFLOP/s
-        ns = statistics.median(t / sc["calls"] for sc, t in zip(scopes, times))
-        rows.append({"variant": variant, "reps": len(scopes),
-                     "launches": sum(n for sc in scopes for _, n in sc["kernels"].values()),
-                     "kernels": max(len(sc["kernels"]) for sc in scopes),
-                     "flops": sum(sc["flops"] for sc in scopes) / sum(sc["calls"] for sc in scopes),
-                     "ms": ns * 1e-6, "tflops": tf, "pct_peak": pct_of_peak(tf)})
-    return rows
-
-
-def kernel_breakdown(hatchet: list | dict) -> list[dict]:
-    """One row per (variant, kernel) of a .hatchet: ms (median over the variant's scopes of the
-    kernel's time per call) and pct (of the sum of these medians over the variant's kernels), in
-    launch order. Where a backward call spends its time."""
-    rows = []
-    for variant, scopes in _by_variant(measured_scopes(hatchet)).items():
-        names = list(dict.fromkeys(k for sc in scopes for k in sc["kernels"]))
-        ms = {k: statistics.median(sc["kernels"].get(k, (0.0, 0))[0] / sc["calls"]
-                                   for sc in scopes) * 1e-6 for k in names}
-        total = sum(ms.values())
-        rows.extend({"variant": variant, "kernel": k, "ms": ms[k],
-                     "pct": 100.0 * ms[k] / total if total > 0 else None} for k in names)
-    return rows
-
-
-KERNEL_COLUMNS = [("variant", "variant"), ("pass", "pass"), ("shape", "shape"),
-                  ("launches", "launches"), ("kernels", "kernels/call"),
-                  ("ms", "ms per call (median)"), ("tflops", "TFLOPS"),
-                  ("pct_peak", f"% of {H100_SXM_BF16_DENSE_TFLOPS:.0f}")]
-BREAKDOWN_COLUMNS = [("variant", "variant"), ("kernel", "kernel"), ("ms", "ms per call (median)"),
-                     ("pct", "% of the call")]

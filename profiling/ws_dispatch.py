@@ -1,6 +1,5 @@
 """The compiler's warp-specialization dispatch in a TLX kernel's SASS, and whether barrier 1 orders
-every access of it (issue 23, docs/sanitizers.md#the-warp-specialization-dispatch-issue-23); no GPU
-needed.
+every access of it (docs/sanitizers.md#the-warp-specialization-dispatch); no GPU needed.
 
 Triton lowers `tlx.async_tasks` (ConvertWarpSpecializeToLLVM) to this protocol: the warps
 0 .. DEFAULT-1 run the "default" task; the other warps loop in a dispatch loop. A dispatch byte per
@@ -357,15 +356,17 @@ def compiled_sass(config) -> tuple[str, dict[int, list[int]]]:
         return sass, indirect_targets(elf)
 
 
-def warp_specialized_configs(pass_: str | None = None, names: Sequence[str] | None = None):
+def warp_specialized_configs(pass_: str | None = None, names: Sequence[str] | None = None,
+                             family: str | None = None):
     """(label, CompileConfig) of every compile config whose kernel uses tlx.async_tasks (the
-    probe's first), of the variants named (default: all) of the pass (default: both)."""
+    probe's first), of the variants named (default: all) of the pass (default: both) of `family`
+    (default: the registry's default family)."""
     from profiling import ws_probe
     from altattn import registry
     out = [("probe ws_probe", ws_probe.compile_config())] if pass_ in (None, "probe") else []
     if pass_ == "probe":
         return out
-    for v, c in registry.compile_configs(pass_):
+    for v, c in registry.compile_configs(pass_, family or registry.DEFAULT_FAMILY):
         if names and v.name not in names:
             continue
         import inspect
@@ -376,15 +377,17 @@ def warp_specialized_configs(pass_: str | None = None, names: Sequence[str] | No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from profiling.common import add_family_arg
     p = argparse.ArgumentParser(prog="python3 -m profiling.ws_dispatch",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--pass", dest="pass_", choices=["fwd", "bwd", "probe"],
                    help="only this pass's configs (probe: only the probe)")
     p.add_argument("--variant", action="append", metavar="NAME", help="only this variant")
     p.add_argument("--listing", action="store_true", help="print each kernel's protocol listing")
+    add_family_arg(p)
     args = p.parse_args(argv)
     bad = 0
-    for label, c in warp_specialized_configs(args.pass_, args.variant):
+    for label, c in warp_specialized_configs(args.pass_, args.variant, args.family):
         sass, indirect = compiled_sass(c)
         d = check(sass, indirect)
         verdict = "ordered" if not d.problems else "NOT PROVEN"

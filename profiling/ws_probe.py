@@ -1,6 +1,6 @@
 """The warp-specialization probe: a TLX kernel with the task layout of our TLX kernels and no shared
 memory of its own, so that a sanitizer finding in it belongs to the compiler's warp-specialization
-code, not to our rings (issue 23, docs/sanitizers.md).
+code, not to our rings (docs/sanitizers.md#the-warp-specialization-dispatch).
 
 `ws_probe_kernel` has what `kernels_tlx/simplicial/bwd_ws.py` and `kernels_tlx/simplicial/ws.py` have around their work:
 `tlx.async_tasks()` with a "default" task (the launch's 4 warps) and one task of 4 warps,

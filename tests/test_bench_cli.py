@@ -16,7 +16,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from bench import common  # noqa: E402
+from altattn import registry  # noqa: E402
+from altattn.simplicial import flops as simplicial_flops  # noqa: E402
+from bench import common, peers  # noqa: E402
 from conftest import no_gpu_env  # noqa: E402
 from profiling.common import PRESETS, Shape, format_table, make_inputs, run_metadata  # noqa: E402
 
@@ -42,7 +44,14 @@ def run_cli(*args: str, script: str = "fwd.py",
     (["--sweep", "--N", "4096"], "--sweep"),
     (["--csv", os.path.join("no", "such", "dir", "rows.csv")], "--csv"),
     (["--rep-ms", "0"], "--rep-ms"),
-    (["--pass", "sideways"], "--pass"),
+    (["--pass", "fwd"], "unrecognized arguments: --pass fwd"),  # bench/fwd.py times the forward
+    (["--family", "nope"], "argument --family: invalid choice: 'nope'"),
+    (["--variant", "nope"], "argument --variant: invalid choice: 'nope'; fwd variants of "
+                            "simplicial: tlx_pipelined_kv"),
+    # a variant of the other pass: named as such, with the benchmark that times it
+    (["--variant", "tlx_pairs"], "invalid choice: 'tlx_pairs' ('tlx_pairs' is a bwd variant: "
+                                 "use bench/bwd.py); fwd variants of simplicial"),
+    (["--variant", "auto", "--hq", "3"], "no variant can take"),
     # a shape the named variant cannot take: the launcher's message, before the GPU check
     (["--variant", "tlx_ws", "--hq", "8"], "variant 'tlx_ws' cannot take B=4 N=16384 Hq=8 Hk=1"),
     (["--variant", "tlx_ws_kv", "--sweep", "--preset", "star64"], "G = Hq/Hk = 64, not 128"),
@@ -69,7 +78,11 @@ def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
 BWD_BAD = {
     "variant_unknown": (["--variant", "nope"], "argument --variant: invalid choice: 'nope'"),
     "variant_of_fwd": (["--variant", "tlx_pipelined_kv"],
-                       "argument --variant: invalid choice: 'tlx_pipelined_kv'"),
+                       "argument --variant: invalid choice: 'tlx_pipelined_kv' ('tlx_pipelined_kv' "
+                       "is a fwd variant: use bench/fwd.py); bwd variants of simplicial: triton, "
+                       "tlx_ws, tlx_pairs, or 'auto' or 'all'"),
+    "family_unknown": (["--family", "nope"], "argument --family: invalid choice: 'nope'"),
+    "all_refused_shape": (["--variant", "all", "--hq", "3"], "G = Hq/Hk = 3"),
     "shape_variant_refuses": (["--variant", "tlx_ws", "--hq", "16"], "G = Hq/Hk = 16 < 64"),
     "layer_zero": (["--layer", "0"], "argument --layer: must be a positive integer, got 0"),
     "hk_not_divisor": (["--hk", "3", "--hq", "128"], "--hq 128 must be a multiple of --hk 3"),
@@ -99,7 +112,10 @@ def test_bwd_bad_arguments_exit_2(args: list[str], needle: str) -> None:
     assert "no CUDA GPU" not in res.stderr  # argument errors come before the GPU check
 
 
-@pytest.mark.parametrize("args", [[], ["--variant", "auto"], ["--variant", "triton", "--d", "64"],
+@pytest.mark.parametrize("args", [[], ["--variant", "auto"], ["--variant", "all"],
+                                  ["--variant", "auto", "--variant", "all",
+                                   "--family", "simplicial"],
+                                  ["--variant", "triton", "--d", "64"],
                                   ["--variant", "tlx_ws", "--layer", "4096"],
                                   ["--preset", "small", "--hk", "2", "--w1", "100000"],
                                   ["--form", "trilinear", "det"],
@@ -109,6 +125,41 @@ def test_bwd_good_arguments_reach_the_gpu_check(args: list[str]) -> None:
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.strip().splitlines() == [
         "bench/bwd.py: no CUDA GPU found; this benchmark needs one (H100/H200)"], res.stderr
+
+
+def _variant_help(stdout: str) -> str:
+    """--variant's help text, unwrapped."""
+    text = " ".join(stdout.split())
+    start = text.index("--variant NAME ")
+    return text[start:text.index("--form FORM", start)]
+
+
+@pytest.mark.parametrize("script, pass_", [("fwd.py", "fwd"), ("bwd.py", "bwd")])
+def test_help_lists_only_the_pass_variants(script: str, pass_: str) -> None:
+    """Both benchmarks: one vocabulary (the pass's variants, 'auto', 'all'), --family, no --pass;
+    --peers states the family record's equal-work rule."""
+    res = run_cli("--help", script=script)
+    assert res.returncode == 0, res.stderr
+    help_ = _variant_help(res.stdout)
+    assert "'auto'" in help_ and "'all'" in help_
+    names = {v.name for v in registry.all_variants(None)}
+    own = {v.name for v in registry.all_variants(pass_)}
+    listed = {n for n in names if f" {n}," in help_ or f" {n};" in help_}
+    assert listed == own, help_
+    assert "--family" in res.stdout and "--pass" not in res.stdout
+    rule = registry.get_family().peers[0].rule
+    assert rule in " ".join(res.stdout.split())
+
+
+def test_auto_and_all_runs() -> None:
+    """fwd: 'auto' is one run per form (resolved on the GPU, its row names the variant), 'all'
+    every forward variant; both together: auto first, then the rest, no duplicates."""
+    fwd = _fwd_module()
+    names = [v.name for v in registry.all_variants("fwd")]
+    assert fwd.parse_args(["--variant", "auto"])[2] == [("auto", "trilinear")]
+    assert fwd.parse_args(["--variant", "all"])[2] == [(n, "trilinear") for n in names]
+    runs = fwd.parse_args(["--variant", "auto", "--variant", "all", "--variant", "triton"])[2]
+    assert runs == [("auto", "trilinear")] + [(n, "trilinear") for n in names]
 
 
 def test_bwd_help_exits_0() -> None:
@@ -121,8 +172,8 @@ def test_bwd_help_exits_0() -> None:
 def test_help_exits_0() -> None:
     res = run_cli("--help")
     assert res.returncode == 0
-    for flag in ("--variant", "--form", "--pass", "--preset", "--sweep", "--no-check", "--peers",
-                 "--frontier", "--csv", "--json", "--plot"):
+    for flag in ("--variant", "--form", "--family", "--preset", "--sweep", "--no-check",
+                 "--peers", "--frontier", "--csv", "--json", "--plot"):
         assert flag in res.stdout
     text = " ".join(res.stdout.split())  # argparse wraps the help
     assert "the useful FLOPs of det equal the plain form's" in text
@@ -144,6 +195,9 @@ def test_refused_variant_names_the_takers() -> None:
 
 
 @pytest.mark.parametrize("args", [[], ["--variant", "all", "--preset", "small", "--peers"],
+                                  ["--variant", "auto", "--preset", "small"],
+                                  ["--variant", "auto", "--variant", "triton",
+                                   "--form", "trilinear", "det", "--family", "simplicial"],
                                   ["--frontier"],
                                   ["--sweep", "--preset", "star64", "--hq", "16", "--hk", "2"],
                                   ["--variant", "triton", "--form", "trilinear", "det", "--peers"],
@@ -168,19 +222,18 @@ def _fwd_module():
 def test_frontier_tutorials_ship_with_fbtriton() -> None:
     """--frontier imports these by name: an fbtriton that renames them must fail here, not on
     the GPU. (find_spec reads the files; importing them would need a GPU driver.)"""
-    fwd = _fwd_module()
     if importlib.util.find_spec("triton.language.extra.tlx") is None:
         pytest.skip("upstream Triton: no TLX tutorials")
-    for name in fwd.FRONTIER_TUTORIALS:
-        assert importlib.util.find_spec(f"{fwd.FRONTIER_PACKAGE}.{name}") is not None, name
+    for name in peers.FRONTIER_TUTORIALS:
+        assert importlib.util.find_spec(f"{peers.FRONTIER_PACKAGE}.{name}") is not None, name
 
 
 def test_frontier_rows_without_gpu_when_l_is_not_a_tile_multiple() -> None:
     fwd = _fwd_module()
     s = Shape(B=2, N=100, Hq=64, Hk=1, D=128, w1=3, w2=50)  # L = 150
-    rows = fwd.bench_frontier(s, fwd.parse_args([])[0], print)
+    rows = peers.bench_frontier(s, fwd.parse_args([])[0], print)
     assert [r["variant"] for r in rows] == [
-        "tutorial:" + n.removeprefix("hopper_") for n in fwd.FRONTIER_TUTORIALS]
+        "tutorial:" + n.removeprefix("hopper_") for n in peers.FRONTIER_TUTORIALS]
     for r in rows:
         assert r["kind"] == "frontier" and "tflops" not in r
         assert "not a multiple of 128" in r["note"]
@@ -216,7 +269,7 @@ def test_variant_rows_carry_the_form(form, tmp_path) -> None:
     row = fwd.bench_variant("triton", form, s, inputs, args, {}, print)
     assert row["form"] == form and row["variant"] == "triton" and row["kind"] == "variant"
     assert row["note"].startswith("not run:") and "CUDA GPU" in row["note"], row["note"]
-    assert row["flops"] == fwd.simplicial_attn.flops(1, 64, 16, 64, 4, 8)
+    assert row["flops"] == simplicial_flops(1, 64, 16, 64, 4, 8)
     csv_path, json_path = tmp_path / "rows.csv", tmp_path / "rows.json"
     common.write_rows([row], csv_path=str(csv_path), json_path=str(json_path))
     with open(csv_path, newline="") as f:
@@ -261,15 +314,17 @@ def test_plot_series_name_keeps_the_forms_apart() -> None:
 
 
 def test_sweep_shapes() -> None:
+    """The family record's sweep axes: w2 outer, N inner."""
     base = PRESETS["small"]
-    shapes = common.sweep_shapes(base)
-    assert len(shapes) == len(common.SWEEP_N) * len(common.SWEEP_W2) == 15
+    sweep = registry.get_family().sweep
+    shapes = common.sweep_shapes(base, sweep)
+    assert len(shapes) == len(sweep["N"]) * len(sweep["w2"]) == 15
     assert {(s.N, s.w2) for s in shapes} == {(n, w) for n in (1024, 2048, 4096, 8192, 16384)
                                              for w in (256, 512, 1024)}
     for s in shapes:  # everything else comes from the base shape
         assert (s.B, s.Hq, s.Hk, s.D, s.w1) == (base.B, base.Hq, base.Hk, base.D, base.w1)
-    assert [s.N for s in shapes[:5]] == sorted(common.SWEEP_N)
-    assert common.sweep_shapes(base, ns=(64,), w2s=(8, 16)) == [
+    assert [s.N for s in shapes[:5]] == sorted(sweep["N"])
+    assert common.sweep_shapes(base, {"N": (64,), "w2": (8, 16)}) == [
         Shape(1, 64, 64, 1, 128, 32, 8), Shape(1, 64, 64, 1, 128, 32, 16)]
 
 
@@ -297,7 +352,7 @@ def test_plot_tflops_vs_n_writes_png(tmp_path) -> None:
            if r["variant"] == "triton"]
     for rows in (_fake_rows(), _fake_rows()[:1], _fake_rows() + det):
         path = tmp_path / f"plot{len(rows)}.png"
-        common.plot_tflops_vs_n(rows, str(path))
+        common.plot_tflops_vs_n(rows, str(path), "2-simplicial attention forward")
         data = path.read_bytes()
         assert len(data) > 1000
         assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,12 +16,14 @@ import time
 import pytest
 from conftest import no_gpu_env
 
-from profiling import sanitize
+from profiling import sanitize, sanitize_report
 from profiling.sanitize import Allowance, Report, Run, judge, parse_report
 from altattn import registry
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = sanitize.SMALL_G_OR_HK[0]
+FAMILY = registry.get_family()
+SMALL = FAMILY.sanitizer_shapes[0][0]
+RAGGED = FAMILY.sanitizer_shapes[1][0]
 DONE = f"{sanitize.WORKER_DONE}: fwd tlx_ws B2 N333 H128/1 D128 w32x96"
 
 MEMCHECK_CLEAN = f"""$ compute-sanitizer --tool memcheck --error-exitcode 1 ...
@@ -127,7 +129,7 @@ def test_parse_synccheck_and_a_report_without_summary():
 # The allow-list
 
 
-RUN = Run("racecheck", "fwd", "tlx_ws", sanitize.RAGGED_N[0])
+RUN = Run("racecheck", "fwd", "tlx_ws", RAGGED)
 
 
 def test_every_allow_list_entry_points_at_the_docs():
@@ -153,63 +155,90 @@ def test_judge_clean_and_unexplained():
     assert not ok
 
 
-def _line(path: str, needle: str) -> int:
-    return sanitize._lines(path, needle)[0]
+def _race(severity: str, kernel: str, first: tuple[str, int, str], second: tuple[str, int, str],
+          read_kernel: str | None = None) -> str:
+    """A racecheck analysis report of one race: (access, SASS offset, FILE:LINE) of each side."""
+    (a1, o1, w1), (a2, o2, w2) = first, second
+    return (f"========= COMPUTE-SANITIZER\n"
+            f"========= {severity}: Race reported between {a1} access at {kernel}+0x{o1:x} in "
+            f"{w1}\n=========     and {a2} access at {read_kernel or kernel}+0x{o2:x} in {w2} "
+            f"[228 hazards]\n=========\n{DONE}\n"
+            f"========= RACECHECK SUMMARY: 1 hazard displayed "
+            f"({int(severity == 'Error')} errors, {int(severity == 'Warning')} warnings)\n")
 
 
-DQ_WS_STORE = _line("kernels_tlx/simplicial/bwd_dq_ws.py", "local_slice(dst_tile, [dst_row")  # clean now
-WS_KEYS_STORE = _line("kernels_tlx/simplicial/ws_keys.py", "v1_slots, bs), v1)")
-DKV2_DEF = _line("kernels_tlx/simplicial/bwd_ws.py", "def _dkv2_ws_kernel(")
-WS_DEF = _line("kernels_tlx/simplicial/ws.py", "def simplicial_fwd_ws_kernel(")
-FWD_K2 = _line("kernels_triton/simplicial/fwd.py", "k2 = K2.load([b, kb, g * D])")  # a descriptor load
-FWD_STORE = _line("kernels_triton/simplicial/fwd.py", "store_rows(Out, Lse,")         # not one
-DQ_KB = _line("kernels_triton/simplicial/bwd.py", "for kb in range(k_lo, i_hi")  # the row-owner's TMA loop
+WS, ENTRY = "simplicial_fwd_ws_kernel", "/r/kernels_tlx/simplicial/ws.py:148"
 
 
-@pytest.mark.parametrize("key,line,allowed", [
-    (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9600 in /work/main/kernels_tlx/simplicial/ws.py:{WS_DEF}", True),
-    (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9600 in /work/main/kernels_tlx/simplicial/bwd_ws.py:{WS_DEF}", False),
-    (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9640 in ws.py:{WS_DEF}", True),   # as the H100 prints it
-    (("racecheck", "bwd", "tlx_ws"), "Warning: Race reported between Write access at "
-     f"_dq_kernel+0x26a0 in bwd.py:{DQ_KB}", False),   # tlx_ws runs no triton row-owner
-    (("racecheck", "fwd", "tlx_pingpong"), "Error: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9d70 in /r/kernels_tlx/simplicial/ws.py:{WS_DEF}", True),
-    (("racecheck", "fwd", "tlx_ws"), "Error: Race reported between Write access at "
-     "simplicial_fwd_ws_kernel+0x3b70 in /repo/kernels_tlx/simplicial/ws.py:131", False),   # not the entry
-    (("racecheck", "fwd", "tlx_ws"), "Warning: Race reported between Write access at "
-     f"simplicial_fwd_ws_kernel+0x9600 in /repo/kernels_tlx/simplicial/ws.py:{WS_DEF}", False),   # a warning
-    (("racecheck", "fwd", "triton"), "Warning: Race reported between Write access at "
-     f"simplicial_fwd_kernel+0x42b0 in /repo/kernels_triton/simplicial/fwd.py:{FWD_K2}", True),
-    (("racecheck", "fwd", "triton"), "Warning: Race reported between Write access at "
-     f"simplicial_fwd_kernel+0x42b0 in /repo/kernels_triton/simplicial/fwd.py:{FWD_STORE}", False),
-    (("racecheck", "bwd", "triton"), "Warning: Race reported between Write access at "
-     f"_dq_kernel+0x1ea0 in /repo/kernels_triton/simplicial/bwd.py:{DQ_KB}", True),
-    (("racecheck", "bwd", "tlx_ws"), "Warning: Race reported between Write access at "
-     f"_dq_kernel+0x1ea0 in /repo/kernels_triton/simplicial/bwd.py:{DQ_KB - 1}", False),
-    (("racecheck", "bwd", "tlx_ws"), "Error: Race reported between Write access at "
-     f"_dkv2_ws_kernel+0x1ad0 in bwd_ws.py:{DKV2_DEF}", True),
-    (("racecheck", "bwd", "tlx_ws"), "Error: Race reported between Write access at "
-     "_dkv2_ws_kernel+0x2000 in /repo/kernels_tlx/simplicial/bwd_ws.py:71", False),
-    (("racecheck", "bwd", "tlx_ws"), "Error: Race reported between Write access at "
-     f"_dq_ws_kernel+0xc50 in bwd_dq_ws.py:{DQ_WS_STORE}", False),  # warp barriers: gone
-    (("racecheck", "fwd", "tlx_ws_keys"), "Error: Race reported between Write access at "
-     f"simplicial_fwd_ws_keys_kernel+0xf80 in ws_keys.py:{WS_KEYS_STORE}", True),
+@pytest.mark.parametrize("key,text,allowed", [
+    # the dispatch: the exit-code store and a worker's load, both on the kernel's entry line
+    (("fwd", "tlx_ws"), _race("Error", WS, ("Write", 0x9600, ENTRY), ("Read", 0x96c0, ENTRY)),
+     True),
+    (("fwd", "tlx_ws"), _race("Error", WS, ("Write", 0x9640, "ws.py:150"),
+                              ("Read", 0x9700, "ws.py:150")), True),  # as the H100 prints it
+    (("fwd", "tlx_pingpong"), _race("Error", WS, ("Write", 0x9d70, ENTRY),
+                                    ("Read", 0x9e30, ENTRY)), True),
+    (("fwd", "tlx_ws"), _race("Error", WS, ("Write", 0x3b70, "ws.py:131"),
+                              ("Read", 0x4c20, "ws.py:140")), False),  # two lines: our buffers
+    (("fwd", "tlx_ws"), _race("Warning", WS, ("Write", 0x9600, ENTRY), ("Read", 0x96c0, ENTRY)),
+     False),  # a warning
+    (("fwd", "tlx_ws"), _race("Error", "simplicial_fwd_ws_kv_kernel", ("Write", 0x9600, ENTRY),
+                              ("Read", 0x96c0, ENTRY)), False),  # another kernel
+    (("bwd", "tlx_ws"), _race("Error", "_dkv2_ws_kernel", ("Write", 0x1a00, "bwd_ws.py:60"),
+                              ("Read", 0x1a70, "bwd_ws.py:60")), True),
+    (("bwd", "tlx_ws"), _race("Error", "_dq_ws_kernel", ("Write", 0xc50, "bwd_dq_ws.py:90"),
+                              ("Read", 0xd00, "bwd_dq_ws.py:90")), False),  # not its kernel
+    (("bwd", "tlx_ws"), _race("Error", "_dkv2_ws_kernel", ("Write", 0x1a00, "bwd_ws.py:60"),
+                              ("Read", 0x1a70, "bwd_ws.py:60"), "_dq_ws_kernel"), False),
+    # Triton's TMA load: the init (write), then the arrive (read) a few instructions later
+    (("fwd", "triton"), _race("Warning", "simplicial_fwd_kernel", ("Write", 0x42b0, "fwd.py:88"),
+                              ("Read", 0x4360, "fwd.py:88")), True),
+    (("fwd", "triton"), _race("Warning", "simplicial_fwd_kernel", ("Read", 0x4360, "fwd.py:88"),
+                              ("Write", 0x42b0, "fwd.py:88")), True),  # either order
+    (("fwd", "triton"), _race("Warning", "simplicial_fwd_kernel", ("Write", 0x42b0, "fwd.py:88"),
+                              ("Read", 0x6000, "fwd.py:120")), False),  # far apart
+    (("fwd", "triton"), _race("Warning", "simplicial_fwd_kernel", ("Write", 0x4360, "fwd.py:88"),
+                              ("Read", 0x42b0, "fwd.py:88")), False),  # the read first
+    (("bwd", "triton"), _race("Warning", "_dq_kernel", ("Write", 0x1ea0, "bwd.py:343"),
+                              ("Read", 0x1ed0, "bwd.py:344")), True),
+    (("bwd", "triton"), _race("Warning", "_dkv2_kernel", ("Write", 0x1ea0, "bwd.py:343"),
+                              ("Read", 0x1ed0, "bwd.py:344")), False),  # not the row-owner
+    (("bwd", "triton"), _race("Error", "_dq_kernel", ("Write", 0x1ea0, "bwd.py:343"),
+                              ("Read", 0x1ed0, "bwd.py:344")), False),  # an error
+    # a producer's store (its code first in the SASS) against a consumer's load of the slot
+    (("fwd", "tlx_ws_keys"), _race("Error", "simplicial_fwd_ws_keys_kernel",
+                                   ("Write", 0xf80, "ws_keys.py:120"),
+                                   ("Read", 0x3dd0, "ws_keys.py:200")), True),
+    (("fwd", "tlx_ws_keys"), _race("Error", "simplicial_fwd_ws_keys_kernel",
+                                   ("Write", 0x3dd0, "ws_keys.py:200"),
+                                   ("Read", 0xf80, "ws_keys.py:120")), False),  # consumer writes
 ])
-def test_the_allowed_patterns(key, line, allowed):
-    """Each entry admits its explained report line and not a neighbour's."""
-    assert bool(re.search(sanitize.ALLOWED[key].pattern, line)) == allowed
+def test_the_allowed_kinds(key, text, allowed):
+    """Each entry admits its explained race, named by kernel and by facts of its two accesses
+    (racecheck's line of each, their SASS offsets), and not a neighbour's."""
+    run = Run("racecheck", *key, RAGGED)
+    report = parse_report(text, "racecheck")
+    assert report.findings == 1 and len(report.races) == 1
+    assert judge(run, report, 1)[0] == allowed
 
 
-def test_every_allowed_source_line_exists():
-    """The patterns name source lines found by their text: a needle that no longer matches (the
-    code changed) leaves an empty line group, which admits nothing; fail instead."""
-    for entry in sanitize.ALLOWED.values():
-        assert not re.search(r":\(\)", entry.pattern), entry.pattern
-    with pytest.raises(AssertionError):  # the check sees an empty group anywhere in a pattern
-        assert not re.search(r":\(\)", sanitize._at("k", "kernels_tlx/simplicial/ws.py", "no such line"))
+def test_races_are_parsed_from_the_analysis_report():
+    r = parse_report(RACECHECK, "racecheck")
+    first, second = (r.races[line] for line in r.lines)
+    assert first.severity == "Error" and first.hazards == 512
+    assert first.first == sanitize_report.Access(
+        "Write", "simplicial_fwd_ws_kernel", 0x3b70, "/repo/kernels_tlx/simplicial/ws.py:131")
+    assert second.access("Write").offset == 0x2210 and second.access("Read").offset == 0x51a0
+
+
+def test_every_allowance_names_a_kernel_of_its_variant():
+    """An allowance names its kernel as the report does: one its variant compiles (a renamed
+    kernel fails here, not silently on the GPU), with a known kind and a docs section."""
+    for (tool, pass_, name), entry in sanitize.ALLOWED.items():
+        v = registry.get(name, pass_)
+        kernels = {sanitize._kernel_name(c.fn) for c in v.compile_configs()}
+        assert entry.kernel in kernels, (pass_, name, entry.kernel, kernels)
+        assert entry.kind in sanitize_report.RACE_KINDS and entry.pattern is None
 
 
 def test_judge_by_count_and_pattern():
@@ -261,7 +290,7 @@ def test_two_shapes_per_variant():
     for (pass_, name), (hq, hk) in expected.items():
         small, ragged = sanitize.shapes_for(registry.get(name, pass_))
         assert (small.Hq, small.Hk) == (hq, hk), name
-        assert ragged == sanitize.Shape(B=2, N=333, Hq=128, Hk=1, D=128, w1=32, w2=96)
+        assert ragged == FAMILY.shape_type(B=2, N=333, Hq=128, Hk=1, D=128, w1=32, w2=96)
 
 
 def test_plan_of_the_runs():
@@ -284,15 +313,15 @@ def test_plan_of_the_runs():
 
 
 def test_plan_with_the_probe_and_one_shape_set():
-    runs = sanitize.plan(["racecheck", "synccheck"], ["probe", "bwd"], ["tlx_ws"], ["small"])
+    runs = sanitize.plan(["racecheck", "synccheck"], ["probe", "bwd"], ["tlx_ws"], [1])
     assert [(r.tool, r.pass_, r.variant, r.shape) for r in runs[:2]] == [
         ("racecheck", "probe", "ws_probe", None), ("synccheck", "probe", "ws_probe", None)]
     assert [(r.pass_, r.shape.N) for r in runs[2:]] == [("bwd", 256), ("bwd", 256)]
     assert sanitize.plan(["memcheck"], ["probe"], None) == [
         Run("memcheck", "probe", "ws_probe", None)]
-    ragged = sanitize.plan(["memcheck"], ["fwd"], ["triton"], ["ragged"])
+    ragged = sanitize.plan(["memcheck"], ["fwd"], ["triton"], [2])
     assert [(r.shape, r.form) for r in ragged] == [(s, f) for f in ("trilinear", "det")
-                                                   for s in sanitize.RAGGED_N]
+                                                   for s in FAMILY.sanitizer_shapes[1]]
     with pytest.raises(ValueError, match="tlx_ws: not a variant of pass probe"):
         sanitize.plan(["memcheck"], ["probe"], ["tlx_ws"])
     # the default passes are the registered ones: no probe
@@ -317,7 +346,7 @@ def test_the_childs_command():
     assert cmd[:3] == ["/cuda/bin/compute-sanitizer", "--tool", "racecheck"]
     text = " ".join(cmd)
     assert "--error-exitcode 1" in text and "--racecheck-report analysis" in text
-    assert f"--kernel-name-exclude kns={sanitize.FWD_KERNEL_PREFIX}" in text
+    assert f"--kernel-name-exclude kns={sanitize.forward_kernel_prefix()}" in text
     i = cmd.index(sys.executable)
     assert cmd[i + 1:] == [sanitize.SCRIPT, "--worker", "--pass", "bwd", "--variant", "tlx_ws",
                            "--shape", "1", "256", "8", "1", "64", "32", "64"]
@@ -332,13 +361,14 @@ def test_the_childs_command():
 
 def test_the_backward_runs_exclude_every_forward_kernel_and_no_backward_one():
     """A backward run checks its own kernels, not the plain forward before it: every forward
-    kernel's name has the excluded prefix, no backward kernel's has."""
+    kernel's name has the excluded prefix (derived from the registry), no backward kernel's has."""
+    prefix = sanitize.forward_kernel_prefix()
+    assert prefix
     for v, config in registry.compile_configs(None):
-        has = config.fn.__name__.startswith(sanitize.FWD_KERNEL_PREFIX)
+        has = sanitize._kernel_name(config.fn).startswith(prefix)
         assert has == (v.pass_ == "fwd"), (v.pass_, v.name, config.fn.__name__)
     import kernels_triton.simplicial.bwd as bwd  # the two kernels without a compile config
-    assert not any(sanitize.FWD_KERNEL_PREFIX in k.__name__
-                   for k in (bwd._delta_kernel, bwd._dkv1_kernel))
+    assert not any(k.__name__.startswith(prefix) for k in (bwd._delta_kernel, bwd._dkv1_kernel))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,7 +486,8 @@ def test_one_job_runs_one_child_at_a_time(fake_sanitizer, tmp_path):
     (["--pass", "bwd", "--variant", "tlx_ws_kv"], "tlx_ws_kv: not a variant of pass bwd"),
     (["--timeout", "0"], "--timeout"),
     (["--jobs", "0"], "--jobs"),
-    (["--shapes", "huge"], "invalid choice: 'huge'"),
+    (["--shapes", "huge"], "--shapes"),
+    (["--shapes", "3"], "has 2 shape groups"),
     (["--racecheck-report", "some"], "invalid choice: 'some'"),
     (["--pass", "probe", "--variant", "tlx_ws"], "tlx_ws: not a variant of pass probe"),
     (["--worker", "--pass", "fwd", "--variant", "triton"], "--worker needs --shape"),

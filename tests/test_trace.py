@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import no_gpu_env
 
-from profiling import trace_capture, trace_plot, trace_summary
+from profiling import trace_capture, trace_kernels, trace_plot, trace_summary
 from profiling.common import Shape
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS
 from altattn import registry
@@ -70,7 +70,7 @@ def test_busy_bubble_and_shares_are_consistent(summaries, name):
             continue
         assert 0 < g["tc_busy"] < 1
         non_gemm = g["outside_share"] + sum(v["share"] for k, v in g["scopes"].items()
-                                            if k not in trace_summary.GEMM_SCOPES)
+                                            if k not in trace_summary.ScopeRoles.of().gemm)
         # the union over a group's warps is close to one warp's own gemm share: the warps of a
         # warp group issue the wgmma together
         assert g["tc_busy"] + non_gemm == pytest.approx(1.0, abs=0.02)
@@ -102,6 +102,25 @@ def test_tlx_ws_load_kv_only_on_the_producer_group(summaries):
         assert {"wait_kv", *STEP, "epilogue"} <= set(g["scopes"])
     assert [by_group[1]["label"], by_group[2]["label"]] == ["wg1 consumer 0", "wg2 consumer 1"]
     assert [w for w, v in s["per_warp"].items() if "load_kv" in v["counts"]] == [0]
+
+
+def test_roles_come_from_the_family_record():
+    """The summary names no scope itself: gemm, step and paired scopes are the family record's
+    scopes of those roles, and a group's role follows them."""
+    fam = registry.get_family()
+    roles = trace_summary.ScopeRoles.of(fam.name)
+    assert roles.order == tuple(fam.scopes)
+    assert set(roles.gemm) == {n for n, r in fam.scopes.items() if r == "gemm"}
+    assert roles.group_role([n for n, r in fam.scopes.items() if r == "load"]) == "producer"
+    assert roles.group_role([n for n, r in fam.scopes.items() if r == "build"]) == "producer"
+    assert roles.group_role([*roles.gemm[:1], "anything"]) == "consumer"
+    assert roles.group_role(["epilogue", "not_a_scope"]) == "other"
+    # a made-up family: other names, the same roles, the same summary
+    renamed = {n: f"x_{n}" for n in fam.scopes}
+    other = trace_summary.ScopeRoles(tuple(renamed.values()),
+                                     {renamed[n]: r for n, r in fam.scopes.items()})
+    assert other.gemm == tuple(renamed[n] for n in roles.gemm)
+    assert other.step == tuple(renamed[n] for n in roles.step)
 
 
 def test_cycles_use_the_trace_frequency():
@@ -331,7 +350,7 @@ CANNED_HATCHET = [
 
 
 def test_kernel_table_on_canned_hatchet():
-    rows = trace_summary.kernel_table(json.loads(json.dumps(CANNED_HATCHET)))
+    rows = trace_kernels.kernel_table(json.loads(json.dumps(CANNED_HATCHET)))
     assert [r["variant"] for r in rows] == ["triton", "tlx_ws"]
     tri, tlx = rows
     # triton: 3e12 FLOP in 6e6 ns = 500 TFLOP/s; 3 launches of 2 ms
@@ -357,13 +376,13 @@ CANNED_BWD = [
 
 
 def test_kernel_table_of_multi_kernel_calls():
-    (row,) = trace_summary.kernel_table(CANNED_BWD)
+    (row,) = trace_kernels.kernel_table(CANNED_BWD)
     # a call: 0.1 + 2.0/2.2/2.4 + 0.1 + 2.5 + 0.3 ms = 5.0/5.2/5.4 ms; median 5.2
     assert row["variant"] == "triton" and row["reps"] == 3 and row["kernels"] == 5
     assert row["launches"] == 3 * 6 and row["flops"] == pytest.approx(2.5e12)
     assert row["ms"] == pytest.approx(5.2)
     assert row["tflops"] == pytest.approx(2.5e12 / 5.2e6 / 1e3)
-    rows = trace_summary.kernel_breakdown(CANNED_BWD)
+    rows = trace_kernels.kernel_breakdown(CANNED_BWD)
     assert [r["kernel"] for r in rows] == ["_delta_kernel", "_dkv2_kernel",
                                            "vectorized_elementwise_kernel", "_dq_kernel",
                                            "_dkv1_kernel"]
@@ -544,7 +563,7 @@ def _stand_ins(monkeypatch, traces: list[str]) -> dict:
         calls["launch"].append((variant, profile))
         return "out", "lse"
 
-    monkeypatch.setattr(trace_capture, "pass_inputs", lambda pass_, s, seed: ())
+    monkeypatch.setattr(trace_capture, "pass_inputs", lambda pass_, s, seed, family: ())
     monkeypatch.setattr(launcher, "run", run)
     monkeypatch.setattr(backward, "backward", run)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)

@@ -1,0 +1,177 @@
+"""The kernels bench times beside a family's variants: each peer of the family record
+(registry.Peer: cuDNN SDPA on the dense attention its equal-work rule gives, `peer.dense(shape)`),
+forward, backward or forward + backward; the bf16 matmul (the measured tensor-core ceiling); and
+bench/fwd.py --frontier's dense FlashAttention tutorials that ship inside fbtriton.
+
+The rule that makes a dense shape equal work (for 2-simplicial attention: Lkv = w1*w2 keys per
+query) is the family record's alone; here a dense shape is {"B", "H", "Nq", "Nk", "D"}, q
+[B, H, Nq, D] and k/v [B, H, Nk, D], non-causal, bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from altattn import registry
+from bench.common import MATMUL_SIZE, timed_row
+from profiling.timing import median_ms, tflops
+
+# useful FLOPs of a pass over the dense forward's 4*B*H*Nq*Nk*D (FlashAttention's convention)
+DENSE_FLOPS_PER_F = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+# --frontier: TLX's dense FlashAttention tutorials (fbtriton), technique added at each step
+FRONTIER_TUTORIALS = ("hopper_fa_ws", "hopper_fa_ws_pipelined", "hopper_fa_ws_pipelined_pingpong",
+                      "hopper_fa_ws_pipelined_pingpong_persistent")
+FRONTIER_PACKAGE = "triton.language.extra.tlx.tutorials"
+FRONTIER_BLOCK = 128                 # their tiles: L must be a multiple of it (no masking)
+
+
+def peer(fam: registry.Family, name: str = "cudnn_sdpa") -> registry.Peer:
+    """The family's peer `name`; ValueError naming its peers."""
+    for p in fam.peers:
+        if p.name == name:
+            return p
+    raise ValueError(f"family {fam.name} has no peer {name!r}; peers: "
+                     f"{', '.join(p.name for p in fam.peers) or 'none'}")
+
+
+def dense_flops(d: dict) -> float:
+    """The dense forward's FLOPs: QK^T and PV, 2 each per (query, key, dim)."""
+    return 4 * d["B"] * d["H"] * d["Nq"] * d["Nk"] * d["D"]
+
+
+def _oom(e: BaseException) -> str:
+    return f"out of memory: {str(e).splitlines()[0]}"
+
+
+def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+
+def bench_sdpa(fam: registry.Family, s, args: argparse.Namespace,
+               passes: tuple[str, ...] = ("fwd",)) -> list[dict]:
+    """cuDNN SDPA on the dense shape of the family's equal-work rule for `s`, one row per pass
+    of `passes` ("fwd", "bwd", "fwd+bwd"), or rows with a note saying why it did not run.
+    A forward row carries Lkv and % of peak, a backward one its pass (as each benchmark wrote
+    them)."""
+    d = peer(fam, "cudnn_sdpa").dense(s)
+    f = dense_flops(d)
+    base = {"kind": "peer", "variant": "cudnn_sdpa",
+            "shape": f"B{d['B']} H{d['H']} N{d['Nq']} Lkv{d['Nk']} D{d['D']}", **s.fields()}
+    rows = [{**base, **({"Lkv": d["Nk"]} if p == "fwd" else {"pass": p}),
+             "flops": DENSE_FLOPS_PER_F[p] * f} for p in passes]
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:
+        return [{**r, "note": f"cuDNN SDPA unavailable: {e}"} for r in rows]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    grad = passes != ("fwd",)
+    try:
+        q = _randn(gen, d["B"], d["H"], d["Nq"], d["D"]).requires_grad_(grad)
+        k, v = (_randn(gen, d["B"], d["H"], d["Nk"], d["D"]).requires_grad_(grad)
+                for _ in range(2))
+    except torch.cuda.OutOfMemoryError as e:
+        return [{**r, "note": f"cuDNN SDPA inputs: {_oom(e)}"} for r in rows]
+
+    def fwd() -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                o = fwd()
+                torch.cuda.synchronize()
+            except RuntimeError as e:
+                why = "; ".join([str(e).splitlines()[0]] + [str(w.message).splitlines()[0]
+                                                           for w in caught])
+                return [{**r, "note": f"cuDNN SDPA unavailable: {why}"} for r in rows]
+        do = torch.randn_like(o) if grad else None
+        calls = {"fwd": fwd,
+                 "bwd": lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
+                 "fwd+bwd": lambda: torch.autograd.grad(fwd(), (q, k, v), do)}
+        out = []
+        for p, r in zip(passes, rows):
+            try:
+                ms = median_ms(calls[p], args.warmup_ms, args.rep_ms)
+            except torch.cuda.OutOfMemoryError as e:
+                out.append({**r, "note": _oom(e)})
+                continue
+            out.append(timed_row(r, ms) if p == "fwd"
+                       else {**r, "ms": ms, "tflops": tflops(r["flops"], ms)})
+    return out
+
+
+def bench_matmul(args: argparse.Namespace, pass_: str = "fwd") -> dict:
+    """bf16 MATMUL_SIZE^3 matmul (torch / cuBLAS): the measured tensor-core ceiling. Its row as
+    each benchmark wrote it: bench/fwd.py's kind "matmul" (the % of matmul column divides by
+    it), bench/bwd.py's a peer of pass "-"."""
+    n = MATMUL_SIZE
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    a, b = (_randn(gen, n, n) for _ in range(2))
+    ms = median_ms(lambda: a @ b, args.warmup_ms, args.rep_ms)
+    if pass_ == "fwd":
+        return timed_row({"kind": "matmul", "variant": "matmul_bf16", "shape": f"{n}x{n}x{n}",
+                          "flops": 2 * n ** 3}, ms)
+    return {"kind": "peer", "variant": "matmul", "pass": "-", "shape": f"{n}^3", "ms": ms,
+            "tflops": tflops(2 * n ** 3, ms)}
+
+
+def frontier_key(fam: registry.Family, s) -> tuple[int, ...]:
+    """What --frontier's rows of `s` depend on: its dense (B, H, Nk, D); a sweep repeats them."""
+    d = peer(fam, "cudnn_sdpa").dense(s)
+    return d["B"], d["H"], d["Nk"], d["D"]
+
+
+def bench_frontier(s, args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
+    """One row per FRONTIER_TUTORIALS kernel: dense non-causal self-attention of length L = the
+    keys per query of the family's equal-work rule (w1*w2), q/k/v [B, H, L, D], timed as the
+    tutorial ships it (its own autotuning). Its output is first compared with torch SDPA's on
+    the same inputs; above the family's "out_rel" tolerance it is not timed."""
+    fam = registry.get_family(args.family)
+    tol = fam.tolerances["out_rel"]
+    d = peer(fam, "cudnn_sdpa").dense(s)
+    L = d["Nk"]
+    d = {**d, "Nq": L}
+    base = {"kind": "frontier", "shape": f"B{d['B']} H{d['H']} L{L} D{d['D']} dense",
+            "B": d["B"], "Hq": d["H"], "D": d["D"], "Lkv": L, "flops": dense_flops(d)}
+    rows = [{**base, "variant": f"tutorial:{name.removeprefix('hopper_')}"}
+            for name in FRONTIER_TUTORIALS]
+    if L % FRONTIER_BLOCK:
+        return [{**r, "note": f"not run: L = {L} (keys per query of the equal-work rule) is not "
+                              f"a multiple of {FRONTIER_BLOCK}"} for r in rows]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    try:
+        q, k, v = (_randn(gen, d["B"], d["H"], L, d["D"]) for _ in range(3))
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v).float()
+    except torch.cuda.OutOfMemoryError as e:
+        return [{**r, "note": f"inputs: {_oom(e)}"} for r in rows]
+    scale = d["D"] ** -0.5
+    out_rows = []
+    for name, row in zip(FRONTIER_TUTORIALS, rows):
+        try:
+            attention = importlib.import_module(f"{FRONTIER_PACKAGE}.{name}").attention
+        except Exception as e:  # noqa: BLE001  (upstream Triton has no tutorials; any import error)
+            out_rows.append({**row, "note": f"not run: cannot import {name}: {e}"})
+            continue
+
+        def fn(attention: Callable = attention) -> torch.Tensor:
+            return attention(q, k, v, scale)
+
+        try:
+            err = float(torch.linalg.norm(fn().float() - ref) / torch.linalg.norm(ref))
+            if not err <= tol:
+                out_rows.append({**row, "note": f"not timed: out rel err {err:.3g} vs SDPA "
+                                                f"(out_rel tolerance {tol})"})
+                continue
+            log(f"check {row['variant']} {row['shape']}: out rel err vs SDPA {err:.2e} (ok)")
+            ms = median_ms(fn, args.warmup_ms, args.rep_ms)
+        except torch.cuda.OutOfMemoryError as e:
+            out_rows.append({**row, "note": _oom(e)})
+            continue
+        out_rows.append({**timed_row(row, ms), "check_out_rel": err})
+    return out_rows
