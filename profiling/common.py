@@ -30,16 +30,6 @@ PRESETS = FAMILY.presets
 make_inputs = shapes.make_inputs
 
 
-def pass_inputs(pass_: str, s, seed: int = 0, form: str = "trilinear") -> tuple:
-    """The arguments one call of pass `pass_` takes on the GPU (shapes.pass_inputs)."""
-    return shapes.pass_inputs(s, pass_, seed, form)
-
-
-def pass_flops(pass_: str, s) -> float:
-    """Useful FLOPs of one call of pass `pass_` on `s` (the family record's FLOP model)."""
-    return FAMILY.flops(s, pass_)
-
-
 # ---------------------------------------------------------------------------------------------
 # Arguments
 
@@ -98,12 +88,6 @@ def add_pass_arg(p: argparse.ArgumentParser, passes: Sequence[str]) -> None:
                         f"registered passes: {', '.join(registry.PASSES)})")
 
 
-def variant_names() -> list[str]:
-    """Every registered variant name, of any pass (argparse choices; `check_variants` then checks
-    the name against the chosen pass)."""
-    return list(dict.fromkeys(v.name for v in registry.all_variants(None)))
-
-
 def check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None) -> None:
     """Exit 2 (parser.error) when `path`, given to `flag`, lies in a directory that does not exist:
     before the run, not after minutes of timing."""
@@ -153,39 +137,6 @@ def gpu_problem(prog: str) -> int | None:
         print(f"{prog}: no CUDA GPU found; this benchmark needs one (H100/H200)", file=sys.stderr)
         return 2
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs
-
-
-def make_inputs(B: int, N: int, Hq: int, Hk: int, D: int, device: str | torch.device = "cuda",
-                seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """Random (q, k1, k2, v1, v2) in bf16: q [B, N, Hq, D], the others [B, N, Hk, D], all N(0, 1).
-
-    Score spread: with N(0, 1) entries and sm_scale = 1/sqrt(D), a score
-    s = sm_scale * sum_d q k1 k2 has mean 0 and standard deviation 1 (D terms of variance 1, scaled
-    by 1/D in variance). Measured on CPU for D = 128, w1 x w2 = 32 x 512 (16384 scores per query):
-    score std 1.00, max - min about 8.3 (so exp() spans ~4000x), largest softmax weight ~0.25%,
-    effective count 1/sum(p^2) ~5700 of 16384: neither flat (uniform would give 16384) nor one-hot.
-    (q scaled by 2 gives ~350, by 3 gives ~40.) Deterministic for a given seed and device.
-    """
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device=device, dtype=torch.bfloat16)
-
-    q = randn(B, N, Hq, D)
-    k1, k2, v1, v2 = (randn(B, N, Hk, D) for _ in range(4))
-    return q, k1, k2, v1, v2
-
-
-def run_pass(pass_: str, variant: str, inputs: Sequence, s=None,
-             profile: bool | str = False, form: str = "trilinear") -> tuple[torch.Tensor, ...]:
-    """One call of `variant` of pass `pass_` on pass_inputs' arguments (launcher.run); `profile`
-    as it takes it. `s` and `form` are not used: pass_inputs put the shape's and the form into
-    `inputs`."""
-    return launcher.run(FAMILY.name, pass_, *inputs, variant=variant, profile=profile)
 
 
 # ---------------------------------------------------------------------------------------------

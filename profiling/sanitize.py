@@ -54,7 +54,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 
 from altattn import registry  # noqa: E402
 from profiling.common import add_family_arg, format_table, gpu_problem, positive_int  # noqa: E402

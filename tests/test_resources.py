@@ -194,7 +194,7 @@ def test_parse_sass_overlap():
     assert parse_sass_overlap(unclosed) is None  # a window never closed by a full wait
 
 
-# A consumer loop as ptxas compiled `tlx_ws_kv` with the det build (docs/perf.md): the QK chain
+# A consumer loop as ptxas compiled `tlx_ws_kv` with the det build (docs/perf-det.md): the QK chain
 # reads Q from R180-R183, and the softmax then writes P into R180 before the back edge.
 CLOBBER_SASS = """
         /*3ae0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8+0x382f0], R3 ;
