@@ -81,7 +81,8 @@ def check_device(device: torch.device, *, needs_hopper: bool, variant: str) -> N
         raise RuntimeError(f"variant {variant!r} needs a Hopper GPU (sm_90: TMA, wgmma); this GPU "
                            f"is sm_{major}{minor}")
     if major < 8:
-        raise RuntimeError(f"variant {variant!r} needs sm_80 or newer; this GPU is sm_{major}{minor}")
+        raise RuntimeError(f"variant {variant!r} needs sm_80 or newer; this GPU is "
+                           f"sm_{major}{minor}")
 
 
 def check_tensors(names, tensors) -> None:

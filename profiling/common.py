@@ -102,7 +102,8 @@ def check_variants(parser: argparse.ArgumentParser, pass_: str, names: Sequence[
                    shapes: Sequence[Shape], form: str = "trilinear") -> None:
     """Before any GPU work, exit 2 (parser.error) with the launcher's own message unless every
     shape passes the library's checks and each named variant of pass `pass_` takes it in the
-    logits' `form` ("auto": some variant does). The two rules that positive overrides (add_shape_args) can still break
+    logits' `form` ("auto": some variant does).
+    The two rules that positive overrides (add_shape_args) can still break
     are named by their flags first; the shape's other checks are the library's, in its words."""
     if not registry.all_variants(pass_):
         parser.error(f"no {pass_} variant is registered")

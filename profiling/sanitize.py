@@ -14,7 +14,8 @@ form of the variant) does not name. docs/sanitizers.md says what is allowed and 
 Each run is one child process, `compute-sanitizer --tool T --error-exitcode 1 ... python3
 profiling/sanitize.py --worker ...`, that calls one variant of one pass once on one shape
 (launcher.run on the family's make_inputs; the backward after a plain forward, whose kernels are
-excluded from the check: forward_kernel_prefix). Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A finding is what the
+excluded from the check: forward_kernel_prefix).
+Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A finding is what the
 sanitizer's summary counts: memcheck and synccheck "ERROR SUMMARY: N errors", racecheck
 "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (E + W; racecheck looks at shared
 memory only). A run passes when it finished (the worker printed its last line) with no finding,

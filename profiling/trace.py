@@ -11,7 +11,8 @@ trace_plot.py.
 
 Capture: `launcher.run(..., profile=...)` runs copies of the variant's kernels with Proton scopes
 (its registry record's `scopes`, names of its family's `scopes`, each with a role: load, build,
-wait, gemm, softmax, scale, epilogue; --family picks the family, default simplicial). Proton's instrumentation backend records the cycle
+wait, gemm, softmax, scale, epilogue; --family picks the family, default simplicial).
+Proton's instrumentation backend records the cycle
 counter at every scope entry and exit for the sampled warps (default: the first warp of every
 warp group) of every CTA. A backward call runs several kernels of different widths (Delta,
 k-owner, row-owner, reduce; the k-owner and the row-owner have scopes): one Proton session per
@@ -21,7 +22,8 @@ and is written as OUT/<variant>.chrome_trace (backward: OUT/<variant>_bwd.chrome
 trace JSON: open it in ui.perfetto.dev or chrome://tracing). Summaries are per kernel.
 
 Summary (`summarize`): warps are grouped into warp groups of 4 (warp w -> group w // 4). A group
-that runs a gemm-role scope is a consumer; one that only loads or builds is a producer (TLX). In each CTA a
+that runs a gemm-role scope is a consumer; one that only loads or builds is a producer (TLX).
+In each CTA a
 group's span runs from its sampled warps' first scope entry to their last scope exit.
   share      scope cycles / (sampled warps x span), summed over CTAs; "(outside scopes)" is the rest
   tc busy    |union of the gemm scopes' intervals of the group's warps| / span, summed over CTAs

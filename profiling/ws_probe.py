@@ -2,7 +2,8 @@
 memory of its own, so that a sanitizer finding in it belongs to the compiler's warp-specialization
 code, not to our rings (docs/sanitizers.md#the-warp-specialization-dispatch).
 
-`ws_probe_kernel` has what `kernels_tlx/simplicial/bwd_ws.py` and `kernels_tlx/simplicial/ws.py` have around their work:
+`ws_probe_kernel` has what `kernels_tlx/simplicial/bwd_ws.py` and `kernels_tlx/simplicial/ws.py`
+have around their work:
 `tlx.async_tasks()` with a "default" task (the launch's 4 warps) and one task of 4 warps,
 `registers=232`, `replicate=2` (12 warps, setmaxnreg), and one value loaded from global memory
 before the tasks and used in all of them (the compiler passes such a value to the other warp

@@ -1,8 +1,8 @@
 """The differentiable op: `attention(q, k1, k2, v1, v2, w1, w2) -> (out, lse)` with gradients.
 
-Two `torch.library.custom_op`s, `altattn::simplicial_fwd` and `altattn::simplicial_bwd`, each with a fake
-(meta) implementation, joined by `register_autograd`, so `torch.compile(fullgraph=True)` traces a
-training step through them with no graph break and `torch.library.opcheck` passes.
+Two `torch.library.custom_op`s, `altattn::simplicial_fwd` and `altattn::simplicial_bwd`, each
+with a fake (meta) implementation, joined by `register_autograd`, so `torch.compile(fullgraph=True)`
+traces a training step through them with no graph break and `torch.library.opcheck` passes.
 
 On CUDA tensors (bf16) they run the kernels: the forward variant `variant`, the backward variant
 `bwd_variant` ("auto": the fastest registered backward that takes the shape). On CPU tensors

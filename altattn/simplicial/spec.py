@@ -18,7 +18,8 @@ REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 SUPPORTED_HEAD_DIMS = (64, 128)
 MAX_GPU_HEAD_RATIO = 128  # the kernels take G = Hq/Hk a power of two up to this
 NAMES = ("q", "k1", "k2", "v1", "v2")
-# the logits' form: the plain trilinear sum, or the determinant form (altattn/simplicial/reference.py)
+# the logits' form: the plain trilinear sum, or the determinant form
+# (altattn/simplicial/reference.py)
 FORMS = ("trilinear", "det")
 
 
@@ -73,7 +74,8 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None, form="trilinear", *,
     q: [B, N, Hq, D]; k1, k2, v1, v2: [B, N, Hk, D]; all of one dtype, on one device; `form` one
     of FORMS, of a dtype in `dtypes` (default: bfloat16, the kernels'; with cpu_reference=True,
     CPU tensors, which the fp64 reference computes, may have any dtype in REFERENCE_DTYPES).
-    The returned spec has w1 <= w2; `spec.swapped` says whether the caller's pairs must be exchanged.
+    The returned spec has w1 <= w2;
+    `spec.swapped` says whether the caller's pairs must be exchanged.
     """
     tensors = (q, k1, k2, v1, v2)
     check_tensors(NAMES, tensors)
