@@ -121,3 +121,35 @@ def output(given: torch.Tensor | None, name: str, shape: tuple, dtype: torch.dty
         raise ValueError(f"{name} must start on a 16-byte boundary (the kernels store through "
                          f"TMA); its start is {given.data_ptr() % 16} bytes past one")
     return given
+
+
+def check_group(names, tensors, rank: int, dims: str, dtypes: tuple, supported: tuple) -> None:
+    """The checks a family's inputs share, in this order: torch.Tensors (TypeError), on one device,
+    each of rank `rank` (`dims` names them, e.g. "[B, N, H, D]"), each of a dtype in `dtypes`
+    (`supported`: the kernels' dtypes, named in the message when `dtypes` is them), all of one
+    dtype. Devices come before dtypes: the dtypes a call may use depend on the device, so with q
+    on one device and k on another, "k must be bf16" would blame the wrong thing."""
+    check_tensors(names, tensors)
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError(f"{', '.join(names)} must be on one device, got "
+                         + ", ".join(f"{n}:{t.device}" for n, t in zip(names, tensors)))
+    for name, t in zip(names, tensors):
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have rank {rank} {dims}, got shape {tuple(t.shape)}")
+    for name, t in zip(names, tensors):
+        if t.dtype not in dtypes:
+            if dtypes == supported:
+                raise TypeError(f"{name} must be torch.bfloat16 (the only supported dtype), got "
+                                f"{t.dtype}")
+            raise TypeError(f"{name} must have a dtype in {dtypes}, got {t.dtype}")
+    if len({t.dtype for t in tensors}) != 1:
+        raise TypeError(f"{', '.join(names)} must share one dtype, got "
+                        + ", ".join(f"{n}:{t.dtype}" for n, t in zip(names, tensors)))
+
+
+def check_layer_input(x, dim: int) -> None:
+    """A layer's input: a torch.Tensor [B, N, dim], else TypeError / ValueError naming x."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(f"x must be [B, N, dim] with dim = {dim}, got shape {tuple(x.shape)}")

@@ -98,6 +98,21 @@ def select(spec, variant: str, device: torch.device | str, pass_: str = "fwd",
     return v
 
 
+def check_variant_names(family: str, variant, bwd_variant, deterministic=False) -> None:
+    """The names an op or layer of `family` is given, checked on every device (a misspelt name
+    fails on the CPU too, not first on the GPU): TypeError unless both are str and deterministic
+    a bool; ValueError naming the known ones for a name no variant of its pass has, or a
+    non-deterministic `bwd_variant` with deterministic=True."""
+    check_str("variant", variant)
+    check_str("bwd_variant", bwd_variant)
+    check_bool("deterministic", deterministic)
+    for v, pass_ in ((variant, "fwd"), (bwd_variant, "bwd")):
+        if v != "auto":
+            registry.get(v, pass_, family)
+    if deterministic and bwd_variant != "auto":
+        registry.refuse_nondeterministic(registry.get(bwd_variant, "bwd", family), "bwd_variant")
+
+
 def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bool = False,
         profile: bool | str = False, outputs: dict | None = None, **options) -> tuple:
     """Run pass `pass_` of `family` on `args` (the pass's own arguments, `options` its keyword

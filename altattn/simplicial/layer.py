@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..checks import positive_int
+from ..checks import check_layer_input, positive_int
 from .ops import attention, check_variant_names
 from .spec import SUPPORTED_HEAD_DIMS, check_form
 
@@ -51,11 +51,7 @@ class SimplicialAttention(nn.Module):
         self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must be [B, N, dim] with dim = {self.dim}, got shape "
-                             f"{tuple(x.shape)}")
+        check_layer_input(x, self.dim)
         B, N, _ = x.shape
         dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
         q = self.q(x).view(B, N, self.n_heads, self.head_dim).to(dtype)

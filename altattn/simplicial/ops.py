@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import launcher, registry
-from ..checks import check_bool, check_str
+from .. import launcher
 from .passes import FAMILY
 from .passes import backward as _kernel_backward
 from .passes import forward as _kernel_forward
@@ -96,19 +95,8 @@ _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def check_variant_names(variant, bwd_variant, deterministic=False) -> None:
-    """TypeError unless both are str (and deterministic a bool); ValueError (naming the known
-    ones) for a name that no variant of its pass has, or a backward variant named with
-    deterministic=True that is not deterministic. Checked on every device, though the CPU runs
-    the reference and ignores them: a misspelt name fails on the CPU too, not first on the GPU.
-    `attention` and `SimplicialAttention.__init__` call it."""
-    check_str("variant", variant)
-    check_str("bwd_variant", bwd_variant)
-    check_bool("deterministic", deterministic)
-    for v, pass_ in ((variant, "fwd"), (bwd_variant, "bwd")):
-        if v != "auto":
-            registry.get(v, pass_, FAMILY)
-    if deterministic and bwd_variant != "auto":
-        registry.refuse_nondeterministic(registry.get(bwd_variant, "bwd", FAMILY), "bwd_variant")
+    """launcher.check_variant_names for this family (`attention` and the layer call it)."""
+    launcher.check_variant_names(FAMILY, variant, bwd_variant, deterministic)
 
 
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",

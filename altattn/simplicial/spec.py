@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_tensors, positive_float, positive_int
+from ..checks import check_group, positive_float, positive_int
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
 # the plain-PyTorch reference (and the op on CPU tensors, which runs it) also takes these
@@ -78,28 +78,10 @@ def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None, form="trilinear", *,
     `spec.swapped` says whether the caller's pairs must be exchanged.
     """
     tensors = (q, k1, k2, v1, v2)
-    check_tensors(NAMES, tensors)
-    # devices before dtypes: the dtypes a call may use depend on q's device (`dtypes`), so with
-    # q on one device and k1 on another, "k1 must be bf16" would blame the wrong thing
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        raise ValueError("q, k1, k2, v1, v2 must be on one device, got "
-                         + ", ".join(f"{n}:{t.device}" for n, t in zip(NAMES, tensors)))
-    for name, t in zip(NAMES, tensors):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have rank 4 [B, N, H, D], got shape {tuple(t.shape)}")
     if dtypes is None:
-        dtypes = (REFERENCE_DTYPES if cpu_reference and q.device.type == "cpu"
-                  else SUPPORTED_DTYPES)
-    for name, t in zip(NAMES, tensors):
-        if t.dtype not in dtypes:
-            if dtypes == SUPPORTED_DTYPES:
-                raise TypeError(f"{name} must be torch.bfloat16 (the only supported dtype), got "
-                                f"{t.dtype}")
-            raise TypeError(f"{name} must have a dtype in {dtypes}, got {t.dtype}")
-    if len({t.dtype for t in tensors}) != 1:
-        raise TypeError("q, k1, k2, v1, v2 must share one dtype, got "
-                        + ", ".join(f"{n}:{t.dtype}" for n, t in zip(NAMES, tensors)))
+        on_cpu = cpu_reference and isinstance(q, torch.Tensor) and q.device.type == "cpu"
+        dtypes = REFERENCE_DTYPES if on_cpu else SUPPORTED_DTYPES
+    check_group(NAMES, tensors, 4, "[B, N, H, D]", dtypes, SUPPORTED_DTYPES)
     B, N, Hq, D = q.shape
     Hk = k1.shape[2]
     for name, t in zip(NAMES[1:], tensors[1:]):

@@ -8,16 +8,14 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from kernels_tlx.consumers import (CONSUMER_THREADS, NUM_CONSUMERS, TURN_BARRIER,  # noqa: F401
+                                   pass_turn, take_turn)
 from kernels_triton.simplicial.tiling import BF16_BYTES, enter, key_block, leave, store_rows
 
-# Every TLX variant runs NUM_CONSUMERS consumer warp groups (4 warps each) beside its producer(s);
-# CONSUMER_THREADS is their thread count, the count of every named barrier between them.
-NUM_CONSUMERS = tl.constexpr(2)
-CONSUMER_THREADS = tl.constexpr(NUM_CONSUMERS * 4 * 32)
+# NUM_CONSUMERS, CONSUMER_THREADS, TURN_BARRIER and the pingpong turns: kernels_tlx/consumers.py
 # Named barriers (this build's compiler emits ids 0-3 for its own partition syncs; fbtriton's
 # tutorials reserve 0-6; profiling.resources lists the ids each kernel uses):
 MERGE_BARRIER = tl.constexpr(9)    # the split-j hand-over of (acc, m, l): bar.arrive, bar.sync
-TURN_BARRIER = tl.constexpr(11)     # 11 + c: consumer c's turn on the tensor cores (pingpong)
 EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's epilogue (bwd row- and k-owner, 128)
 
 
@@ -55,22 +53,6 @@ def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, first, n_loads, n_blo
         tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, buf), [b, kb, g * D], full)
         tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, buf), [b, kb, g * D], full)
         leave("load_kv", PROFILE)
-
-
-@triton.jit
-def take_turn(cid, PINGPONG: tl.constexpr):
-    """Pingpong: wait until it is consumer `cid`'s turn to issue a wgmma, i.e. the other consumer
-    has issued its own (named barrier TURN_BARRIER + cid, both consumers' threads). No-op
-    otherwise."""
-    if PINGPONG:
-        tlx.named_barrier_wait(TURN_BARRIER + cid, CONSUMER_THREADS)
-
-
-@triton.jit
-def pass_turn(cid, PINGPONG: tl.constexpr):
-    """Pingpong: hand the tensor cores to the other consumer (arrive on its turn barrier)."""
-    if PINGPONG:
-        tlx.named_barrier_arrive(TURN_BARRIER + 1 - cid, CONSUMER_THREADS)
 
 
 @triton.jit

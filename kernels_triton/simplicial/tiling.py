@@ -8,18 +8,15 @@ Producer and consumers enumerate the same sequence, block index t = 0, 1, ... vi
 import triton
 import triton.language as tl
 
-from triton.profiler import language as pl
-
 from altattn.simplicial.spec import ProblemSpec
-
-pl.enable_semantic("triton")  # Proton scopes in Triton-DSL kernels (off unless PROFILE is set)
+# the kernels import these from here
+from kernels_triton.proton import BF16_BYTES, enter, leave  # noqa: F401
 
 LOG2E = 1.4426950408889634
 LOG2E_JIT = tl.constexpr(LOG2E)  # the same, for kernels (LSE to log2 units)
 # The running max of an online softmax before any score (log2 units): finite, so that a row whose
 # scores are all masked gives p = 0 and alpha = 1, never NaN (softmax_step).
 M_START = tl.constexpr(-1.0e30)
-BF16_BYTES = tl.constexpr(2)  # bytes of one bf16 element (TMA transaction counts)
 SUPPORTED_G = (1, 2, 4, 8, 16, 32, 64, 128)
 # (Hq, Hk, D) each variant's compile configs cover (resource report, CI compile tests): the paper's
 # G = 128 and 64, small G with neighbouring tokens packed (masks on), Hk > 1 (at G = 8 and at
@@ -42,20 +39,6 @@ def grid(spec: ProblemSpec, block_m: int) -> tuple[int]:
     a K2/V2 window while it is hot in L2; a flat axis has no 65535 limit (grid y/z have)."""
     hpt = min(spec.G, block_m)
     return (triton.cdiv(spec.N, block_m // hpt) * (spec.G // hpt) * spec.B * spec.Hk,)
-
-
-@triton.jit
-def enter(NAME: tl.constexpr, PROFILE: tl.constexpr):
-    """Open Proton scope NAME when the kernel is compiled with PROFILE (profiling/trace.py);
-    timed kernels are compiled without it and carry no instrumentation."""
-    if PROFILE:
-        pl.enter_scope(NAME)
-
-
-@triton.jit
-def leave(NAME: tl.constexpr, PROFILE: tl.constexpr):
-    if PROFILE:
-        pl.exit_scope(NAME)
 
 
 @triton.jit
