@@ -23,6 +23,7 @@ from types import ModuleType
 # one line per family: its name -> the module that defines its record as FAMILY
 FAMILIES = {
     "simplicial": "altattn.simplicial.family",
+    "spherical": "altattn.spherical.family",
 }
 DEFAULT_FAMILY = "simplicial"  # what the tools take when no --family is given
 PASSES = ("fwd", "bwd")        # forward, backward
@@ -99,7 +100,12 @@ class Peer:
 
     name: str   # e.g. "cudnn_sdpa" (bench/peers.py runs it)
     rule: str   # the equal-work rule in words, e.g. "dense attention, Lkv = w1*w2 keys per query"
-    dense: Callable  # shape -> {"B", "H", "Nq", "Nk", "D"} of the dense attention it times
+    # shape -> {"B", "H", "Nq", "Nk", "D"} (and "causal", default False) of the softmax attention
+    # cuDNN SDPA times (bench/peers.py); None for a peer that `runs` its own kernel
+    dense: Callable | None = None
+    # "module:function" that times a peer of its own on the family's shape (bench/peers.py
+    # calls function(fam, peer, shape, args, passes) -> rows); None: cuDNN SDPA on `dense`
+    runs: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,10 +129,16 @@ class Family:
     peers: tuple[Peer, ...]          # bench --peers, each with its equal-work rule
     scopes: Mapping[str, str]        # Proton scope name -> role (SCOPE_ROLES), in kernel order
     sanitizer_shapes: tuple          # small shapes compute-sanitizer runs every variant on
-    tolerances: Mapping[str, float]  # named once; bench's and the tests' checks read them
+    # named once; bench's and the tests' checks read them. bench checks each output of a pass by
+    # its name: "<output>_rel" (relative Frobenius error), "<output>_abs" (max abs error), else,
+    # for a backward's gradients, "grad_rel"
+    tolerances: Mapping[str, float]
     accepts: Mapping[str, tuple]     # spec field -> values every variant takes unless it says
     traits: frozenset[str]           # the words a Variant.traits may hold
     variants: tuple[Variant, ...]    # one line each, in registration order
+    # (shape, dim, bwd_variant, **options) -> an nn.Module of width `dim` on the shape's heads
+    # (bench/bwd.py --layer: a training step); None when the family has no layer
+    layer: Callable | None = None
 
     def variant(self, name: str, pass_: str = "fwd") -> Variant:
         """The record of variant `name` of pass `pass_`; ValueError naming the known ones."""

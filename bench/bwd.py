@@ -6,6 +6,8 @@ attention) alone and forward + backward, on one shape.
     python bench/bwd.py --d 64 --json out/bwd.json
     python bench/bwd.py --layer 4096             # + one SimplicialAttention layer's training step
     python bench/bwd.py --variant triton --form trilinear det  # det vs plain, one run
+    python bench/bwd.py --family spherical --peers             # spherical attention, P1
+    python bench/bwd.py --family spherical --preset p2 --causal --pad 0.25 --N 2048 --peers
 
 --variant takes the backward variants of the family, 'auto' (the one the launcher picks for the
 shape and form on this GPU) or 'all' (the default: every one that takes the shape), as
@@ -17,13 +19,17 @@ Useful TFLOPS (the "TFLOPS" column): `Family.flops` of the backward (2.5 x the f
 and of forward + backward (3.5 x) (FlashAttention's convention, ../shared/docs/BACKWARD.md
 §2), over the median time (bench.common.median_ms: do_bench, L2 flushed before every call).
 "tensor TFLOPS" counts what the variant executes on the tensor cores (its EXECUTED_FLOPS_PER_F
-x F). Each variant's gradients are first checked against an fp32 autograd-free reference on a
-reduced shape (`Shape.check_shape`: B=1, N = min(N, 2*max(w1, w2) + 37)). --peers times cuDNN
-SDPA's backward (and fwd+bwd) on the dense shape of the family's equal-work rule (Peer.dense:
-q [B, Hq, N, D], k/v [B, Hq, w1*w2, D], non-causal) and a bf16 matmul.
---layer DIM times a training step (forward + backward) of one bf16 `SimplicialAttention` of width
-DIM with the shape's heads, per variant: tokens/s and the share of the step the attention's own
-forward + backward (the fwd+bwd row) takes; the rest is the five input and one output projections.
+x F, where its module says). fwd+bwd: the forward ("auto") then the variant's backward, both
+through launcher.run, as the family's op calls them under autograd. Each variant's gradients are
+first checked against the family's fp32 autograd-free reference on a reduced shape
+(`Shape.check_shape`; bench/check.py, "grad_rel"). --peers times each peer of the family record,
+backward and fwd+bwd (cuDNN SDPA on the dense shape of its equal-work rule, Peer.dense: for
+2-simplicial attention q [B, Hq, N, D], k/v [B, Hq, w1*w2, D], non-causal; for spherical attention
+the same B, H, N, D, causal when the shape is; peers of their own, Peer.runs), and a bf16 matmul.
+--layer DIM times a training step (forward + backward) of one bf16 layer of the family
+(`Family.layer`; 2-simplicial: `SimplicialAttention`) of width DIM with the shape's heads, per
+variant: tokens/s and the share of the step the attention's own forward + backward (the fwd+bwd
+row) takes; the rest is the projections.
 --form picks the logits' form as in bench/fwd.py: trilinear (the default), det, or both; each
 variant is timed in each asked form it computes (its check in that form), a named variant that
 lacks one is refused before any GPU work, and a det row carries its TFLOPS over the same variant's
@@ -42,15 +48,17 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 import argparse  # noqa: E402
+import inspect  # noqa: E402
 
 import torch  # noqa: E402
 
-from altattn import simplicial as sa  # noqa: E402
+from bench.check import check_pass  # noqa: E402
 from bench.common import (add_form_ratios, build_parser, check_out_paths,  # noqa: E402
-                          family_in, presets_text, table_columns, variant_runs, write_rows)
-from bench.peers import bench_matmul, bench_sdpa  # noqa: E402
-from profiling.common import (gpu_problem, Shape, make_inputs, metadata_line,  # noqa: E402
-                              positive_int, print_table, run_metadata, shape_from_args)
+                          form_note, presets_text, table_columns, variant_runs, write_rows)
+from bench.peers import bench_matmul, bench_peers  # noqa: E402
+from profiling.common import (gpu_problem, Shape, family_in, form_options,  # noqa: E402
+                              forms_of, metadata_line, positive_int, print_table, run_metadata,
+                              shape_from_args, shape_spec)
 from profiling.timing import median_ms, tflops  # noqa: E402
 from altattn import launcher, registry  # noqa: E402
 
@@ -61,62 +69,70 @@ COLUMNS = [("variant", "variant"), ("form", "form"), ("pass", "pass"), ("shape",
            ("note", "note")]
 
 
-def check(variant: str, s: Shape, form: str = "trilinear",
-          family: str = registry.DEFAULT_FAMILY) -> str | None:
-    """None when the variant's gradients in the logits' `form` match the fp32 reference on
-    `s.check_shape()` within the family's "grad_rel" tolerance, else which one does not."""
-    tol = registry.get_family(family).tolerances["grad_rel"]
-    c = s.check_shape()
-    x = make_inputs(c.B, c.N, c.Hq, c.Hk, c.D, seed=1)
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    dout = torch.randn(c.B, c.N, c.Hq, c.D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    out, lse = sa.forward(*x, c.w1, c.w2, form=form)
-    got = launcher.run(family, PASS, dout, None, *x, out, lse, c.w1, c.w2, variant=variant,
-                       form=form)
-    ref = sa.reference_backward(*x, c.w1, c.w2, dout, dtype=torch.float32, form=form)
-    for name, g, r in zip(("dq", "dk1", "dk2", "dv1", "dv2"), got, ref):
-        rel = ((g.float() - r).norm() / r.norm().clamp(min=1e-30)).item()
-        if not rel <= tol:
-            return f"{name}: relative error {rel:.2e} > {tol}"
+def check(variant: str, s: Shape, form=None, family: str = registry.DEFAULT_FAMILY) -> str | None:
+    """None when the variant's gradients (in the logits' `form`, where the family has forms)
+    match the family's fp32 reference on `s.check_shape()` within its tolerances (bench.check:
+    "grad_rel" for each gradient), else which one does not."""
+    for e in check_pass(family, PASS, variant, s, seed=1, form=form):
+        if not e.ok:
+            return f"{e.output}: {e.words} {e.value:.2e} > {e.tolerance}"
     return None
 
 
-def bench_variant(variant: str, form: str, s: Shape, args) -> list[dict]:
+def fwd_bwd_calls(fam: registry.Family, args: tuple):
+    """(forward arguments, backward(outs) -> its arguments) from one backward call's arguments
+    (Family.make_inputs of "bwd"): the forward's are those of the backward's parameters that the
+    forward's `validate` names; the backward's take the forward's fresh outputs by their names
+    (the forward's `outputs`: out and lse, or out and r)."""
+    fwd, bwd = fam.passes["fwd"], fam.passes[PASS]
+    bound = inspect.signature(bwd.validate).bind(*args)
+    bound.apply_defaults()
+    given = dict(bound.arguments)
+    fwd_args = tuple(given[n] for n in inspect.signature(fwd.validate).parameters if n in given)
+
+    def bwd_args(outs: tuple) -> tuple:
+        return tuple({**given, **dict(zip(fwd.outputs, outs))}.values())
+    return fwd_args, bwd_args
+
+
+def bench_variant(variant: str, form, s: Shape, args) -> list[dict]:
+    """The backward alone and forward ("auto") + backward, both through launcher.run, as the
+    family's op calls them under autograd."""
     fam = registry.get_family(args.family)
     f = fam.flops(s, "fwd")
     base = {"kind": "variant", "variant": variant, "form": form, "shape": s.short(),
             **s.fields()}
     why = check(variant, s, form, fam.name)
     if why is not None:
-        raise SystemExit(f"{PROG}: {variant} (form {form}) failed its correctness check: {why}")
-    x = [t.requires_grad_() for t in make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, seed=args.seed)]
-    out, lse = sa.attention(*x, s.w1, s.w2, bwd_variant=variant, form=form)
-    dout = torch.randn_like(out)
-    saved = [t.detach() for t in x] + [out.detach(), lse.detach()]
-    per_f = fam.variant(variant, PASS).load().EXECUTED_FLOPS_PER_F
+        raise SystemExit(f"{PROG}: {variant}{form_note(form)} failed its correctness check: "
+                         f"{why}")
+    inputs = tuple(fam.make_inputs(s, PASS, seed=args.seed, device="cuda", **form_options(form)))
+    fwd_args, bwd_args = fwd_bwd_calls(fam, inputs)
+    per_f = getattr(fam.variant(variant, PASS).load(), "EXECUTED_FLOPS_PER_F", None)
 
     def bwd():
-        return launcher.run(fam.name, PASS, dout, None, *saved, s.w1, s.w2, variant=variant,
-                            form=form)
+        return launcher.run(fam.name, PASS, *inputs, variant=variant)
 
     def fwd_bwd():
-        o, _ = sa.attention(*x, s.w1, s.w2, bwd_variant=variant, form=form)
-        o.backward(dout)
+        outs = launcher.run(fam.name, "fwd", *fwd_args)
+        return launcher.run(fam.name, PASS, *bwd_args(outs), variant=variant)
 
     rows = []
-    for pass_, fn, flops, executed in (("bwd", bwd, fam.flops(s, PASS), per_f * f),
+    for pass_, fn, flops, executed in (("bwd", bwd, fam.flops(s, PASS), per_f),
                                        ("fwd+bwd", fwd_bwd, f + fam.flops(s, PASS),
-                                        (2 + per_f) * f)):
+                                        None if per_f is None else 2 + per_f)):
         ms = median_ms(fn, args.warmup_ms, args.rep_ms)
         rows.append({**base, "pass": pass_, "ms": ms, "flops": flops,
-                     "tflops": tflops(flops, ms), "tensor_tflops": tflops(executed, ms)})
+                     "tflops": tflops(flops, ms),
+                     "tensor_tflops": None if executed is None else tflops(executed * f, ms)})
     return rows
 
 
-def bench_layer(variant: str, form: str, s: Shape, args, attention_ms: float) -> dict:
-    """One SimplicialAttention of width args.layer in bf16, x [B, N, width]: a training step."""
-    layer = sa.SimplicialAttention(args.layer, s.Hq, s.Hk, s.D, s.w1, s.w2, bwd_variant=variant,
-                                   form=form).to("cuda", torch.bfloat16)
+def bench_layer(variant: str, form, s: Shape, args, attention_ms: float) -> dict:
+    """One layer of the family (Family.layer) of width args.layer in bf16, x [B, N, width]: a
+    training step."""
+    fam = registry.get_family(args.family)
+    layer = fam.layer(s, args.layer, variant, **form_options(form)).to("cuda", torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     x = torch.randn(s.B, s.N, args.layer, generator=gen, device="cuda", dtype=torch.bfloat16,
                     requires_grad=True)
@@ -139,8 +155,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
         all_means="every backward variant that takes the shape",
         peers_time="the backward and forward + backward")
     p.add_argument("--layer", type=positive_int, metavar="DIM",
-                   help="also time one SimplicialAttention layer of width DIM (a training step)")
-    return p.parse_args(argv), p
+                   help=f"also time one {fam.title} layer of width DIM (a training step)")
+    args = p.parse_args(argv)
+    if args.layer and fam.layer is None:
+        p.error(f"--layer: {fam.title} has no layer in its record (Family.layer)")
+    return args, p
 
 
 def main(argv=None) -> int:
@@ -153,24 +172,25 @@ def main(argv=None) -> int:
         return status
     fam = registry.get_family(args.family)
     # "auto" times the variant it resolves to on this GPU (a row needs a name and a FLOP count)
-    runs = list(dict.fromkeys((launcher.select(s.spec(f), n, "cuda", PASS, family=fam.name).name,
-                               f) for n, f in named))
+    runs = list(dict.fromkeys((launcher.select(shape_spec(s, f), n, "cuda", PASS,
+                                               family=fam.name).name, f) for n, f in named))
     meta = run_metadata()
     print(metadata_line(meta), flush=True)
     rows = []
     steps = len(runs) + int(args.peers)
     for i, (v, form) in enumerate(runs, 1):
-        print(f"[{i}/{steps}] {v} {form} on {s.short()} ...", flush=True)
+        print(f"[{i}/{steps}] {v}{form_note(form)} on {s.short()} ...", flush=True)
         rows += bench_variant(v, form, s, args)
         if args.layer:
             rows.append(bench_layer(v, form, s, args, rows[-1]["ms"]))
     if args.peers:
         print(f"[{steps}/{steps}] peers ...", flush=True)
-        rows += bench_sdpa(fam, s, args, ("bwd", "fwd+bwd"))
+        rows += bench_peers(fam, s, args, ("bwd", "fwd+bwd"))
         rows.append(bench_matmul(args, PASS))
-    add_form_ratios(rows)
+    plain = (forms_of(fam) or [None])[0]
+    add_form_ratios(rows, plain)
     write_rows([{**meta, **r} for r in rows], args.csv, args.json)
-    print_table(rows, table_columns(rows, COLUMNS))
+    print_table(rows, table_columns(rows, COLUMNS, plain))
     return 0
 
 

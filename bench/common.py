@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import itertools
 import json
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from profiling.common import (Shape, add_family_arg, add_shape_args, check_out_path,
-                              check_variants, positive_float)
+                              check_variants, forms_of, positive_float, shape_spec)
 from profiling.timing import pct_of_peak, tflops
 from altattn import registry
-from altattn.simplicial.spec import FORMS
 
 TOOLS = {"fwd": "bench/fwd.py", "bwd": "bench/bwd.py"}  # the benchmark of each pass
 PASS_WORDS = {"fwd": "forward", "bwd": "backward"}
@@ -43,19 +42,6 @@ def timed_row(base: dict, ms: float) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Arguments: one vocabulary for both passes' benchmarks
-
-
-def family_in(argv: Sequence[str] | None) -> registry.Family:
-    """The family --family names in `argv` (the parser's variants depend on it, so it is read
-    first); an unknown name gives the default one, whose parser then refuses the name."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    name = registry.DEFAULT_FAMILY
-    for i, a in enumerate(argv):
-        if a == "--family" and i + 1 < len(argv):
-            name = argv[i + 1]
-        elif a.startswith("--family="):
-            name = a.split("=", 1)[1]
-    return registry.get_family(name if name in registry.FAMILIES else registry.DEFAULT_FAMILY)
 
 
 def pass_variants(fam: registry.Family, pass_: str) -> list[str]:
@@ -88,25 +74,32 @@ def build_parser(prog: str, pass_: str, fam: registry.Family, description: str, 
     --variant (`all_means`: what 'all' times), --form, the shape, --peers (`peers_time`: which
     of the peer's passes it times), --csv, --json, --seed, --warmup-ms, --rep-ms."""
     names = pass_variants(fam, pass_)
+    forms = forms_of(fam)
     p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, **kwargs)
     add_family_arg(p)
     p.add_argument("--variant", action="append", type=variant_type(fam, pass_), metavar="NAME",
                    help=f"{PASS_WORDS[pass_]} variant to time, repeatable: one of "
                         f"{', '.join(names)}; "
-                        f"'auto' (the one the launcher picks for the shape and form on this GPU) "
+                        f"'auto' (the one the launcher picks for the shape"
+                        f"{' and form' if forms else ''} on this GPU) "
                         f"or 'all' ({all_means}; the default)")
-    p.add_argument("--form", nargs="+", choices=FORMS, default=["trilinear"], metavar="FORM",
-                   help=f"the logits' form(s) to time: {' and/or '.join(FORMS)} (default: "
-                        f"trilinear); '--form trilinear det' times each variant that computes "
-                        f"both in both, in one run, and gives det's TFLOPS as a fraction of "
-                        f"trilinear's (column 'x trilinear'). 'all' variants: those that compute "
-                        f"the form")
-    add_shape_args(p, default_preset=fam.default_preset)
+    if forms:  # a family whose variants compute several forms of the logits
+        both = " ".join(forms[:2])
+        p.add_argument("--form", nargs="+", choices=forms, default=forms[:1], metavar="FORM",
+                       help=f"the logits' form(s) to time: {' and/or '.join(forms)} (default: "
+                            f"{forms[0]}); '--form {both}' times each variant that computes "
+                            f"both in both, in one run, and gives {forms[-1]}'s TFLOPS as a "
+                            f"fraction of {forms[0]}'s (column 'x {forms[0]}'). 'all' variants: "
+                            f"those that compute the form")
+    else:
+        p.set_defaults(form=[None])
+    add_shape_args(p, default_preset=fam.default_preset, family=fam.name)
     rules = "; ".join(f"{peer.name} on {peer.rule}" for peer in fam.peers)
+    same = (f"; the same for every --form: the useful FLOPs of {forms[-1]} equal the plain "
+            f"form's (Family.flops)" if forms else "")
     p.add_argument("--peers", action="store_true",
-                   help=f"also time {peers_time} of {rules}, and a bf16 {MATMUL_SIZE}^3 matmul; "
-                        f"the same for every --form: the useful FLOPs of det equal the plain "
-                        f"form's (Family.flops)")
+                   help=f"also time {peers_time} of {rules}, and a bf16 {MATMUL_SIZE}^3 "
+                        f"matmul{same}")
     p.add_argument("--csv", metavar="PATH", help="write the rows (with run metadata) as CSV")
     p.add_argument("--json", metavar="PATH", help="write the rows (with run metadata) as JSON")
     p.add_argument("--seed", type=int, default=0, metavar="INT", help="input seed (default: 0)")
@@ -138,9 +131,9 @@ def variant_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, pass
     if named and len(named) < len(chosen):  # 'auto' / 'all': some variant takes each shape
         check_forms(parser, pass_, [], args.form, shapes, fam.name)
 
-    def takes(v: registry.Variant, form: str) -> bool:
+    def takes(v: registry.Variant, form) -> bool:
         try:
-            return any(v.cannot_take(s.spec(form)) is None for s in shapes)
+            return any(v.cannot_take(shape_spec(s, form)) is None for s in shapes)
         except ImportError:  # e.g. TLX under upstream Triton: the run itself says so
             return True
 
@@ -148,11 +141,21 @@ def variant_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, pass
     for n in chosen:
         if n == "all":
             runs += [(v.name, f) for v in fam.variants if v.pass_ == pass_ for f in args.form
-                     if f in v.accepted("form") and (not takers_only or takes(v, f))]
+                     if computes(v, f) and (not takers_only or takes(v, f))]
         else:
             runs += [(n, f) for f in args.form
-                     if n == "auto" or f in fam.variant(n, pass_).accepted("form")]
+                     if n == "auto" or computes(fam.variant(n, pass_), f)]
     return list(dict.fromkeys(runs))
+
+
+def computes(v: registry.Variant, form) -> bool:
+    """Does `v` compute the logits' `form` (None: a family without forms: yes)?"""
+    return form is None or form in v.accepted("form")
+
+
+def form_note(form) -> str:
+    """' form <form>' for messages, '' for a family without forms."""
+    return "" if form is None else f" form {form}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,45 +199,61 @@ def _fixed_params(rows: Iterable[dict], keys: Sequence[str]) -> str:
     return " ".join(parts)
 
 
+# each family's plain form of the logits (the first it accepts), for families that have forms
+PLAIN_FORMS = tuple(dict.fromkeys(f.accepts["form"][0] for f in registry.families()
+                                  if "form" in f.accepts))
+PLAIN_FORM = (forms_of(registry.get_family()) or [None])[0]  # the default family's
+
+
 def series_name(row: dict) -> str:
     """A row's line in the plot: its variant, with the form added when that is not the plain one
     ('triton det'), so one run of both forms draws two lines per variant."""
     form = row.get("form")
-    return str(row["variant"]) if form in (None, "", "trilinear") else f"{row['variant']} {form}"
+    return (str(row["variant"]) if form in (None, "", *PLAIN_FORMS)
+            else f"{row['variant']} {form}")
 
 
-def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str) -> None:
-    """TFLOPS vs N (log2 x axis): one line per variant, one panel per w2 when the rows hold
-    several (panels share the y axis, so heights compare across them).
+def panel_field(family: str = registry.DEFAULT_FAMILY) -> str | None:
+    """The sweep axis a TFLOPS-vs-N plot draws as panels: the family's first sweep field other
+    than N (2-simplicial attention: w2; spherical attention: causal)."""
+    return next((k for k in registry.get_family(family).sweep if k != "N"), None)
 
-    Rows need 'variant', 'N', 'w2', 'tflops' (rows without a number are skipped); a row's
-    'form', other than trilinear, names a line of its own (series_name). Rows with kind
-    'matmul' become a dashed grey horizontal line. Each variant keeps one colour and line style in
-    every panel (peers dotted). The title names the shape fields that are fixed.
+
+def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str,
+                     family: str = registry.DEFAULT_FAMILY) -> None:
+    """TFLOPS vs N (log2 x axis): one line per variant and peer, one panel per value of the
+    family's other sweep axis (panel_field) when the rows hold several (panels share the y axis,
+    so heights compare across them).
+
+    Rows need 'variant', 'N', 'tflops' and the panel field (rows without a number are skipped);
+    a row's 'form', other than the plain one, names a line of its own (series_name). Rows with
+    kind 'matmul' become a dashed grey horizontal line. Each variant keeps one colour and line
+    style in every panel (peers dotted). The title names the shape fields that are fixed.
     """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    key = panel_field(family)
     timed = [r for r in rows if isinstance(r.get("tflops"), (int, float))]
     matmul = [r for r in timed if r.get("kind") == "matmul"]
     points = [r for r in timed if r.get("kind") != "matmul" and r.get("N") is not None]
     series: dict[tuple[str, object], list[tuple[int, float]]] = {}
     for r in points:
-        series.setdefault((series_name(r), r.get("w2")), []).append(
+        series.setdefault((series_name(r), r.get(key) if key else None), []).append(
             (int(r["N"]), float(r["tflops"])))
     variants = list(dict.fromkeys(v for v, _ in series))
-    w2s = list(dict.fromkeys(w for _, w in series)) or [None]
+    panels = list(dict.fromkeys(w for _, w in series)) or [None]
     peers = {series_name(r) for r in points if r.get("kind") == "peer"}
     styles = ["-", "--", "-.", (0, (5, 1, 1, 1))]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     ns = sorted({p[0] for pts in series.values() for p in pts})
 
-    fig, axes = plt.subplots(1, len(w2s), figsize=(3.2 * len(w2s) + 2.2, 4.6), sharey=True,
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 2.2, 4.6), sharey=True,
                              squeeze=False)
-    for ax, w2 in zip(axes[0], w2s):
+    for ax, value in zip(axes[0], panels):
         for vi, variant in enumerate(variants):
-            pts = sorted(series.get((variant, w2), []))
+            pts = sorted(series.get((variant, value), []))
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[vi % len(colors)],
                         linestyle=":" if variant in peers else styles[vi % len(styles)],
@@ -247,14 +266,15 @@ def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str) -> None:
             ax.set_xticks(ns)
             ax.set_xticklabels([str(n) for n in ns], fontsize=8)
         ax.set_xlabel("N (sequence length)")
-        if len(w2s) > 1:
-            ax.set_title(f"w2 = {w2}", fontsize=10)
+        if len(panels) > 1:
+            ax.set_title(f"{key} = {value}", fontsize=10)
         ax.grid(True, alpha=0.3)
     top = max([p[1] for pts in series.values() for p in pts] + [float(r["tflops"]) for r in matmul],
               default=1.0)
     axes[0][0].set_ylim(0, top * 1.06)  # shared: the highest point of any panel fits
     axes[0][0].set_ylabel("TFLOPS")
-    fixed = _fixed_params(points, ("B", "Hq", "Hk", "D", "w1", "w2"))
+    fields = [f.name for f in dataclasses.fields(registry.get_family(family).shape_type)]
+    fixed = _fixed_params(points, [f for f in fields if f != "N"])
     gpu = {r.get("gpu") for r in timed if r.get("gpu") not in (None, "", "none")}
     suffix = f" on {gpu.pop()}" if len(gpu) == 1 else ""
     fig.suptitle(f"{title}{suffix}\n{fixed}", fontsize=10)
@@ -265,31 +285,43 @@ def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def ratio_column(plain: str | None = PLAIN_FORM) -> tuple[str, str]:
+    """(row key, header) of a form's TFLOPS over the plain form's: ("vs_trilinear",
+    "x trilinear") for 2-simplicial attention."""
+    return f"vs_{plain}", f"x {plain}"
+
+
 # printed after "TFLOPS" when some row has it (a det row with its trilinear twin in the run)
-RATIO_COLUMN = ("vs_trilinear", "x trilinear")
+RATIO_COLUMN = ratio_column()
 
 
-def add_form_ratios(rows: Sequence[dict]) -> None:
-    """Give each det row `vs_trilinear`: its TFLOPS over those of the trilinear row of the same
-    variant, pass and shape (the same run), or None when either was not timed. Other rows get no
-    such key (a trilinear-only run's CSV has no such column)."""
-    plain = {(r.get("pass"), r["variant"], r["shape"]): r["tflops"] for r in rows
-             if r.get("kind") == "variant" and r.get("form") == "trilinear"
+def add_form_ratios(rows: Sequence[dict], plain: str | None = PLAIN_FORM) -> None:
+    """Give each row of another form than `plain` (the family's plain form; None: a family
+    without forms, nothing to do) `vs_<plain>`: its TFLOPS over those of the `plain` row of the
+    same variant, pass and shape (the same run), or None when either was not timed. Other rows
+    get no such key (a plain-only run's CSV has no such column)."""
+    if plain is None:
+        return
+    key = ratio_column(plain)[0]
+    twins = {(r.get("pass"), r["variant"], r["shape"]): r["tflops"] for r in rows
+             if r.get("kind") == "variant" and r.get("form") == plain
              and r.get("tflops") is not None}
     for r in rows:
-        if r.get("form") == "det":
-            twin = plain.get((r.get("pass"), r["variant"], r["shape"]))
-            r["vs_trilinear"] = (r["tflops"] / twin if twin and r.get("tflops") is not None
-                                 else None)
+        if r.get("kind") == "variant" and r.get("form") not in (None, "", plain):
+            twin = twins.get((r.get("pass"), r["variant"], r["shape"]))
+            r[key] = (r["tflops"] / twin if twin and r.get("tflops") is not None else None)
 
 
-def table_columns(rows: Sequence[dict], columns: Sequence[tuple[str, str]]
-                  ) -> list[tuple[str, str]]:
-    """`columns`, with RATIO_COLUMN after TFLOPS when some row has a ratio."""
-    if not any(r.get(RATIO_COLUMN[0]) is not None for r in rows):
-        return list(columns)
-    i = [k for k, _ in columns].index("tflops") + 1
-    return [*columns[:i], RATIO_COLUMN, *columns[i:]]
+def table_columns(rows: Sequence[dict], columns: Sequence[tuple[str, str]],
+                  plain: str | None = PLAIN_FORM) -> list[tuple[str, str]]:
+    """`columns`, with the ratio column (ratio_column(plain)) after TFLOPS when some row has a
+    ratio, and without "form" when no row has one (a family without forms)."""
+    cols = [c for c in columns if c[0] != "form" or any(r.get("form") for r in rows)]
+    ratio = ratio_column(plain)
+    if plain is None or not any(r.get(ratio[0]) is not None for r in rows):
+        return cols
+    i = [k for k, _ in cols].index("tflops") + 1
+    return [*cols[:i], ratio, *cols[i:]]
 
 
 def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
@@ -299,6 +331,9 @@ def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
     some variant does, and each shape passes the checks in that form with each named variant
     (profiling.common.check_variants; none named: "auto")."""
     for form in forms:
+        if form is None:  # a family without forms: the shapes and the named variants only
+            check_variants(parser, pass_, list(named) or ["auto"], shapes, None, family)
+            continue
         computing = [v.name for v in registry.all_variants(pass_, family)
                      if form in v.accepted("form")]
         for n in named:
@@ -312,4 +347,4 @@ def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
                              f"{', '.join(computing) or 'none'}")
         if not computing:
             parser.error(f"--form {form}: no {pass_} variant computes it")
-        check_variants(parser, pass_, list(named) or ["auto"], shapes, form)
+        check_variants(parser, pass_, list(named) or ["auto"], shapes, form, family)

@@ -6,6 +6,9 @@
     python bench/fwd.py --variant auto --sweep --csv out/fwd.csv --plot out/fwd.png
     python bench/fwd.py --variant tlx_pipelined_kv --peers --frontier  # + cuDNN, TLX's dense FA
     python bench/fwd.py --variant triton --form trilinear det --peers  # det vs plain, one run
+    python bench/fwd.py --family spherical --peers --frontier          # spherical attention, P1
+    python bench/fwd.py --family spherical --preset p2 --causal --pad 0.25 --N 2048 --peers
+    python bench/fwd.py --family spherical --variant auto --sweep --plot out/sph.png  # N x causal
 
 --variant takes the forward variants of the family, 'auto' (the one the launcher picks for each
 shape and form on this GPU: its row names it) or 'all' (the default), as bench/bwd.py takes the
@@ -13,8 +16,14 @@ backward ones; a backward variant is refused, naming bench/bwd.py. The family re
 (altattn.registry.Family, --family) gives the presets, the sweep axes, the check tolerances, the
 FLOP model and the peers.
 
+The shape flags are the fields of the family's shape record (profiling.common.add_shape_args:
+--B --N --hq --hk --d, then its own: --w1 --w2 for 2-simplicial attention, --causal/--no-causal
+and --pad for spherical attention), over --preset (its presets).
+
 Each variant is first checked against the family's reference (fp32, on the GPU) on a reduced
-shape (`Shape.check_shape`: B=1, N = min(N, 2*max(w1, w2) + 37), other dims kept), then timed
+shape (`Shape.check_shape`; bench/check.py: every output, each against its tolerance in
+`Family.tolerances`: out_rel, lse_abs for 2-simplicial attention, out_rel, r_rel for spherical
+attention; 2-simplicial: B=1, N = min(N, 2*max(w1, w2) + 37), other dims kept), then timed
 with profiling.timing.median_ms (triton's do_bench, median, L2 flushed before every timed call),
 each call through `altattn.launcher.run`. TFLOPS use `Family.flops`. A variant or shape that
 cannot run is refused before anything touches the GPU (the launcher's message, exit 2).
@@ -35,8 +44,10 @@ Memory and caches: one input set per shape, no rotation. The `star` q alone is 0
 cold L2 whether or not inputs rotate; rotating would only cost memory (and with --peers the cuDNN
 inputs for the largest sweep point already take ~10 GB).
 
---peers and --frontier run bench/peers.py: cuDNN SDPA on the dense shape of the family's
-equal-work rule (Peer.dense: Lkv = w1*w2 keys per query), a bf16 matmul, and the dense
+--peers and --frontier run bench/peers.py: each peer of the family record (cuDNN SDPA on the
+dense shape of its equal-work rule, Peer.dense: Lkv = w1*w2 keys per query for 2-simplicial
+attention, softmax attention at the same B, H, N, D and causal for spherical attention; peers
+that run their own kernel, Peer.runs: bench/spherical_peers.py), a bf16 matmul, and the dense
 FlashAttention tutorials that ship inside fbtriton (`triton.language.extra.tlx.tutorials.
 hopper_fa_ws*`: warp-specialized, + pipelined, + pingpong, + persistent) on dense self-attention
 of length L = Lkv: the same work as the 2-simplicial shape when N = w1*w2 (as at `star`). They
@@ -62,13 +73,15 @@ from collections.abc import Callable, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 
-from altattn import simplicial as simplicial_attn  # noqa: E402
+from bench.check import check_pass, summary, tolerance_key  # noqa: E402
 from bench.common import (add_form_ratios, build_parser, check_out_paths,  # noqa: E402
-                          family_in, plot_tflops_vs_n, presets_text, sweep_shapes,
+                          form_note, plot_tflops_vs_n, presets_text, sweep_shapes,
                           table_columns, timed_row, variant_runs, write_rows)
-from bench.peers import bench_frontier, bench_matmul, bench_sdpa, frontier_key  # noqa: E402
-from profiling.common import (gpu_problem, Shape, make_inputs, metadata_line,  # noqa: E402
-                              print_table, run_metadata, shape_from_args)
+from bench.peers import bench_frontier, bench_matmul, bench_peers, frontier_key, peer  # noqa: E402
+from profiling.common import (gpu_problem, Shape, family_in, forms_of,  # noqa: E402
+                              form_options,
+                              metadata_line, print_table, run_metadata, shape_flags,
+                              shape_from_args, shape_spec)
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS, median_ms  # noqa: E402
 from altattn import launcher, registry  # noqa: E402
 
@@ -95,14 +108,20 @@ class CheckFailed(Exception):
 # Arguments
 
 
+def check_words(fam: registry.Family, pass_: str = "fwd") -> str:
+    """The check's thresholds in words, from the family's tolerances."""
+    keys = dict.fromkeys(tolerance_key(fam, pass_, o) for o in fam.passes[pass_].outputs)
+    return ", ".join(f"{k.rsplit('_', 1)[0]} "
+                     f"{'max abs' if k.endswith('_abs') else 'rel. Frobenius'} error <= "
+                     f"{fam.tolerances[k]}" for k in keys)
+
+
 def build_fwd_parser(fam: registry.Family) -> argparse.ArgumentParser:
-    tol = fam.tolerances
     sweep = " x ".join(f"{k} in {list(v)}" for k, v in fam.sweep.items())
     p = build_parser(
         PROG, PASS, fam, description=f"Time the {fam.title} forward variants (needs a CUDA GPU).",
         epilog=f"Presets (H = Hq/Hk): {presets_text(fam)}. Sweep: {sweep}. Check thresholds: "
-               f"out rel. Frobenius error <= {tol['out_rel']}, lse max abs error <= "
-               f"{tol['lse_abs']}. Exit status: 0 ok, 1 check failed or nothing timed, 2 bad "
+               f"{check_words(fam)}. Exit status: 0 ok, 1 check failed or nothing timed, 2 bad "
                f"arguments or no GPU.",
         all_means="every forward variant; one that cannot take a shape gets a row saying why",
         peers_time="the forward")
@@ -114,7 +133,7 @@ def build_fwd_parser(fam: registry.Family) -> argparse.ArgumentParser:
     p.add_argument("--frontier", action="store_true",
                    help=f"also time TLX's dense FlashAttention tutorials (shipped in fbtriton: "
                         f"ws, pipelined, pipelined pingpong, persistent) on dense self-attention "
-                        f"of length Lkv ({fam.peers[0].rule}; equal work when N = Lkv)")
+                        f"of length Lkv ({peer(fam).rule}; equal work when N = Lkv)")
     p.add_argument("--plot", metavar="PATH.png", help="plot TFLOPS vs N per variant (matplotlib)")
     return p
 
@@ -129,10 +148,10 @@ def parse_args(argv: Sequence[str] | None = None
     parser = build_fwd_parser(fam)
     args = parser.parse_args(argv)
 
-    if args.sweep and (swept := [k for k in fam.sweep
-                                 if getattr(args, k, getattr(args, k.lower(), None)) is not None]):
+    flags = shape_flags(fam)
+    if args.sweep and (swept := [k for k in fam.sweep if getattr(args, k, None) is not None]):
         parser.error(f"--sweep sets {' and '.join(fam.sweep)} itself; drop "
-                     f"{'/'.join('--' + k for k in swept)}")
+                     f"{'/'.join(flags[k] for k in swept)}")
     shape = shape_from_args(args)
     shapes = sweep_shapes(shape, fam.sweep) if args.sweep else [shape]
     runs = variant_runs(parser, args, PASS, shapes, takers_only=False)
@@ -204,36 +223,28 @@ class Progress:
 # Measurements
 
 
-def check_variant(name: str, s: Shape, seed: int, form: str = "trilinear",
-                  family: str = registry.DEFAULT_FAMILY) -> tuple[float, float]:
-    """Compare `name` with the fp32 reference of the logits' `form` on `s.check_shape()`; raise
-    CheckFailed above the family's tolerances (NaN fails). Returns (out relative Frobenius
-    error, lse max abs error)."""
-    tol = registry.get_family(family).tolerances
-    c = s.check_shape()
-    inputs = make_inputs(c.B, c.N, c.Hq, c.Hk, c.D, device="cuda", seed=seed + 1)
-    out, lse = launcher.run(family, PASS, *inputs, c.w1, c.w2, variant=name, form=form)
-    ref_out, ref_lse = simplicial_attn.reference(*inputs, c.w1, c.w2, dtype=torch.float32,
-                                                 form=form)
-    out_err = float(torch.linalg.norm(out.float() - ref_out) / torch.linalg.norm(ref_out))
-    lse_err = float((lse - ref_lse).abs().max())
-    if not (out_err <= tol["out_rel"] and lse_err <= tol["lse_abs"]):
-        raise CheckFailed(
-            f"variant {name!r} form {form} on {c.short()}: out relative error {out_err:.3g} "
-            f"(out_rel tolerance {tol['out_rel']}), lse max abs error {lse_err:.3g} "
-            f"(lse_abs tolerance {tol['lse_abs']})")
-    return out_err, lse_err
+def check_variant(name: str, s: Shape, seed: int, form=None,
+                  family: str = registry.DEFAULT_FAMILY) -> dict[str, float]:
+    """Compare `name` with the family's fp32 reference (in the logits' `form`, where the family
+    has forms) on `s.check_shape()` (bench.check); raise CheckFailed above the family's
+    tolerances (NaN fails). Returns {tolerance name: error}, e.g. {"out_rel": .., "lse_abs": ..}."""
+    errors = check_pass(family, PASS, name, s, seed + 1, form)
+    if not all(e.ok for e in errors):
+        raise CheckFailed(f"variant {name!r}{form_note(form)} on {s.check_shape().short()}: "
+                          f"{summary(errors, short=False)}")
+    return {e.key: e.value for e in errors}
 
 
-def bench_variant(name: str, form: str, s: Shape, inputs: tuple[torch.Tensor, ...],
-                  args: argparse.Namespace, checked: dict, log: Callable[[str], None]) -> dict:
-    """One row: the variant's time on `s` in the logits' `form` ("auto": the variant the launcher
-    picks, named in the row), or a note saying why it was not timed. Useful FLOPs: the family's
-    FLOP model, the same for every form."""
+def bench_variant(name: str, form, s: Shape, inputs: tuple, args: argparse.Namespace,
+                  checked: dict, log: Callable[[str], None]) -> dict:
+    """One row: the variant's time on `s` (in the logits' `form` where the family has forms;
+    "auto": the variant the launcher picks, named in the row), or a note saying why it was not
+    timed. `inputs`: one call's arguments (Family.make_inputs). Useful FLOPs: the family's FLOP
+    model, the same for every form."""
     fam = registry.get_family(args.family)
     base = {"kind": "variant", "pass": PASS, "variant": name, "form": form,
             "shape": s.short(), **s.fields(), "flops": fam.flops(s, PASS)}
-    spec = s.spec(form)
+    spec = shape_spec(s, form)
     v = fam.variant(name, PASS) if name != "auto" else None
     try:  # e.g. a TLX variant under upstream Triton (no triton.language.extra.tlx)
         if v is not None:
@@ -253,13 +264,13 @@ def bench_variant(name: str, form: str, s: Shape, inputs: tuple[torch.Tensor, ..
         key = (name, form, s.check_shape())
         if key not in checked:
             checked[key] = check_variant(name, s, args.seed, form, fam.name)
-            out_err, lse_err = checked[key]
-            log(f"check {name} {form} {key[2].short()}: out rel err {out_err:.2e}, "
-                f"lse max abs err {lse_err:.2e} (ok)")
-        base["check_out_rel"], base["check_lse_abs"] = checked[key]
+            errs = ", ".join(f"{k.rsplit('_', 1)[0]} {'max abs' if k.endswith('_abs') else 'rel'}"
+                             f" err {e:.2e}" for k, e in checked[key].items())
+            log(f"check {name}{'' if form is None else ' ' + form} {key[2].short()}: {errs} (ok)")
+        base.update({f"check_{k}": e for k, e in checked[key].items()})
 
     def fn() -> object:
-        return launcher.run(fam.name, PASS, *inputs, s.w1, s.w2, variant=name, form=form)
+        return launcher.run(fam.name, PASS, *inputs, variant=name)
 
     try:
         ms = median_ms(fn, args.warmup_ms, args.rep_ms)
@@ -292,12 +303,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(matmul)
         for s in shapes:
             progress.set_description(s.short())
-            inputs = make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cuda", seed=args.seed)
+            inputs: dict = {}  # form -> one call's arguments (Family.make_inputs)
             for name, form in runs:
-                rows.append(bench_variant(name, form, s, inputs, args, checked, progress.write))
+                if form not in inputs:
+                    inputs[form] = fam.make_inputs(s, PASS, seed=args.seed, device="cuda",
+                                                   **form_options(form))
+                rows.append(bench_variant(name, form, s, inputs[form], args, checked,
+                                          progress.write))
             del inputs
             if args.peers:
-                rows += bench_sdpa(fam, s, args)
+                rows += bench_peers(fam, s, args)
                 torch.cuda.empty_cache()
             if args.frontier and (key := frontier_key(fam, s)) not in frontier_done:
                 frontier_done.add(key)
@@ -310,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     progress.close()
 
-    add_form_ratios(rows)
+    plain = (forms_of(fam) or [None])[0]
+    add_form_ratios(rows, plain)
     for r in rows:
         r.setdefault("ms", None)
         r.setdefault("tflops", None)
@@ -319,14 +335,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                            if matmul is not None and r["tflops"] is not None else None)
         r.setdefault("note", "")
         r.update(meta)
-    print_table(rows, table_columns(rows, TABLE_COLUMNS))
+    print_table(rows, table_columns(rows, TABLE_COLUMNS, plain))
 
     write_rows(rows, csv_path=args.csv, json_path=args.json)
     for flag in ("csv", "json"):
         if getattr(args, flag):
             print(f"wrote {getattr(args, flag)}")
     if args.plot:
-        plot_tflops_vs_n(rows, args.plot, f"{fam.title} forward")
+        plot_tflops_vs_n(rows, args.plot, f"{fam.title} forward", fam.name)
         print(f"wrote {args.plot}")
     if not any(r.get("kind") == "variant" and r.get("tflops") is not None for r in rows):
         print("bench/fwd.py: no variant could run this shape (see the notes above)",

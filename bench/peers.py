@@ -1,11 +1,13 @@
 """The kernels bench times beside a family's variants: each peer of the family record
-(registry.Peer: cuDNN SDPA on the dense attention its equal-work rule gives, `peer.dense(shape)`),
-forward, backward or forward + backward; the bf16 matmul (the measured tensor-core ceiling); and
-bench/fwd.py --frontier's dense FlashAttention tutorials that ship inside fbtriton.
+(registry.Peer): cuDNN SDPA on the softmax attention its rule gives (`peer.dense(shape)`), or a
+peer that runs its own kernel (`peer.runs`, "module:function"), forward, backward or forward +
+backward; the bf16 matmul (the measured tensor-core ceiling); and bench/fwd.py --frontier's dense
+FlashAttention tutorials that ship inside fbtriton.
 
-The rule that makes a dense shape equal work (for 2-simplicial attention: Lkv = w1*w2 keys per
-query) is the family record's alone; here a dense shape is {"B", "H", "Nq", "Nk", "D"}, q
-[B, H, Nq, D] and k/v [B, H, Nk, D], non-causal, bf16.
+The rule that gives the dense shape (2-simplicial attention: Lkv = w1*w2 keys per query;
+spherical attention: the same B, H, N, D, causal when the shape is) is the family record's alone;
+here a dense shape is {"B", "H", "Nq", "Nk", "D"} and optionally "causal" (default False), q
+[B, H, Nq, D] and k/v [B, H, Nk, D], bf16.
 """
 from __future__ import annotations
 
@@ -30,18 +32,28 @@ FRONTIER_PACKAGE = "triton.language.extra.tlx.tutorials"
 FRONTIER_BLOCK = 128                 # their tiles: L must be a multiple of it (no masking)
 
 
-def peer(fam: registry.Family, name: str = "cudnn_sdpa") -> registry.Peer:
-    """The family's peer `name`; ValueError naming its peers."""
+def peer(fam: registry.Family, name: str | None = None) -> registry.Peer:
+    """The family's peer `name` (None: its first dense one, cuDNN SDPA's); ValueError naming
+    its peers."""
     for p in fam.peers:
-        if p.name == name:
+        if p.name == name or (name is None and p.dense is not None):
             return p
-    raise ValueError(f"family {fam.name} has no peer {name!r}; peers: "
+    raise ValueError(f"family {fam.name} has no peer {name or 'with a dense shape'!r}; peers: "
                      f"{', '.join(p.name for p in fam.peers) or 'none'}")
 
 
+def visible_pairs(nq: int, nk: int, causal: bool = False) -> int:
+    """(query, key) pairs of dense attention: query i sees keys j <= i when causal (top-left
+    aligned, as SDPA's is_causal)."""
+    if not causal:
+        return nq * nk
+    m = min(nq, nk)
+    return m * (m + 1) // 2 + (nq - m) * nk
+
+
 def dense_flops(d: dict) -> float:
-    """The dense forward's FLOPs: QK^T and PV, 2 each per (query, key, dim)."""
-    return 4 * d["B"] * d["H"] * d["Nq"] * d["Nk"] * d["D"]
+    """The dense forward's FLOPs: QK^T and PV, 2 each per visible (query, key, dim)."""
+    return 4 * d["B"] * d["H"] * d["D"] * visible_pairs(d["Nq"], d["Nk"], d.get("causal", False))
 
 
 def _oom(e: BaseException) -> str:
@@ -52,18 +64,66 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, device="cuda", dtype=torch.bfloat16)
 
 
+def peer_rows(base: dict, passes: tuple[str, ...], flops: dict[str, float]) -> list[dict]:
+    """A peer's rows before timing, one per pass: a forward row carries nothing more, a backward
+    one its pass (as each benchmark writes them); `flops`: pass -> useful FLOPs."""
+    return [{**base, **({} if p == "fwd" else {"pass": p}), "flops": flops[p]} for p in passes]
+
+
+def time_rows(rows: list[dict], passes: tuple[str, ...], calls: dict[str, Callable],
+              args: argparse.Namespace) -> list[dict]:
+    """Each row timed with its pass's call (an out-of-memory error becomes its note); a forward
+    row with % of peak (timed_row), the others ms and TFLOPS."""
+    out = []
+    for p, r in zip(passes, rows):
+        try:
+            ms = median_ms(calls[p], args.warmup_ms, args.rep_ms)
+        except torch.cuda.OutOfMemoryError as e:
+            out.append({**r, "note": _oom(e)})
+            continue
+        out.append(timed_row(r, ms) if p == "fwd"
+                   else {**r, "ms": ms, "tflops": tflops(r["flops"], ms)})
+    return out
+
+
+def bench_peers(fam: registry.Family, s, args: argparse.Namespace,
+                passes: tuple[str, ...] = ("fwd",)) -> list[dict]:
+    """Every peer of the family record on `s`, one row per pass of `passes` each (or rows with a
+    note saying why it did not run)."""
+    rows = []
+    for p in fam.peers:
+        if p.runs is None:
+            rows += bench_sdpa(fam, s, args, passes, p)
+            continue
+        module, _, function = p.runs.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError) as e:
+            rows += [{"kind": "peer", "variant": p.name, "shape": s.short(), **s.fields(),
+                      **({} if q == "fwd" else {"pass": q}), "note": f"not run: {p.runs}: {e}"}
+                     for q in passes]
+            continue
+        rows += fn(fam, p, s, args, passes)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_sdpa(fam: registry.Family, s, args: argparse.Namespace,
-               passes: tuple[str, ...] = ("fwd",)) -> list[dict]:
-    """cuDNN SDPA on the dense shape of the family's equal-work rule for `s`, one row per pass
-    of `passes` ("fwd", "bwd", "fwd+bwd"), or rows with a note saying why it did not run.
-    A forward row carries Lkv and % of peak, a backward one its pass (as each benchmark wrote
-    them)."""
-    d = peer(fam, "cudnn_sdpa").dense(s)
+               passes: tuple[str, ...] = ("fwd",), dense_peer: registry.Peer | None = None
+               ) -> list[dict]:
+    """cuDNN SDPA on the dense shape of the peer's rule for `s` (default: the family's first
+    dense peer), causal when the rule says so, one row per pass of `passes` ("fwd", "bwd",
+    "fwd+bwd"), or rows with a note saying why it did not run. A forward row carries Lkv and %
+    of peak, a backward one its pass (as each benchmark wrote them)."""
+    p = dense_peer or peer(fam)
+    d = p.dense(s)
+    causal = bool(d.get("causal", False))
     f = dense_flops(d)
-    base = {"kind": "peer", "variant": "cudnn_sdpa",
-            "shape": f"B{d['B']} H{d['H']} N{d['Nq']} Lkv{d['Nk']} D{d['D']}", **s.fields()}
-    rows = [{**base, **({"Lkv": d["Nk"]} if p == "fwd" else {"pass": p}),
-             "flops": DENSE_FLOPS_PER_F[p] * f} for p in passes]
+    base = {"kind": "peer", "variant": p.name,
+            "shape": f"B{d['B']} H{d['H']} N{d['Nq']} Lkv{d['Nk']} D{d['D']}"
+                     + (" causal" if causal else ""), **s.fields()}
+    rows = [{**r, **({"Lkv": d["Nk"]} if q == "fwd" else {})} for q, r in
+            zip(passes, peer_rows(base, passes, {q: DENSE_FLOPS_PER_F[q] * f for q in passes}))]
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError as e:
@@ -78,7 +138,7 @@ def bench_sdpa(fam: registry.Family, s, args: argparse.Namespace,
         return [{**r, "note": f"cuDNN SDPA inputs: {_oom(e)}"} for r in rows]
 
     def fwd() -> torch.Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         with warnings.catch_warnings(record=True) as caught:
@@ -94,16 +154,7 @@ def bench_sdpa(fam: registry.Family, s, args: argparse.Namespace,
         calls = {"fwd": fwd,
                  "bwd": lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
                  "fwd+bwd": lambda: torch.autograd.grad(fwd(), (q, k, v), do)}
-        out = []
-        for p, r in zip(passes, rows):
-            try:
-                ms = median_ms(calls[p], args.warmup_ms, args.rep_ms)
-            except torch.cuda.OutOfMemoryError as e:
-                out.append({**r, "note": _oom(e)})
-                continue
-            out.append(timed_row(r, ms) if p == "fwd"
-                       else {**r, "ms": ms, "tflops": tflops(r["flops"], ms)})
-    return out
+        return time_rows(rows, passes, calls, args)
 
 
 def bench_matmul(args: argparse.Namespace, pass_: str = "fwd") -> dict:
@@ -123,26 +174,30 @@ def bench_matmul(args: argparse.Namespace, pass_: str = "fwd") -> dict:
 
 def frontier_key(fam: registry.Family, s) -> tuple[int, ...]:
     """What --frontier's rows of `s` depend on: its dense (B, H, Nk, D); a sweep repeats them."""
-    d = peer(fam, "cudnn_sdpa").dense(s)
+    d = peer(fam).dense(s)
     return d["B"], d["H"], d["Nk"], d["D"]
 
 
 def bench_frontier(s, args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
     """One row per FRONTIER_TUTORIALS kernel: dense non-causal self-attention of length L = the
-    keys per query of the family's equal-work rule (w1*w2), q/k/v [B, H, L, D], timed as the
-    tutorial ships it (its own autotuning). Its output is first compared with torch SDPA's on
-    the same inputs; above the family's "out_rel" tolerance it is not timed."""
+    keys per query of the family's dense peer (2-simplicial attention: w1*w2; spherical
+    attention: N), q/k/v [B, H, L, D], timed as the tutorial ships it (its own autotuning; the
+    tutorials have no causal mask, so a causal shape's row says so and is timed non-causal). Its
+    output is first compared with torch SDPA's on the same inputs; above the family's "out_rel"
+    tolerance it is not timed."""
     fam = registry.get_family(args.family)
     tol = fam.tolerances["out_rel"]
-    d = peer(fam, "cudnn_sdpa").dense(s)
-    L = d["Nk"]
-    d = {**d, "Nq": L}
+    dense = peer(fam).dense(s)
+    L = dense["Nk"]
+    d = {"B": dense["B"], "H": dense["H"], "D": dense["D"], "Nq": L, "Nk": L}
     base = {"kind": "frontier", "shape": f"B{d['B']} H{d['H']} L{L} D{d['D']} dense",
             "B": d["B"], "Hq": d["H"], "D": d["D"], "Lkv": L, "flops": dense_flops(d)}
+    if dense.get("causal"):
+        base["note"] = "non-causal (the tutorials have no causal mask)"
     rows = [{**base, "variant": f"tutorial:{name.removeprefix('hopper_')}"}
             for name in FRONTIER_TUTORIALS]
     if L % FRONTIER_BLOCK:
-        return [{**r, "note": f"not run: L = {L} (keys per query of the equal-work rule) is not "
+        return [{**r, "note": f"not run: L = {L} (keys per query of the dense peer's rule) is not "
                               f"a multiple of {FRONTIER_BLOCK}"} for r in rows]
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     try:

@@ -1,33 +1,43 @@
-"""What the command-line tools share (bench/fwd.py, bench/bwd.py, profiling/trace.py): shapes and
-presets, their arguments, the pass, shape, variant and output-path checks that come before any GPU
-work, inputs, run metadata and text tables. Installed with the package, so
-`python -m profiling.trace` needs no checkout."""
+"""What the command-line tools share (bench/fwd.py, bench/bwd.py, profiling/trace.py,
+profiling/sanitize.py): each family's shape flags (its shape record's fields) and presets, the
+other arguments, the pass, shape, variant and output-path checks that come before any GPU work,
+run metadata and text tables. Installed with the package, so `python -m profiling.trace` needs
+no checkout."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import importlib
 import os
 import subprocess
 import sys
+import typing
 from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 
 from altattn import launcher, registry, triton_env
-from altattn.simplicial import shapes
-from altattn.simplicial.family import FAMILY
-from altattn.simplicial.spec import SUPPORTED_HEAD_DIMS
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---------------------------------------------------------------------------------------------
-# Shapes: the simplicial family's (the tools take --family; its record holds its shape type,
-# presets and input maker)
+# Shapes: each family's record holds its shape type (a dataclass: the tools' shape flags are its
+# fields), presets and input maker. These three names are the default family's, for callers that
+# predate --family.
 
-Shape = FAMILY.shape_type
-PRESETS = FAMILY.presets
-make_inputs = shapes.make_inputs
+_DEFAULT = registry.get_family()
+Shape = _DEFAULT.shape_type
+PRESETS = _DEFAULT.presets
+make_inputs = importlib.import_module(Shape.__module__).make_inputs
+
+# The flag and words of the shape fields attention families share; any other field of a family's
+# shape record is --<field> (a bool: --<field> / --no-<field>), its help the field's metadata
+# "help" where given. A field's metadata "flag" overrides both.
+SHARED_FIELDS = {"B": ("--B", "batch"), "N": ("--N", "sequence length"),
+                 "Hq": ("--hq", "query heads Hq"), "Hk": ("--hk", "KV heads Hk"),
+                 "D": ("--d", "head dim D")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,6 +64,25 @@ def positive_float(text: str) -> float:
     return _positive(text, float, "positive number")
 
 
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def bool_text(text: str) -> bool:
+    """argparse type: True/False (also true/false, 1/0)."""
+    words = {"true": True, "1": True, "false": False, "0": False}
+    if text.lower() not in words:
+        raise argparse.ArgumentTypeError(f"must be True or False, got {text!r}")
+    return words[text.lower()]
+
+
 def add_family_arg(p: argparse.ArgumentParser) -> None:
     """Add --family: the attention family whose variants the tool runs (registry.FAMILIES)."""
     p.add_argument("--family", choices=list(registry.FAMILIES), default=registry.DEFAULT_FAMILY,
@@ -61,23 +90,98 @@ def add_family_arg(p: argparse.ArgumentParser) -> None:
                         f"{', '.join(f'{f.name}: {f.title}' for f in registry.families())})")
 
 
-def add_shape_args(p: argparse.ArgumentParser, default_preset: str) -> None:
-    """Add --preset and the per-dimension overrides --B --N --hq --hk --d --w1 --w2."""
-    p.add_argument("--preset", choices=list(PRESETS), default=default_preset,
+def family_in(argv: Sequence[str] | None) -> registry.Family:
+    """The family --family names in `argv` (a parser's shape flags and variants depend on it, so
+    it is read first); an unknown name gives the default one, whose parser then refuses it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = registry.DEFAULT_FAMILY
+    for i, a in enumerate(argv):
+        if a == "--family" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif a.startswith("--family="):
+            name = a.split("=", 1)[1]
+    return registry.get_family(name if name in registry.FAMILIES else registry.DEFAULT_FAMILY)
+
+
+def shape_fields(fam: registry.Family) -> list[tuple[str, type, str, str]]:
+    """(field, type, flag, help words) of each field of the family's shape record, in order."""
+    hints = typing.get_type_hints(fam.shape_type)
+    out = []
+    for f in dataclasses.fields(fam.shape_type):
+        flag, words = SHARED_FIELDS.get(f.name, (f"--{f.name}", f.name))
+        out.append((f.name, hints[f.name], f.metadata.get("flag", flag),
+                    f.metadata.get("help", words)))
+    return out
+
+
+def shape_flags(fam: registry.Family) -> dict[str, str]:
+    """Shape field -> its command-line flag."""
+    return {name: flag for name, _, flag, _ in shape_fields(fam)}
+
+
+FIELD_TYPES = {int: positive_int, float: nonnegative_float, bool: bool_text}
+
+
+def add_shape_args(p: argparse.ArgumentParser, default_preset: str | None = None,
+                   family: str = registry.DEFAULT_FAMILY) -> None:
+    """Add --preset (the family's presets) and one override per field of its shape record: for
+    2-simplicial attention --B --N --hq --hk --d --w1 --w2 (positive ints); a bool field is
+    --<field> / --no-<field>, a float one a number >= 0."""
+    fam = registry.get_family(family)
+    default_preset = default_preset or fam.default_preset
+    p.add_argument("--preset", choices=list(fam.presets), default=default_preset,
                    help=f"base shape (default: {default_preset})")
-    for flag, dest, what in (("--B", "B", "batch"), ("--N", "N", "sequence length"),
-                             ("--hq", "hq", "query heads Hq"), ("--hk", "hk", "KV heads Hk"),
-                             ("--d", "d", "head dim D"), ("--w1", "w1", "window of K1/V1"),
-                             ("--w2", "w2", "window of K2/V2")):
-        p.add_argument(flag, dest=dest, type=positive_int, metavar="INT",
-                       help=f"override the preset's {what}")
+    for name, kind, flag, words in shape_fields(fam):
+        if kind is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"override the preset's {words}")
+        else:
+            p.add_argument(flag, dest=name, type=FIELD_TYPES.get(kind, kind),
+                           metavar="INT" if kind is int else kind.__name__.upper(),
+                           help=f"override the preset's {words}")
 
 
-def shape_from_args(args: argparse.Namespace) -> Shape:
+def shape_from_args(args: argparse.Namespace, family: str | None = None):
     """The preset with the command line's overrides (add_shape_args) applied."""
-    overrides = {"B": args.B, "N": args.N, "Hq": args.hq, "Hk": args.hk, "D": args.d,
-                 "w1": args.w1, "w2": args.w2}
-    return replace(PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None})
+    fam = registry.get_family(family or getattr(args, "family", registry.DEFAULT_FAMILY))
+    overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(fam.shape_type)}
+    return replace(fam.presets[args.preset],
+                   **{k: v for k, v in overrides.items() if v is not None})
+
+
+def parse_shape(fam: registry.Family, texts: Sequence[str]):
+    """The family's shape from its fields' values as text, in field order (what
+    `dataclasses.astuple` wrote); ValueError naming the field."""
+    fields = shape_fields(fam)
+    if len(texts) != len(fields):
+        raise ValueError(f"a {fam.name} shape has {len(fields)} fields "
+                         f"({', '.join(f[0] for f in fields)}), got {len(texts)} values")
+    values = []
+    for (name, kind, _, _), text in zip(fields, texts):
+        try:
+            values.append(FIELD_TYPES.get(kind, kind)(text))
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            raise ValueError(f"shape field {name}: {e}") from None
+    return fam.shape_type(*values)
+
+
+def forms_of(fam: registry.Family) -> list | None:
+    """The logits' forms the family's variants compute (its `accepts` has "form"), the family's
+    own first; None when the family has no forms."""
+    if "form" not in fam.accepts:
+        return None
+    return list(dict.fromkeys([*fam.accepts["form"],
+                               *(f for v in fam.variants for f in v.accepted("form"))]))
+
+
+def form_options(form) -> dict:
+    """The keyword a family's make_inputs and Shape.spec take for `form` (none for None)."""
+    return {} if form is None else {"form": form}
+
+
+def shape_spec(s, form=None):
+    """`s.spec()` in the logits' `form` (None: the family's only or default one)."""
+    return s.spec(**form_options(form))
 
 
 def add_pass_arg(p: argparse.ArgumentParser, passes: Sequence[str]) -> None:
@@ -99,27 +203,34 @@ def check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None)
 
 
 def check_variants(parser: argparse.ArgumentParser, pass_: str, names: Sequence[str],
-                   shapes: Sequence[Shape], form: str = "trilinear") -> None:
+                   shapes: Sequence, form=None, family: str = registry.DEFAULT_FAMILY) -> None:
     """Before any GPU work, exit 2 (parser.error) with the launcher's own message unless every
-    shape passes the library's checks and each named variant of pass `pass_` takes it in the
-    logits' `form` ("auto": some variant does).
-    The two rules that positive overrides (add_shape_args) can still break
-    are named by their flags first; the shape's other checks are the library's, in its words."""
-    if not registry.all_variants(pass_):
-        parser.error(f"no {pass_} variant is registered")
+    shape passes the library's checks and each named variant of pass `pass_` of `family` takes it
+    in the logits' `form` (None: the family's default; "auto": some variant does).
+    The two rules that positive overrides (add_shape_args) can still break are named by their
+    flags first (Hq a multiple of Hk; D one of the spec module's SUPPORTED_HEAD_DIMS, where the
+    family's shape has those fields); the shape's other checks are the library's, in its words."""
+    fam = registry.get_family(family)
+    if not registry.all_variants(pass_, family):
+        parser.error(f"no {pass_} variant of {fam.name} is registered")
+    flags = shape_flags(fam)
+    head_dims = getattr(importlib.import_module(fam.spec_type.__module__),
+                        "SUPPORTED_HEAD_DIMS", None)
     for s in shapes:
-        if s.Hq % s.Hk != 0:
-            parser.error(f"--hq {s.Hq} must be a multiple of --hk {s.Hk} (grouped-query heads)")
-        if s.D not in SUPPORTED_HEAD_DIMS:
-            parser.error(f"--d {s.D}: head dim not supported; supported: "
-                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+        f = s.fields()
+        if "Hq" in f and "Hk" in f and f["Hq"] % f["Hk"] != 0:
+            parser.error(f"{flags['Hq']} {f['Hq']} must be a multiple of {flags['Hk']} "
+                         f"{f['Hk']} (grouped-query heads)")
+        if head_dims and "D" in f and f["D"] not in head_dims:
+            parser.error(f"{flags['D']} {f['D']}: head dim not supported; supported: "
+                         f"{', '.join(map(str, head_dims))}")
         try:
-            spec = s.spec(form)
+            spec = shape_spec(s, form)
         except (ValueError, TypeError) as e:
             parser.error(f"shape {s.short()}: {e}")
         for name in names:
             try:
-                launcher.pick(spec, name, pass_=pass_)
+                launcher.pick(spec, name, pass_=pass_, family=family)
             except (ValueError, NotImplementedError) as e:  # NotImplementedError: no such form
                 parser.error(str(e))
             except ImportError:  # e.g. TLX under upstream Triton: the run itself says so

@@ -58,7 +58,8 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 from altattn import registry  # noqa: E402
-from profiling.common import add_family_arg, format_table, gpu_problem, positive_int  # noqa: E402
+from profiling.common import (add_family_arg, form_options, format_table,  # noqa: E402
+                              forms_of, gpu_problem, parse_shape, positive_int, shape_spec)
 from profiling.sanitize_report import (ALLOWED_BY_FAMILY, WORKER_DONE, Allowance,  # noqa: E402,F401
                                        Report, allowed_for, judge, parse_report)
 
@@ -104,32 +105,40 @@ class Run:
     pass_: str           # "fwd", "bwd" or PROBE
     variant: str         # a registered variant, or PROBE_NAME
     shape: object | None  # the family's shape type; None for the probe (its launch is its own)
-    form: str = "trilinear"  # the logits' form (one of the variant's accepted("form"))
+    # the logits' form (one of the variant's accepted("form")); None: the family's plain one
+    form: str | None = None
     family: str = registry.DEFAULT_FAMILY
+
+    def other_form(self) -> str | None:
+        """The form, when it is not the family's plain one (what tags and commands name)."""
+        plain = (forms_of(registry.get_family(self.family)) or [None])[0]
+        return None if self.form in (None, plain) else self.form
 
     def tag(self) -> str:
         s = self.shape
         if s is None:
             return f"{self.tool}-{self.pass_}-{self.variant}"
-        form = "" if self.form == "trilinear" else f"-{self.form}"
+        form = "" if self.other_form() is None else f"-{self.form}"
         shape = re.sub(r"[^\w.=-]+", "-", s.short().replace("/", "x"))  # a file name
         return f"{self.tool}-{self.pass_}-{self.variant}-{shape}{form}"
 
     def shape_text(self) -> str:
         if self.shape is None:
             return "probe launch"
-        return self.shape.short() + ("" if self.form == "trilinear" else f" form={self.form}")
+        return self.shape.short() + ("" if self.other_form() is None else f" form={self.form}")
 
 
 # ---------------------------------------------------------------------------------------------
 # Shapes and runs (no GPU)
 
 
-def shapes_for(v: registry.Variant, form: str = "trilinear") -> list:
-    """The variant's shapes in the logits' `form`: the first it takes of each group of its
-    family's sanitizer_shapes (fewer when it takes none of a group: plan() refuses that)."""
+def shapes_for(v: registry.Variant, form: str | None = None) -> list:
+    """The variant's shapes in the logits' `form` (None: the family's plain one): the first it
+    takes of each group of its family's sanitizer_shapes (fewer when it takes none of a group:
+    plan() refuses that)."""
     groups = registry.get_family(v.family).sanitizer_shapes
-    return [s for s in (next((c for c in cands if v.cannot_take(c.spec(form)) is None), None)
+    return [s for s in (next((c for c in cands if v.cannot_take(shape_spec(c, form)) is None),
+                             None)
                         for cands in groups) if s is not None]
 
 
@@ -153,11 +162,14 @@ def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | Non
         if not any(v.name == n for v in variants):
             real = [p for p in passes if p != PROBE] or [PROBE]
             raise ValueError(f"--variant {n}: not a variant of pass {' or '.join(real)}")
+    has_forms = "form" in registry.get_family(family).accepts
     for v in variants:
-        for form in (f for f in v.accepted("form") if forms is None or f in forms):
+        for form in (f for f in (v.accepted("form") if has_forms else (None,))
+                     if forms is None or f is None or f in forms):
             shapes = shapes_for(v, form)
             if len(shapes) < n_groups:
-                raise ValueError(f"{v.name} ({v.pass_}, form {form}) takes no shape of some "
+                raise ValueError(f"{v.name} ({v.pass_}{'' if form is None else ', form ' + form}"
+                                 f") takes no shape of some "
                                  f"group of {family}'s sanitizer_shapes: add one it takes")
             shapes = [s for g, s in enumerate(shapes, 1) if groups is None or g in groups]
             runs += [Run(t, v.pass_, v.name, s, form, family) for s in shapes for t in tools]
@@ -192,7 +204,7 @@ def command(sanitizer: str, run: Run, racecheck_report: str = "analysis") -> lis
                       "--worker", "--pass", PROBE]
     if run.pass_ == "bwd":
         cmd += ["--kernel-name-exclude", f"kns={forward_kernel_prefix(run.family)}"]
-    form = [] if run.form == "trilinear" else ["--form", run.form]
+    form = [] if run.other_form() is None else ["--form", run.form]
     family = [] if run.family == registry.DEFAULT_FAMILY else ["--family", run.family]
     return cmd + [sys.executable, SCRIPT, "--worker", "--pass", run.pass_, "--variant",
                   run.variant, "--shape", *map(str, dataclasses.astuple(s)), *form, *family]
@@ -288,7 +300,7 @@ def run_all(runs: Sequence[Run], sanitizer: str, out_dir: str, timeout: int, job
     return rows
 
 
-def worker(pass_: str, variant: str | None, s, form: str = "trilinear",
+def worker(pass_: str, variant: str | None, s, form: str | None = None,
            family: str = registry.DEFAULT_FAMILY) -> int:
     """One call of `variant` of (family, pass_) on `s` in the logits' `form` (what a run checks),
     or the probe's one launch (pass_ PROBE), then WORKER_DONE."""
@@ -303,10 +315,12 @@ def worker(pass_: str, variant: str | None, s, form: str = "trilinear",
         ws_probe.run()
         print(f"{WORKER_DONE}: {PROBE} {PROBE_NAME} {ws_probe.GRID} CTAs", flush=True)
         return 0
-    inputs = registry.get_family(family).make_inputs(s, pass_, seed=0, form=form, device="cuda")
+    inputs = registry.get_family(family).make_inputs(s, pass_, seed=0, device="cuda",
+                                                     **form_options(form))
     launcher.run(family, pass_, *inputs, variant=variant)
     torch.cuda.synchronize()
-    print(f"{WORKER_DONE}: {pass_} {variant} {s.short()} form={form}", flush=True)
+    print(f"{WORKER_DONE}: {pass_} {variant} {s.short()}"
+          + ("" if form is None else f" form={form}"), flush=True)
     return 0
 
 
@@ -355,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the logits' forms to check: {', '.join(forms)} (default: every form "
                         f"each variant computes, its record's accepted('form'))")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--shape", nargs="+", type=positive_int, help=argparse.SUPPRESS)
+    p.add_argument("--shape", nargs="+", help=argparse.SUPPRESS)  # the shape's fields, as text
     return p
 
 
@@ -370,8 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "--pass")
         if args.form is not None and len(args.form) != 1:
             parser.error("--worker takes one --form")
-        shape = registry.get_family(args.family).shape_type(*args.shape)
-        return worker(args.passes[0], args.variant[0], shape, (args.form or ["trilinear"])[0],
+        try:
+            shape = parse_shape(registry.get_family(args.family), args.shape)
+        except ValueError as e:
+            parser.error(f"--shape: {e}")
+        return worker(args.passes[0], args.variant[0], shape, (args.form or [None])[0],
                       args.family)
     try:
         runs = plan(args.tool, args.passes, args.variant, args.shapes, args.form, args.family)

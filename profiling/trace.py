@@ -51,8 +51,8 @@ from collections.abc import Sequence  # noqa: E402
 
 from altattn import registry  # noqa: E402
 from profiling.common import (add_family_arg, add_pass_arg, add_shape_args,  # noqa: E402
-                              check_variants, format_table, metadata_line, positive_int,
-                              run_metadata, shape_from_args)
+                              check_variants, family_in, format_table, metadata_line,
+                              positive_int, run_metadata, shape_from_args)
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS  # noqa: E402
 from profiling.trace_capture import (DEFAULT_CTAS, PASSES, capture, kernel_level,  # noqa: E402
                                      sampled_warps, trace_name)
@@ -62,22 +62,30 @@ from profiling.trace_summary import (MAX_TRACE_BYTES, format_comparison,  # noqa
                                      format_summary, load_trace, split_kernels, summarize)
 
 PROG = "profiling/trace.py"
-DEFAULT_PRESET = "small"   # B=1 N=2048 Hq=64 Hk=1 D=128 w1=32 w2=256
+DEFAULT_PRESET = "small"   # a family's preset of that name, else its default preset
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line
 
-def build_parser() -> argparse.ArgumentParser:
+def trace_preset(fam: registry.Family) -> str:
+    """The family's preset a trace takes by default: DEFAULT_PRESET where it has one."""
+    return DEFAULT_PRESET if DEFAULT_PRESET in fam.presets else fam.default_preset
+
+
+def build_parser(family: str = registry.DEFAULT_FAMILY) -> argparse.ArgumentParser:
+    """The arguments, with the shape flags and presets of `family` (--family's)."""
     # every family's variant names (the family's own are checked after parsing)
     names = list(dict.fromkeys(v.name for v in registry.all_variants(None, None)))
-    presets = registry.get_family().presets
+    fam = registry.get_family(family)
+    presets, preset = fam.presets, trace_preset(fam)
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Proton traces of the forward and backward kernels (--pass). Capture modes "
                     "(--variant, --compare, --kernels) need a CUDA GPU; --summarize and --plot "
                     "run anywhere.",
-        epilog=f"Default shape: preset {DEFAULT_PRESET} ({presets[DEFAULT_PRESET].short()}). "
+        epilog=f"Default shape: preset {preset} ({presets[preset].short()}; --family picks "
+               f"the presets and shape flags). "
                "Numbers: cycles of the SM clock; gemm scopes include the wait for the wgmma "
                "result (an upper bound of tensor-core busy time); instrumentation perturbs "
                "timing. Open a .chrome_trace in ui.perfetto.dev. Exit status: 0 ok, 1 unusable "
@@ -97,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"variant to capture (repeatable): {', '.join(names)}")
     add_family_arg(p)
     add_pass_arg(p, PASSES)
-    add_shape_args(p, default_preset=DEFAULT_PRESET)
+    add_shape_args(p, default_preset=preset, family=fam.name)
     p.add_argument("--out", metavar="DIR", default="out/trace",
                    help="output directory of captures (default: out/trace; created)")
     p.add_argument("--ctas", type=positive_int, default=DEFAULT_CTAS, metavar="K",
@@ -142,7 +150,7 @@ def _summary_text(paths: Sequence[str], as_json: bool, family: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(family_in(argv).name)
     args = parser.parse_args(argv)
 
     if args.summarize or args.plot:
@@ -187,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:
             parser.error(str(e))
     shape = shape_from_args(args)
-    check_variants(parser, args.pass_, names or ["auto"], [shape])
+    check_variants(parser, args.pass_, names or ["auto"], [shape], family=args.family)
     if not names:  # --kernels: every variant that takes the shape
         names = [v.name for v in registry.all_variants(args.pass_, args.family)
                  if v.cannot_take(shape.spec()) is None]

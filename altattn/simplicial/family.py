@@ -96,6 +96,13 @@ def _dense_equal_work(s: Shape) -> dict:
     return {"B": s.B, "H": s.Hq, "Nq": s.N, "Nk": s.w1 * s.w2, "D": s.D}
 
 
+def _layer(s: Shape, dim: int, bwd_variant: str, form: str = "trilinear"):
+    """One SimplicialAttention of width `dim` on the shape's heads and windows (bench --layer)."""
+    from .layer import SimplicialAttention
+    return SimplicialAttention(dim, s.Hq, s.Hk, s.D, s.w1, s.w2, bwd_variant=bwd_variant,
+                               form=form)
+
+
 FAMILY = Family(
     name="simplicial", title="2-simplicial attention", shape_type=Shape, spec_type=ProblemSpec,
     passes={"fwd": Forward, "bwd": Backward},
@@ -104,4 +111,5 @@ FAMILY = Family(
     peers=(Peer(name="cudnn_sdpa", rule="dense attention, Lkv = w1*w2 keys per query",
                 dense=_dense_equal_work),),
     scopes=SCOPES, sanitizer_shapes=SANITIZER_SHAPES, tolerances=TOLERANCES,
-    accepts={"form": ("trilinear",)}, traits=BOTH_SIDES, variants=FWD + BWD)
+    accepts={"form": ("trilinear",)}, traits=BOTH_SIDES, variants=FWD + BWD,
+    layer=_layer)

@@ -2,7 +2,7 @@
 presets and the one input maker."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -19,8 +19,8 @@ class Shape:
     Hq: int
     Hk: int
     D: int
-    w1: int
-    w2: int
+    w1: int = field(metadata={"help": "window of K1/V1"})  # the tools' --w1 (profiling.common)
+    w2: int = field(metadata={"help": "window of K2/V2"})
 
     def short(self) -> str:
         """Compact form for tables, e.g. 'B4 N16384 H128/1 D128 w32x512' (H = Hq/Hk)."""
