@@ -2,12 +2,15 @@
 
 Families (each a subpackage with its op, layer, reference and kernels; `families()` lists them):
     altattn.simplicial   2-simplicial attention: simplicial_attention, SimplicialAttention
+    altattn.spherical    spherical attention (FlashSign): spherical_attention, SphericalAttention
 
 `variants(family, pass_)` names the registered kernels. See README.md and docs/DESIGN.md.
 """
-from . import compile_workers, simplicial
+from . import compile_workers, simplicial, spherical
 from .simplicial import SimplicialAttention
 from .simplicial import attention as simplicial_attention
+from .spherical import SphericalAttention
+from .spherical import attention as spherical_attention
 
 
 def families() -> dict[str, str]:
@@ -24,4 +27,5 @@ def variants(family: str = "simplicial", pass_: str = "fwd") -> dict[str, str]:
 
 compile_workers.configure()  # torch.compile of a model on the GPU: see compile_workers.py
 
-__all__ = ["simplicial", "simplicial_attention", "SimplicialAttention", "families", "variants"]
+__all__ = ["simplicial", "simplicial_attention", "SimplicialAttention", "spherical",
+           "spherical_attention", "SphericalAttention", "families", "variants"]

@@ -1,0 +1,24 @@
+"""Spherical attention (FlashSign): softmax replaced by each score row's L2 norm,
+out[y] = sum_x s[y, x] v[x] / (||s[y, :]|| + eps): no exp, no running max.
+
+    attention(q, k, v, *, causal, seqlens)   differentiable (a torch.library op), CPU or GPU
+    SphericalAttention(dim, n_heads, ...)    a layer: projections, GQA, padding, multiplicity
+    forward / backward                       one pass on the GPU kernels, no autograd
+    reference / reference_backward           plain PyTorch in fp64
+    variants("fwd" | "bwd")                  the registered kernels
+"""
+from .layer import SphericalAttention
+from .ops import attention
+from .passes import backward, forward
+from .reference import reference, reference_backward
+from .spec import SphericalSpec
+
+
+def variants(pass_: str = "fwd") -> dict[str, str]:
+    """Registered variant names of a pass, each with the shapes it supports."""
+    from .. import registry
+    return registry.variants(pass_, "spherical")
+
+
+__all__ = ["attention", "SphericalAttention", "forward", "backward", "reference",
+           "reference_backward", "variants", "SphericalSpec"]

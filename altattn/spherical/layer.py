@@ -1,0 +1,68 @@
+"""`SphericalAttention`: a spherical-attention layer a model can drop in (projections, GQA, padding,
+and the per-key multiplicity scale of the paper's gene model)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..checks import check_bool, check_layer_input, positive_int
+from .ops import attention, check_variant_names
+from .spec import DEFAULT_EPS, SUPPORTED_HEAD_DIMS, _check_eps
+
+
+class SphericalAttention(nn.Module):
+    """x [B, N, dim] -> [B, N, dim]: q, k, v projections, spherical attention (each score row
+    L2-normalised instead of softmaxed), output projection.
+
+    n_heads query heads share n_kv_heads key/value heads (n_heads % n_kv_heads == 0), each of
+    size head_dim (64 or 128). causal: token y sees x <= y. forward(x, seqlens=None,
+    multiplicity=None): seqlens int32 [B] real lengths of padded sequences (padded rows give 0);
+    multiplicity [B, N] scales each token's key (FlashSign's gene model scales keys by each gene's
+    count in the cell). On CUDA the attention runs in bf16 and the result is cast back to x's
+    dtype; on the CPU the fp64 reference runs. A configuration no device runs raises at
+    construction, naming the argument."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int | None = None,
+                 head_dim: int = 128, *, causal: bool = False, bias: bool = False,
+                 eps: float = DEFAULT_EPS, variant: str = "auto", bwd_variant: str = "auto",
+                 deterministic: bool = False):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        dim, n_heads, n_kv_heads, head_dim = (positive_int(name, v) for name, v in (
+            ("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads),
+            ("head_dim", head_dim)))
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim={head_dim} is not supported; supported: "
+                             f"{SUPPORTED_HEAD_DIMS}")
+        check_variant_names(variant, bwd_variant, deterministic)
+        self.causal = check_bool("causal", causal)
+        self.eps = _check_eps(eps)
+        self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv_heads, head_dim
+        self.variant, self.bwd_variant, self.deterministic = variant, bwd_variant, deterministic
+        self.q = nn.Linear(dim, n_heads * head_dim, bias=bias)
+        self.k, self.v = (nn.Linear(dim, n_kv_heads * head_dim, bias=bias) for _ in range(2))
+        self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor, seqlens: torch.Tensor | None = None,
+                multiplicity: torch.Tensor | None = None) -> torch.Tensor:
+        check_layer_input(x, self.dim)
+        B, N, _ = x.shape
+        dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
+        k = self.k(x).view(B, N, self.n_kv_heads, self.head_dim)
+        if multiplicity is not None:
+            if not isinstance(multiplicity, torch.Tensor) or tuple(multiplicity.shape) != (B, N):
+                raise ValueError(f"multiplicity must be a tensor of shape {(B, N)} [B, N], got "
+                                 f"{getattr(multiplicity, 'shape', type(multiplicity).__name__)}")
+            k = k * multiplicity.to(k.dtype)[:, :, None, None]
+        q = self.q(x).view(B, N, self.n_heads, self.head_dim).to(dtype)
+        v = self.v(x).view(B, N, self.n_kv_heads, self.head_dim).to(dtype)
+        o, _ = attention(q, k.to(dtype), v, causal=self.causal, eps=self.eps, seqlens=seqlens,
+                         variant=self.variant, bwd_variant=self.bwd_variant,
+                         deterministic=self.deterministic)
+        return self.out(o.reshape(B, N, self.n_heads * self.head_dim).to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return (f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"head_dim={self.head_dim}, causal={self.causal}")

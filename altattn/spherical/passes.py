@@ -1,0 +1,123 @@
+"""Spherical attention's two passes on the one launcher (altattn.launcher.run): what each takes,
+checks, allocates and hands its kernels, and the public entry points `forward` and `backward`."""
+from __future__ import annotations
+
+import torch
+
+from .. import launcher
+from ..checks import dense_aligned, output, validate_aux
+from ..launcher import Call
+from .spec import DEFAULT_EPS, NAMES, validate
+
+FAMILY = "spherical"
+GRADS = ("dq", "dk", "dv")
+
+
+def _seqlens(seqlens):
+    return None if seqlens is None else dense_aligned(seqlens.to(torch.int32))
+
+
+class Forward:
+    """forward(q, k, v, causal=False, sm_scale=None, eps=1e-6, seqlens=None) -> (out, r):
+    out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32."""
+
+    outputs = ("out", "r")
+
+    @staticmethod
+    def validate(q, k, v, causal=False, sm_scale=None, eps=DEFAULT_EPS, seqlens=None) -> Call:
+        spec = validate(q, k, v, causal, sm_scale, eps, seqlens)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise ValueError("altattn.spherical.forward is forward-only and the inputs require "
+                             "grad: use altattn.spherical_attention (differentiable), or call "
+                             "forward under torch.no_grad() or with detached tensors")
+        return Call(spec, q.device, dict(zip(NAMES, (q, k, v)), seqlens=seqlens))
+
+    @staticmethod
+    def allocate(call: Call, given: dict) -> dict:
+        s, dev = call.spec, call.device
+        return {"out": output(given.get("out"), "out", (s.B, s.N, s.Hq, s.D), torch.bfloat16, dev),
+                "r": output(given.get("r"), "r", (s.B, s.Hq, s.N), torch.float32, dev)}
+
+    @staticmethod
+    def kernel_args(call: Call, outs: dict):
+        if outs["out"].numel() == 0:
+            return None
+        if call.spec.Nk == 0:  # no keys: every row sees none
+            outs["out"].zero_()
+            outs["r"].zero_()
+            return None
+        x = [dense_aligned(call.tensors[n]) for n in NAMES]
+        return (*x, _seqlens(call.tensors["seqlens"]), outs["out"], outs["r"])
+
+    @staticmethod
+    def result(call: Call, outs: dict) -> tuple:
+        return outs["out"], outs["r"]
+
+
+class Backward:
+    """backward(dout, dr, q, k, v, out, r, causal=False, sm_scale=None, eps=1e-6, seqlens=None)
+    -> (dq, dk, dv), bf16, the inputs' shapes."""
+
+    outputs = GRADS
+
+    @staticmethod
+    def validate(dout, dr, q, k, v, out, r, causal=False, sm_scale=None, eps=DEFAULT_EPS,
+                 seqlens=None) -> Call:
+        spec = validate(q, k, v, causal, sm_scale, eps, seqlens)
+        rows, norms = (spec.B, spec.N, spec.Hq, spec.D), (spec.B, spec.Hq, spec.N)
+        aux = [("out", out, rows, "[B, N, Hq, D]"), ("r", r, norms, "[B, Hq, N]"),
+               ("dout", dout, rows, "[B, N, Hq, D]")]
+        if dr is not None:
+            aux.append(("dr", dr, norms, "[B, Hq, N]"))
+        for name, t, shape, layout in aux:
+            validate_aux(name, t, shape, layout, q.device)
+        return Call(spec, q.device, dict(zip(NAMES, (q, k, v)), out=out, r=r, dout=dout, dr=dr,
+                                         seqlens=seqlens))
+
+    @staticmethod
+    def allocate(call: Call, given: dict) -> dict:
+        return {g: output(given.get(g), g, tuple(call.tensors[n].shape), torch.bfloat16,
+                          call.device) for g, n in zip(GRADS, NAMES)}
+
+    @staticmethod
+    def kernel_args(call: Call, outs: dict):
+        if any(g.numel() == 0 for g in outs.values()):  # no rows or no keys: nothing flows
+            for g in outs.values():
+                g.zero_()
+            return None
+        t = call.tensors
+        x = [dense_aligned(t[n]) for n in NAMES]
+        dr = None if t["dr"] is None else dense_aligned(t["dr"].float())
+        return (*x, dense_aligned(t["out"].to(torch.bfloat16)), dense_aligned(t["r"].float()),
+                dense_aligned(t["dout"].to(torch.bfloat16)), dr, _seqlens(t["seqlens"]),
+                outs["dq"], outs["dk"], outs["dv"])
+
+    @staticmethod
+    def result(call: Call, outs: dict) -> tuple:
+        return tuple(outs[g] for g in GRADS)
+
+
+def forward(q, k, v, *, causal: bool = False, sm_scale=None, eps: float = DEFAULT_EPS,
+            seqlens=None, variant: str = "auto", out=None, r=None, profile: bool = False):
+    """Spherical attention forward on the GPU, no autograd.
+
+    q [B, N, Hq, D], k and v [B, Nk, Hk, D] (Hq a multiple of Hk), bf16 CUDA tensors; D in
+    {64, 128}. causal: query y sees keys x <= y (needs N == Nk). sm_scale defaults to
+    1/sqrt(D); eps is added to the row norm r before dividing. seqlens: int32 [B], the real
+    length of each sequence (queries and keys past it are padding: never read into a real row;
+    their outputs are 0); values are clamped to [0, N] (queries) and [0, Nk] (keys).
+    Returns out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32 (each row's L2 norm of scores), into
+    `out` / `r` when given. "auto" takes the fastest registered variant for the shape."""
+    return launcher.run(FAMILY, "fwd", q, k, v, causal, sm_scale, eps, seqlens, variant=variant,
+                        profile=profile, outputs={"out": out, "r": r})
+
+
+def backward(dout, dr, q, k, v, out, r, *, causal: bool = False, sm_scale=None,
+             eps: float = DEFAULT_EPS, seqlens=None, variant: str = "auto",
+             deterministic: bool = False, profile: bool | str = False):
+    """Gradients of spherical attention with respect to q, k, v (bf16, their shapes), given the
+    incoming gradients dout [B, N, Hq, D] and dr [B, Hq, N] (or None when r is unused) and what
+    the forward returned for these inputs (out, r). deterministic=True takes only bitwise
+    repeatable variants. Other arguments as `forward`'s."""
+    return launcher.run(FAMILY, "bwd", dout, dr, q, k, v, out, r, causal, sm_scale, eps, seqlens,
+                        variant=variant, profile=profile, deterministic=deterministic)

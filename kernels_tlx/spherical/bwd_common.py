@@ -1,0 +1,359 @@
+"""What the TLX spherical backwards (`tlx_ws`: bwd_ws.py, `tlx_ws_det`: bwd_ws_det.py) share: the
+key-block kernel `_dkv_kernel` in FlashAttention-3's shape, its host side (descriptors, config,
+grid, compile configs) and the fp32 -> bf16 dQ convert.
+
+`_dkv_kernel`: one program per (batch b, KV head g, block of BLOCK_N = 128 keys), blocks of one head
+adjacent in the grid (they stream the same Q and dO rows through L2). No exp anywhere:
+    P^T  = A S^T                      S^T = K Q^T,  dP^T = V dO^T      (t unscaled, per column)
+    dS^T = A dP^T + Bt S^T            (A, Bt: kernels_triton/spherical/bwd_common.row_coeffs)
+    dV  += P^T dO      dK += dS^T Q   dQ += dS K (WITH_DQ)
+Warp groups:
+- producer ("default", 4 warps): TMA-loads the block's K and V once (a 64-key half per consumer,
+  `kv_full`), then streams 64-row Q and dO tiles over the query blocks and the G query heads of
+  head g through a ring of NUM_STAGES slots (`q_fulls`; `q_empties`, one arrival per consumer
+  thread, frees a slot).
+- two consumers (4 warps each, setmaxnreg CONSUMER_REGS): consumer c owns keys kb + 64c .. + 63
+  and their fp32 dK, dV (64 x D each) in registers. Per tile: S^T, dP^T (SS-wgmma, 64 keys x 64
+  rows), P^T and dV's RS-wgmma while dP^T is in flight, dS^T, dK's RS-wgmma. WITH_DQ: dS^T goes to
+  shared memory (two slots by tile parity), the consumers meet at an mbarrier of that parity
+  that every thread of both arrives on (both halves of dS in place; a named barrier's `bar.sync`
+  reached at two instructions, one per replica, fails synccheck), and each computes dQ's columns c*D/2 .. (D = 128: trans(dS) [64 rows x 128 keys]
+  @ K[:, cols]) or, at D = 64, consumer (tile % 2) all 64 columns; the fp32 result goes through
+  a staging tile to a TMA reduce-add into the fp32 scratch [B, N, Hq*D] (zeroed by the launch).
+Masks: keys >= Lk and (causal) x > y give P = dS = 0; rows >= Lq have A = Bt = 0 (row_coeffs) and
+rows >= N read A = Bt = 0 and zero Q/dO (TMA). Causal programs start at their diagonal query block;
+key blocks at or past Lk run no mainloop and write zero dK, dV.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from altattn.registry import CompileConfig
+from kernels_triton.proton import BF16_BYTES, enter, leave
+from kernels_triton.spherical.bwd_common import coeff_row0
+
+BLOCK_N = 128         # keys per program (64 per consumer)
+BLOCK_M = 64          # query rows per streamed tile
+HALF = tl.constexpr(64)
+NUM_CONSUMERS = tl.constexpr(2)
+STAGE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's dQ staging tile written (128 threads)
+CONVERT_BLOCK = 2048
+
+
+@triton.jit
+def seq_bounds(Seqlens, b, N, Nk, VARLEN: tl.constexpr):
+    """(Lq, Lk): the rows and keys of sequence b that count (clamp(seqlens[b]) with VARLEN)."""
+    if VARLEN:
+        L = tl.maximum(tl.load(Seqlens + b), 0)
+        return tl.minimum(L, N), tl.minimum(L, Nk)
+    return N + 0 * b, Nk + 0 * b
+
+
+@triton.jit
+def key_program(N, Nk, Seqlens, HK: tl.constexpr, G: tl.constexpr, CAUSAL: tl.constexpr,
+                VARLEN: tl.constexpr):
+    """This program's b, g, first key kb, Lk, first query block m_lo, query blocks per head n_m
+    and tile count (G heads x n_m blocks; 0 for a block at or past Lk). Computed in each warp
+    group (nothing crosses the partitions in registers)."""
+    n_kb = tl.cdiv(Nk, 128)
+    pid = tl.program_id(0)
+    kb = (pid % n_kb) * 128
+    bg = pid // n_kb
+    b = bg // HK
+    g = bg % HK
+    Lq, Lk = seq_bounds(Seqlens, b, N, Nk, VARLEN)
+    m_lo = 0
+    if CAUSAL:
+        m_lo = kb // 64
+    n_m = tl.maximum(tl.cdiv(Lq, 64) - m_lo, 0)
+    n_tiles = tl.where(kb < Lk, G * n_m, 0)
+    return b, g, kb, Lk, m_lo, n_m, n_tiles
+
+
+@triton.jit
+def masked(x, k_first, q0, Lk, CAUSAL: tl.constexpr, VARLEN: tl.constexpr):
+    """x [64 keys from k_first, 64 rows from q0] with 0 at invisible pairs: keys >= Lk (VARLEN;
+    keys past Nk read as zeros) and, causal, key > row (only tiles that cross the diagonal
+    compare). Rows >= Lq need no mask: A = 0 there, and past N Q, dO are 0."""
+    if VARLEN:  # noqa: SIM102 (a constexpr, then a runtime test)
+        if k_first + 64 > Lk:
+            x = tl.where((k_first + tl.arange(0, 64) < Lk)[:, None], x, 0.0)
+    if CAUSAL:  # noqa: SIM102 (a constexpr, then a runtime test)
+        if q0 < k_first + 63:
+            x = tl.where(tl.arange(0, 64)[:, None] <= (q0 - k_first) + tl.arange(0, 64)[None, :],
+                         x, 0.0)
+    return x
+
+
+@triton.jit
+def dq_gemm(ds_tiles, par, k_tiles, COL: tl.constexpr, COLS: tl.constexpr):
+    """Issue dQ[:, COL .. COL + COLS) = trans(dS^T) K[:, COL ..] over both key halves (the dS^T
+    tiles of parity `par`): two SS-wgmmas of K = 64 keys."""
+    dq = tlx.async_dot(tlx.local_trans(tlx.local_view(ds_tiles, par)),
+                       tlx.local_slice(tlx.local_view(k_tiles, 0), [0, COL], [HALF, COLS]))
+    return tlx.async_dot(tlx.local_trans(tlx.local_view(ds_tiles, par + 1)),
+                         tlx.local_slice(tlx.local_view(k_tiles, 1), [0, COL], [HALF, COLS]), dq)
+
+
+@triton.jit
+def reduce_dq(DQd, stage, dq, b, q0, col, cid, PROFILE: tl.constexpr):
+    """One consumer: its fp32 dQ tile (64 rows x cols) through `stage` to a TMA reduce-add at
+    [b, q0, col] of the scratch (rows past N clipped). The caller has waited for the previous
+    reduce-add to read `stage` (async_descriptor_store_wait) before its last barrier."""
+    enter("epilogue", PROFILE)
+    tlx.local_store(stage, dq)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(STAGE_BARRIER + cid, 128)  # every thread's part is in `stage`
+    tlx.async_descriptor_store(DQd, stage, [b, q0, col], store_reduce="add")
+    leave("epilogue", PROFILE)
+
+
+@triton.jit
+def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.constexpr,
+                HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+                VARLEN: tl.constexpr, WITH_DQ: tl.constexpr, NUM_STAGES: tl.constexpr,
+                CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
+    DQ_COLS: tl.constexpr = D // 2 if D == 128 else D  # dQ columns per consumer (per tile)
+    k_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)
+    v_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)
+    q_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_STAGES)
+    do_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_STAGES)
+    a_tiles = tlx.local_alloc((64,), tl.float32, NUM_STAGES)   # A, R = Bt / A of the tile's 64 rows
+    r_tiles = tlx.local_alloc((64,), tl.float32, NUM_STAGES)
+    if WITH_DQ:
+        ds_tiles = tlx.local_alloc((HALF, 64), tl.bfloat16, 2 * NUM_CONSUMERS)  # [parity][half]
+        stage_tiles = tlx.local_alloc((64, DQ_COLS), tl.float32, NUM_CONSUMERS)
+        # per parity: both consumers' dS^T halves stored (every thread of both arrives: each
+        # replica reaches it at its own instruction, which a `bar.sync` must not see)
+        ds_fulls = tlx.alloc_warp_barrier(num_barriers=2, num_warps=4 * NUM_CONSUMERS)
+    kv_full = tlx.local_view(tlx.alloc_barriers(num_barriers=1, arrive_count=1), 0)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
+    q_empties = tlx.alloc_warp_barrier(num_barriers=NUM_STAGES, num_warps=4 * NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):  # producer: K, V once; Q, dO per tile
+            b, g, kb, Lk, m_lo, n_m, n_tiles = key_program(N, Nk, Seqlens, HK, G, CAUSAL, VARLEN)
+            if n_tiles > 0:
+                enter("load_kv", PROFILE)
+                tlx.barrier_expect_bytes(kv_full, 2 * 128 * D * BF16_BYTES)
+                for c in tl.static_range(NUM_CONSUMERS):
+                    tlx.async_descriptor_load(Kd, tlx.local_view(k_tiles, c),
+                                              [b, kb + c * HALF, g * D], kv_full)
+                    tlx.async_descriptor_load(Vd, tlx.local_view(v_tiles, c),
+                                              [b, kb + c * HALF, g * D], kv_full)
+                leave("load_kv", PROFILE)
+            for it in range(n_tiles):
+                s = it % NUM_STAGES
+                h = g * G + it // n_m
+                q0 = (m_lo + it % n_m) * 64
+                enter("load_kv", PROFILE)
+                tlx.barrier_wait(tlx.local_view(q_empties, s), ((it // NUM_STAGES) & 1) ^ 1)
+                full = tlx.local_view(q_fulls, s)
+                tlx.barrier_expect_bytes(full, 2 * 64 * D * BF16_BYTES + 2 * 64 * 4)
+                tlx.async_descriptor_load(Qd, tlx.local_view(q_tiles, s), [b, q0, h * D], full)
+                tlx.async_descriptor_load(DOd, tlx.local_view(do_tiles, s), [b, q0, h * D], full)
+                # A, R as flat runs of rows padded to 16 bytes (zeros past N; past NP the next
+                # head's values, met by zero Q, dO rows)
+                row = coeff_row0(b, h, N, HQ).to(tl.int32) + q0
+                tlx.async_descriptor_load(Ad, tlx.local_view(a_tiles, s), [row], full)
+                tlx.async_descriptor_load(Rd, tlx.local_view(r_tiles, s), [row], full)
+                leave("load_kv", PROFILE)
+
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid = tlx.async_task_replica_id()
+            b, g, kb, Lk, m_lo, n_m, n_tiles = key_program(N, Nk, Seqlens, HK, G, CAUSAL, VARLEN)
+            k_tile = tlx.local_view(k_tiles, cid)
+            v_tile = tlx.local_view(v_tiles, cid)
+            k_first = kb + cid * HALF
+            dk = tl.zeros([HALF, D], tl.float32)
+            dv = tl.zeros([HALF, D], tl.float32)
+            if n_tiles > 0:
+                enter("wait_kv", PROFILE)
+                tlx.barrier_wait(kv_full, 0)
+                leave("wait_kv", PROFILE)
+            for it in range(n_tiles):
+                s = it % NUM_STAGES
+                h = g * G + it // n_m
+                q0 = (m_lo + it % n_m) * 64
+                enter("wait_kv", PROFILE)
+                tlx.barrier_wait(tlx.local_view(q_fulls, s), (it // NUM_STAGES) & 1)
+                leave("wait_kv", PROFILE)
+                q_tile = tlx.local_view(q_tiles, s)
+                do_tile = tlx.local_view(do_tiles, s)
+                enter("qk_gemm", PROFILE)
+                st = tlx.async_dot(k_tile, tlx.local_trans(q_tile))
+                st = tlx.async_dot_wait(0, st)
+                leave("qk_gemm", PROFILE)
+                enter("square", PROFILE)
+                a = tlx.local_load(tlx.local_view(a_tiles, s))
+                st = masked(st, k_first, q0, Lk, CAUSAL, VARLEN)
+                pt = (st * a[None, :]).to(tl.bfloat16)
+                # dP^T accumulates onto R S^T (R = Bt / A): dS^T = A (dP^T + R S^T), and S^T's
+                # registers are the accumulator's (S^T and dP^T are never live apart)
+                st = st * tlx.local_load(tlx.local_view(r_tiles, s))[None, :]
+                leave("square", PROFILE)
+                enter("qk_gemm", PROFILE)
+                dpt = tlx.async_dot(v_tile, tlx.local_trans(do_tile), st)
+                leave("qk_gemm", PROFILE)
+                enter("pv_gemm", PROFILE)
+                dv = tlx.async_dot(pt, do_tile, dv)
+                dpt = tlx.async_dot_wait(1, dpt)  # dV in flight under the dS line
+                leave("pv_gemm", PROFILE)
+                enter("square", PROFILE)
+                dst = (masked(dpt, k_first, q0, Lk, CAUSAL, VARLEN) * a[None, :]).to(tl.bfloat16)
+                leave("square", PROFILE)
+                enter("pv_gemm", PROFILE)
+                dk = tlx.async_dot(dst, q_tile, dk)
+                if WITH_DQ:
+                    par = (it % 2) * NUM_CONSUMERS
+                    tlx.local_store(tlx.local_view(ds_tiles, par + cid), dst)
+                    tlx.fence_async_shared()
+                    stage = tlx.local_view(stage_tiles, cid)
+                    tlx.async_descriptor_store_wait(0)  # the last reduce-add has read `stage`
+                    ds_full = tlx.local_view(ds_fulls, it % 2)
+                    tlx.barrier_arrive(ds_full, 1)  # this thread's share of dS^T is stored
+                    tlx.barrier_wait(ds_full, (it // 2) & 1)  # both halves of dS^T stored
+                    if D == 128:  # columns cid * 64 .. of dQ, over both key halves
+                        if cid == 0:
+                            dq = dq_gemm(ds_tiles, par, k_tiles, 0, DQ_COLS)
+                        else:
+                            dq = dq_gemm(ds_tiles, par, k_tiles, DQ_COLS, DQ_COLS)
+                        dq = tlx.async_dot_wait(0, dq)
+                        dk = tlx.async_dot_wait(0, dk)
+                        dv = tlx.async_dot_wait(0, dv)
+                        tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
+                        leave("pv_gemm", PROFILE)
+                        reduce_dq(DQd, stage, dq, b, q0, h * D + cid * DQ_COLS, cid, PROFILE)
+                    else:  # D = 64: consumer it % 2 takes the whole tile's dQ
+                        dk = tlx.async_dot_wait(0, dk)
+                        dv = tlx.async_dot_wait(0, dv)
+                        tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
+                        if cid == it % 2:
+                            dq = tlx.async_dot_wait(0, dq_gemm(ds_tiles, par, k_tiles, 0, D))
+                            leave("pv_gemm", PROFILE)
+                            reduce_dq(DQd, stage, dq, b, q0, h * D, cid, PROFILE)
+                        else:
+                            leave("pv_gemm", PROFILE)
+                else:
+                    dk = tlx.async_dot_wait(0, dk)
+                    dv = tlx.async_dot_wait(0, dv)
+                    tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
+                    leave("pv_gemm", PROFILE)
+            enter("epilogue", PROFILE)
+            if WITH_DQ:
+                tlx.async_descriptor_store_wait(0)
+            kpos = k_first + tl.arange(0, HALF)
+            out = ((b * Nk + kpos).to(tl.int64) * HK + g)[:, None] * D + tl.arange(0, D)[None, :]
+            live = (kpos < Nk)[:, None]
+            tl.store(DK + out, dk.to(tl.bfloat16), mask=live)
+            tl.store(DV + out, dv.to(tl.bfloat16), mask=live)
+            leave("epilogue", PROFILE)
+
+
+@triton.jit
+def _convert_kernel(Src, Dst, n, BLOCK: tl.constexpr):
+    """Dst[i] = bf16(Src[i]) (the dQ scratch to dq)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Dst + i, tl.load(Src + i, mask=i < n).to(tl.bfloat16), mask=i < n)
+
+
+# ---------------------------------------------------------------- host side
+
+def supports(spec) -> str | None:
+    """Every spec the family validates (D 64 or 128, any B, N, Nk, G, causal, seqlens), except
+    rows whose stride is not 16-byte aligned for TMA (never at D 64/128) and grids past 2^31."""
+    if spec.D not in (64, 128):
+        return f"D = {spec.D}: only 64 and 128"
+    if triton.cdiv(spec.Nk, BLOCK_N) * spec.B * spec.Hk >= 2 ** 31:
+        return "too many key blocks for one grid"
+    return None
+
+
+def config(spec, with_dq: bool) -> dict:
+    """Two Q/dO stages; consumers at 240 registers (FA3's split: producer 24). (with_dq only
+    names which kernel; the config is the same.)"""
+    return {"NUM_STAGES": 2, "CONSUMER_REGS": 240, "num_warps": 4, "num_stages": 1}
+
+
+def rows_descriptor(t: torch.Tensor, rows: int, cols: int, block_rows: int,
+                    block_cols: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, rows, H, D] tensor as [B, rows, H*D] (a box [1, block_rows,
+    block_cols] at [b, row0, h*D + col0]); rows past `rows` read as zeros, stores there clip."""
+    B = t.shape[0]
+    return TensorDescriptor(t, shape=[B, rows, cols], strides=[rows * cols, cols, 1],
+                            block_shape=[1, block_rows, block_cols])
+
+
+def dq_cols(D: int) -> int:
+    return D // 2 if D == 128 else D
+
+
+def ratio(A: torch.Tensor, Bt: torch.Tensor) -> torch.Tensor:
+    """R = Bt / A (0 where A = 0: rows past Lq), fp32 like A; `_dkv_kernel` forms
+    dS^T = A (dP^T + R S^T) so that dP^T accumulates onto R S^T."""
+    return torch.where(A != 0, Bt / torch.where(A != 0, A, 1.0), 0.0)
+
+
+def launch_dkv(spec, q, k, v, dout, A, R, seqlens, dk, dv, dq_acc, profile: bool) -> None:
+    """dk, dv (and, with dq_acc, dQ reduce-added into the fp32 [B, N, Hq, D] dq_acc, zeroed);
+    A and R = ratio(A, Bt) fp32 [B, Hq, NP] (row_coeffs' rows, padded to 16 bytes)."""
+    cfg = config(spec, dq_acc is not None)
+    D = spec.D
+    qd, dod = (rows_descriptor(t, spec.N, spec.Hq * D, BLOCK_M, D) for t in (q, dout))
+    kd, vd = (rows_descriptor(t, spec.Nk, spec.Hk * D, BLOCK_N // 2, D) for t in (k, v))
+    dqd = (rows_descriptor(dq_acc, spec.N, spec.Hq * D, BLOCK_M, dq_cols(D))
+           if dq_acc is not None else A)
+    grid = (triton.cdiv(spec.Nk, BLOCK_N) * spec.B * spec.Hk,)
+    ad, rd = (TensorDescriptor(t.view(-1), shape=[t.numel()], strides=[1],
+                               block_shape=[BLOCK_M])
+              for t in (A, R))
+    _dkv_kernel[grid](qd, kd, vd, dod, ad, rd, seqlens if seqlens is not None else A, dk, dv, dqd,
+                      spec.N, spec.Nk, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D,
+                      CAUSAL=spec.causal, VARLEN=seqlens is not None,
+                      WITH_DQ=dq_acc is not None, PROFILE=profile, **cfg)
+
+
+def launch_convert(src: torch.Tensor, dst: torch.Tensor) -> None:
+    n = src.numel()
+    if n:
+        _convert_kernel[(triton.cdiv(n, CONVERT_BLOCK),)](src, dst, n, BLOCK=CONVERT_BLOCK,
+                                                           num_warps=4)
+
+
+def compile_specs():
+    """The compile shapes: D 64 and 128, causal and not, varlen and not, G 1 and 8."""
+    from altattn.spherical.spec import SphericalSpec
+    out = []
+    for d in (64, 128):
+        for hq, hk in ((8, 8), (16, 2)):
+            for causal, varlen in ((False, False), (True, False), (False, True)):
+                out.append(SphericalSpec(B=1, N=4096, Nk=4096, Hq=hq, Hk=hk, D=d, causal=causal,
+                                         sm_scale=d ** -0.5, varlen=varlen))
+    return out
+
+
+def spec_name(spec) -> str:
+    return (f"G{spec.G}_Hk{spec.Hk}_D{spec.D}" + ("_causal" if spec.causal else "")
+            + ("_varlen" if spec.varlen else ""))
+
+
+def dkv_compile_config(spec, with_dq: bool) -> CompileConfig:
+    D = spec.D
+    cfg = config(spec, with_dq)
+    rows = f"tensordesc<bf16[1,{BLOCK_M},{D}]>"
+    keys = f"tensordesc<bf16[1,{BLOCK_N // 2},{D}]>"
+    sig = {"Qd": rows, "Kd": keys, "Vd": keys, "DOd": rows, "Ad": f"tensordesc<fp32[{BLOCK_M}]>",
+           "Rd": f"tensordesc<fp32[{BLOCK_M}]>",
+           "Seqlens": "*i32", "DK": "*bf16", "DV": "*bf16",
+           "DQd": f"tensordesc<fp32[1,{BLOCK_M},{dq_cols(D)}]>" if with_dq else "*fp32",
+           "N": "i32", "Nk": "i32"}
+    consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D, CAUSAL=spec.causal,
+                  VARLEN=spec.varlen, WITH_DQ=with_dq,
+                  **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
+    sig.update({k: "constexpr" for k in consts})
+    return CompileConfig(f"dkv{'_dq' if with_dq else ''}_{spec_name(spec)}", _dkv_kernel, sig,
+                         consts, cfg["num_warps"], cfg["num_stages"])

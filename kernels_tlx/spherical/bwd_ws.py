@@ -1,0 +1,55 @@
+"""`tlx_ws` spherical backward: FlashAttention-3's shape, dQ reduce-added (not bitwise repeatable).
+
+One warp-specialized kernel after kernels_triton/spherical/bwd_common.row_coeffs:
+`_dkv_kernel` of bwd_common.py with WITH_DQ=True (technique, warp-group roles, masks: its
+docstring): per key block of 128 keys a producer streams 64-row Q/dO tiles over every query block
+and the G query heads of its KV head; two consumer warp groups (64 keys each) keep dK, dV in
+registers and, per tile, share dS^T through shared memory for dQ = dS K (D = 128: a column half
+each; D = 64: the whole tile, consumers alternating), which a TMA reduce-add adds into an fp32
+[B, N, Hq, D] scratch; a last small kernel converts it to bf16 dq. 5 tensor-core GEMM units per
+(row, key) tile pair.
+Supports every spherical spec (D 64 and 128, any B, N, Nk, G, causal, seqlens).
+Differs from `tlx_ws_det` (bwd_ws_det.py): dQ comes from the key-block kernel through reduce-adds
+in the hardware's order (fp32 sums in varying order: not bitwise repeatable) instead of a second
+kernel that recomputes S and dP per row block. Scratch: 4 * B * N * Hq * D bytes.
+"""
+from __future__ import annotations
+
+import torch
+
+from altattn.registry import CompileConfig
+from kernels_tlx.spherical.bwd_common import (
+    compile_specs,
+    dkv_compile_config,
+    launch_convert,
+    launch_dkv,
+    ratio,
+)
+from kernels_tlx.spherical.bwd_common import supports as common_supports
+
+
+def supports(spec) -> str | None:
+    return common_supports(spec)
+
+
+def profiled_kernels(spec) -> dict[str, int]:
+    """One scoped kernel, the key-block kernel ("dkv"), 12 warps (the convert has no scopes)."""
+    return {"dkv": 12}
+
+
+def launch(spec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv, profile: bool | str = False
+           ) -> None:
+    """row_coeffs, `_dkv_kernel` (dk, dv, dQ into a zeroed fp32 scratch), convert to dq.
+    profile: True or "dkv" scopes the key-block kernel."""
+    from kernels_triton.spherical.bwd_common import row_coeffs
+    if isinstance(profile, str) and profile != "dkv":
+        raise ValueError(f"profile={profile!r}: the scoped kernel is 'dkv'")
+    A, Bt = row_coeffs(spec, out, dout, r, dr, seqlens)
+    dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
+    launch_dkv(spec, q, k, v, dout, A, ratio(A, Bt), seqlens, dk, dv, dq_acc, bool(profile))
+    launch_convert(dq_acc, dq)
+
+
+def compile_configs() -> list[CompileConfig]:
+    """The key-block kernel with dQ at every compile shape (bwd_common.compile_specs)."""
+    return [dkv_compile_config(spec, True) for spec in compile_specs()]

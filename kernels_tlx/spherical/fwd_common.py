@@ -1,0 +1,458 @@
+"""The TLX spherical-attention forward every variant shares: one kernel body with constexpr switches
+(PIPELINE, PINGPONG, PERSISTENT), its producer loop, consumer step, epilogue, and the host side
+(descriptors, launch, compile configs). A variant file (ws.py, pipelined.py, pingpong.py) holds only
+its choice of switches.
+
+Math (the lead's interface, /work/shared/docs/FAMILIES.md §1), per query row y of head h, kv head
+g = h // G:  t = q_y . k_x (fp32);  z = sum_{visible x} t^2;  acc = sum_{visible x} bf16(t) v_x;
+r = c sqrt(z);  out = acc c / (r + eps) (0 where z = 0 or y >= Lq). No max, no rescale, no exp.
+
+Warp groups of one CTA (BLOCK_M = 128 query rows of one (b, h), BLOCK_N-key blocks):
+- producer ("default", 4 warps, 24 registers): TMA-loads the tile's Q as two 64-row halves
+  (`q_fulls[c]`; consumer c frees its half, `q_empties[c]`, once its last QK is done, so the next
+  tile's Q loads under the epilogue), then the tile's K and V blocks into rings of NUM_BUFFERS
+  slots, K and V with their own full / empty barriers (a K slot frees as soon as QK has read it).
+- two consumer warp groups, 64 rows each (240 registers): S = Q K^T (SS-wgmma), z += rowsum(S*S),
+  P = bf16(S) in registers, acc += P V (RS-wgmma). Epilogue: out staged in the consumer's own
+  o_tiles slot and TMA-stored through a [B, N, Hq*D] descriptor (rows past N clipped; the store is
+  waited for only before the next tile's epilogue reuses the slot); r stored per row.
+Shared memory at D 128: Q 32 KB + O 32 KB + K, V 2 x 2 x 32 KB = 192 KB; D 64: 160 KB.
+Switches: PIPELINE issues QK(j) and PV(j-1) back to back and waits for QK(j) only (square-add under
+PV(j-1)); PINGPONG makes the consumers take turns issuing wgmma (named barriers); PERSISTENT runs a
+grid of min(#SMs, tiles) programs walking tiles (tile += programs), ring counters carried.
+Tile order: (b, kv head) outermost, then the query block (descending when causal: long tiles first),
+then the G query heads of the kv head (they read the same K/V blocks at the same time).
+Masks: causal and varlen tiles mask only blocks past the first `n_full` (the diagonal block, the
+block holding Lk); key blocks past Lk (or past the diagonal) are never loaded; a tile with no row
+below Lq runs no mainloop and writes zeros.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from altattn.registry import CompileConfig
+from altattn.spherical.spec import SphericalSpec
+from kernels_triton.proton import BF16_BYTES, enter, leave
+from kernels_triton.spherical.host import (
+    build_compile_configs,
+    descriptor,
+    descriptor_type,
+    kernel_constexprs,
+    seqlens_type,
+)
+from kernels_triton.spherical.host import supports as host_supports
+from kernels_tlx.consumers import CONSUMER_THREADS, NUM_CONSUMERS, pass_turn, take_turn
+
+ROWS = tl.constexpr(64)  # query rows per consumer warp group
+EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's 128 threads around its output store
+
+
+@triton.jit
+def tile_coords(tile, n_m, HQ: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
+                CAUSAL: tl.constexpr):
+    """(b, h, g, m0) of tile `tile`: (b, g) outermost, query block next (descending when causal),
+    the G heads of kv head g innermost."""
+    HK: tl.constexpr = HQ // G
+    hh = tile % G
+    rest = tile // G
+    mi = rest % n_m
+    bg = rest // n_m
+    if CAUSAL:
+        mi = n_m - 1 - mi
+    g = bg % HK
+    return bg // HK, g * G + hh, g, mi * BLOCK_M
+
+
+@triton.jit
+def tile_keys(b, m0, Seqlens, N, NK, CAUSAL: tl.constexpr, VARLEN: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(Lq, Lk, n_blocks): the tile's real query and key lengths and its key blocks to load
+    (none when no row of the tile is below Lq)."""
+    Lq = N
+    Lk = NK
+    if VARLEN:
+        L = tl.load(Seqlens + b)
+        Lq = tl.minimum(tl.maximum(L, 0), N)
+        Lk = tl.minimum(tl.maximum(L, 0), NK)
+    hi = Lk
+    if CAUSAL:
+        hi = tl.minimum(hi, m0 + BLOCK_M)
+    hi = tl.where(m0 < Lq, hi, 0)
+    return Lq, Lk, tl.cdiv(hi, BLOCK_N)
+
+
+@triton.jit
+def produce_tile(Qd, Kd, Vd, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls, k_empties,
+                 v_fulls, v_empties, tile, it, cnt, Seqlens, N, NK, n_m, HQ: tl.constexpr,
+                 G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 NUM_BUFFERS: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr,
+                 PROFILE: tl.constexpr):
+    """Producer, one tile (the `it`-th of this program; ring position `cnt`): Q halves, then K and
+    V blocks 0 .. n_blocks - 1. Returns the ring position after the tile."""
+    b, h, g, m0 = tile_coords(tile, n_m, HQ, G, BLOCK_M, CAUSAL)
+    n_blocks = tile_keys(b, m0, Seqlens, N, NK, CAUSAL, VARLEN, BLOCK_M, BLOCK_N)[2]
+    for c in tl.static_range(NUM_CONSUMERS):
+        tlx.barrier_wait(tlx.local_view(q_empties, c), (it & 1) ^ 1)
+        q_full = tlx.local_view(q_fulls, c)
+        tlx.barrier_expect_bytes(q_full, ROWS * D * BF16_BYTES)
+        tlx.async_descriptor_load(Qd, tlx.local_view(q_tiles, c), [b, m0 + c * ROWS, h * D], q_full)
+    for t in range(n_blocks):
+        buf = cnt % NUM_BUFFERS
+        phase = ((cnt // NUM_BUFFERS) & 1) ^ 1
+        enter("load_kv", PROFILE)
+        tlx.barrier_wait(tlx.local_view(k_empties, buf), phase)
+        k_full = tlx.local_view(k_fulls, buf)
+        tlx.barrier_expect_bytes(k_full, BLOCK_N * D * BF16_BYTES)
+        tlx.async_descriptor_load(Kd, tlx.local_view(k_tiles, buf), [b, t * BLOCK_N, g * D], k_full)
+        tlx.barrier_wait(tlx.local_view(v_empties, buf), phase)
+        v_full = tlx.local_view(v_fulls, buf)
+        tlx.barrier_expect_bytes(v_full, BLOCK_N * D * BF16_BYTES)
+        tlx.async_descriptor_load(Vd, tlx.local_view(v_tiles, buf), [b, t * BLOCK_N, g * D], v_full)
+        leave("load_kv", PROFILE)
+        cnt += 1
+    return cnt
+
+
+@triton.jit
+def wait_full(fulls, cnt, NUM_BUFFERS: tl.constexpr, PROFILE: tl.constexpr):
+    """Wait until ring slot cnt % NUM_BUFFERS holds block cnt; returns the slot index."""
+    buf = cnt % NUM_BUFFERS
+    enter("wait_kv", PROFILE)
+    tlx.barrier_wait(tlx.local_view(fulls, buf), (cnt // NUM_BUFFERS) & 1)
+    leave("wait_kv", PROFILE)
+    return buf
+
+
+@triton.jit
+def square(s, z, t, rows, Lk, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+           PROFILE: tl.constexpr):
+    """The step that replaces softmax: with MASK, scores of key block t set to 0 where invisible
+    (x >= Lk, causal x > y); z += rowsum(s^2). Returns (s, z)."""
+    enter("square", PROFILE)
+    if MASK:
+        cols = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        keep = cols[None, :] < Lk
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        s = tl.where(keep, s, 0.0)
+    z += tl.sum(s * s, 1)
+    leave("square", PROFILE)
+    return s, z
+
+
+@triton.jit
+def qk(q_smem, k_tiles, kb, cid, PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
+    """Issue S = Q K^T on K slot kb (the consumer's turn, with pingpong); not waited for."""
+    enter("qk_gemm", PROFILE)
+    take_turn(cid, PINGPONG)
+    s = tlx.async_dot(q_smem, tlx.local_trans(tlx.local_view(k_tiles, kb)))
+    leave("qk_gemm", PROFILE)
+    return s
+
+
+@triton.jit
+def step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, acc, z, cnt, t,
+         rows, Lk, cid, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr, MASK: tl.constexpr,
+         CAUSAL: tl.constexpr, PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
+    """Plain step on key block t (ring position cnt): QK, wait, square, PV, wait."""
+    kb = wait_full(k_fulls, cnt, NUM_BUFFERS, PROFILE)
+    s = qk(q_smem, k_tiles, kb, cid, PINGPONG, PROFILE)
+    pass_turn(cid, PINGPONG)
+    enter("qk_gemm", PROFILE)
+    s = tlx.async_dot_wait(0, s)
+    leave("qk_gemm", PROFILE)
+    tlx.barrier_arrive(tlx.local_view(k_empties, kb), 1)
+    s, z = square(s, z, t, rows, Lk, BLOCK_N, MASK, CAUSAL, PROFILE)
+    p = s.to(tl.bfloat16)
+    vb = wait_full(v_fulls, cnt, NUM_BUFFERS, PROFILE)
+    enter("pv_gemm", PROFILE)
+    take_turn(cid, PINGPONG)
+    acc = tlx.async_dot(p, tlx.local_view(v_tiles, vb), acc)
+    pass_turn(cid, PINGPONG)
+    acc = tlx.async_dot_wait(0, acc)
+    leave("pv_gemm", PROFILE)
+    tlx.barrier_arrive(tlx.local_view(v_empties, vb), 1)
+    return acc, z
+
+
+@triton.jit
+def pipelined_step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, acc, z, s,
+                   cnt, t, rows, Lk, cid, BLOCK_N: tl.constexpr,
+                   NUM_BUFFERS: tl.constexpr, CAUSAL: tl.constexpr, PINGPONG: tl.constexpr,
+                   PROFILE: tl.constexpr):
+    """Pipelined step t >= 1 on an unmasked block (block t at ring position cnt; s = S(t - 1),
+    squared): issue QK(t) and PV(t - 1), wait for QK(t), square S(t) under PV(t - 1), wait for
+    PV(t - 1).
+    Returns (acc, z, S(t))."""
+    # P(t - 1) is converted here, in the step that issues its PV: a bf16 P carried around the
+    # loop makes ptxas swap the halves of every packed register before the wgmma (32 PRMT)
+    p = s.to(tl.bfloat16)
+    kb = wait_full(k_fulls, cnt, NUM_BUFFERS, PROFILE)
+    s = qk(q_smem, k_tiles, kb, cid, PINGPONG, PROFILE)
+    vb = wait_full(v_fulls, cnt - 1, NUM_BUFFERS, PROFILE)
+    enter("pv_gemm", PROFILE)
+    acc = tlx.async_dot(p, tlx.local_view(v_tiles, vb), acc)
+    pass_turn(cid, PINGPONG)
+    leave("pv_gemm", PROFILE)
+    enter("qk_gemm", PROFILE)
+    s = tlx.async_dot_wait(1, s)  # QK(t) done; PV(t - 1) may still run
+    leave("qk_gemm", PROFILE)
+    tlx.barrier_arrive(tlx.local_view(k_empties, kb), 1)
+    s, z = square(s, z, t, rows, Lk, BLOCK_N, False, CAUSAL, PROFILE)  # under PV(t - 1)
+    enter("pv_gemm", PROFILE)
+    acc = tlx.async_dot_wait(0, acc)
+    leave("pv_gemm", PROFILE)
+    tlx.barrier_arrive(tlx.local_view(v_empties, vb), 1)
+    return acc, z, s
+
+
+@triton.jit
+def mainloop(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, acc, z, cnt,
+             n_blocks, n_full, rows, Lk, cid, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr,
+             CAUSAL: tl.constexpr, PIPELINE: tl.constexpr, PINGPONG: tl.constexpr,
+             PROFILE: tl.constexpr):
+    """One consumer's key loop over blocks 0 .. n_blocks - 1 (n_blocks >= 1), ring position cnt:
+    blocks below n_full unmasked, the rest masked (a loop each: a mask under a runtime branch
+    keeps two copies of S live).
+    Returns (acc, z, cnt)."""
+    if PIPELINE:
+        if n_full > 0:
+            # prologue: S(0), squared; it waits in registers (fp32) for PV(0)
+            kb = wait_full(k_fulls, cnt, NUM_BUFFERS, PROFILE)
+            s = qk(q_smem, k_tiles, kb, cid, PINGPONG, PROFILE)
+            pass_turn(cid, PINGPONG)
+            enter("qk_gemm", PROFILE)
+            s = tlx.async_dot_wait(0, s)
+            leave("qk_gemm", PROFILE)
+            tlx.barrier_arrive(tlx.local_view(k_empties, kb), 1)
+            s, z = square(s, z, 0, rows, Lk, BLOCK_N, False, CAUSAL, PROFILE)
+            for t in range(1, n_full):
+                cnt += 1
+                acc, z, s = pipelined_step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
+                                           v_empties, acc, z, s, cnt, t, rows, Lk, cid, BLOCK_N,
+                                           NUM_BUFFERS, CAUSAL, PINGPONG, PROFILE)
+            p = s.to(tl.bfloat16)
+            vb = wait_full(v_fulls, cnt, NUM_BUFFERS, PROFILE)
+            enter("pv_gemm", PROFILE)
+            take_turn(cid, PINGPONG)
+            acc = tlx.async_dot(p, tlx.local_view(v_tiles, vb), acc)
+            pass_turn(cid, PINGPONG)
+            acc = tlx.async_dot_wait(0, acc)
+            leave("pv_gemm", PROFILE)
+            tlx.barrier_arrive(tlx.local_view(v_empties, vb), 1)
+            cnt += 1
+        # the masked blocks (causal diagonal, the block holding Lk: one per tile when
+        # BLOCK_M = BLOCK_N) run the plain step: the mask's temporaries next to an in-flight
+        # acc and P made ptxas serialize the wgmma (C7512) and spill
+        for t in range(n_full, n_blocks):
+            acc, z = step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, acc,
+                          z, cnt, t, rows, Lk, cid, BLOCK_N, NUM_BUFFERS, True, CAUSAL,
+                          PINGPONG, PROFILE)
+            cnt += 1
+    else:
+        for t in range(n_full):
+            acc, z = step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, acc,
+                          z, cnt, t, rows, Lk, cid, BLOCK_N, NUM_BUFFERS, False, CAUSAL,
+                          PINGPONG, PROFILE)
+            cnt += 1
+        for t in range(n_full, n_blocks):
+            acc, z = step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, acc,
+                          z, cnt, t, rows, Lk, cid, BLOCK_N, NUM_BUFFERS, True, CAUSAL,
+                          PINGPONG, PROFILE)
+            cnt += 1
+    return acc, z, cnt
+
+
+@triton.jit
+def epilogue(acc, z, o_smem, Od, R, b, h, row0, Lq, N, sm_scale, eps, cid, HQ: tl.constexpr,
+             D: tl.constexpr, PROFILE: tl.constexpr):
+    """r = c sqrt(z), out = acc c / (r + eps), both 0 on rows >= Lq or with z = 0; r stored per
+    row (< N), out staged in the consumer's o_smem (once the previous tile's store has read it)
+    and TMA-stored (rows past N clipped), not waited for."""
+    enter("epilogue", PROFILE)
+    rows = row0 + tl.arange(0, ROWS)
+    real = rows < Lq
+    r = sm_scale * tl.sqrt(z)
+    scale = tl.where(real & (z > 0), sm_scale / (r + eps), 0.0)
+    tl.store(R + (b * HQ + h).to(tl.int64) * N + rows, tl.where(real, r, 0.0), mask=rows < N)
+    out = (acc * scale[:, None]).to(tl.bfloat16)
+    tlx.async_descriptor_store_wait(0)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # the previous store has read o_smem
+    tlx.local_store(o_smem, out)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every thread's part is in o_smem
+    tlx.async_descriptor_store(Od, o_smem, [b, row0, h * D])
+    leave("epilogue", PROFILE)
+
+
+@triton.jit
+def consume_tile(Od, R, Seqlens, q_tiles, o_tiles, k_tiles, v_tiles, q_fulls, q_empties,
+                 k_fulls, k_empties, v_fulls, v_empties, tile, it, cnt, cid, N, NK, n_m,
+                 sm_scale, eps, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr,
+                 CAUSAL: tl.constexpr, VARLEN: tl.constexpr, PIPELINE: tl.constexpr,
+                 PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
+    """Consumer cid, one tile (the `it`-th of this program, ring position cnt): its 64 rows.
+    Returns the ring position after the tile."""
+    b, h, _, m0 = tile_coords(tile, n_m, HQ, G, BLOCK_M, CAUSAL)
+    Lq, Lk, n_blocks = tile_keys(b, m0, Seqlens, N, NK, CAUSAL, VARLEN, BLOCK_M, BLOCK_N)
+    row0 = m0 + cid * ROWS
+    # blocks 0 .. n_full - 1 are visible to every row of this consumer: no mask
+    n_full = Lk // BLOCK_N
+    if CAUSAL:
+        n_full = tl.minimum(n_full, (row0 + 1) // BLOCK_N)
+    q_smem = tlx.local_view(q_tiles, cid)
+    tlx.barrier_wait(tlx.local_view(q_fulls, cid), it & 1)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    z = tl.zeros([ROWS], tl.float32)
+    if n_blocks > 0:
+        rows = row0 + tl.arange(0, ROWS)
+        acc, z, cnt = mainloop(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties,
+                               acc, z, cnt, n_blocks, n_full, rows, Lk, cid, BLOCK_N,
+                               NUM_BUFFERS, CAUSAL, PIPELINE, PINGPONG, PROFILE)
+    # every QK of the tile is done: the producer may load the next tile's Q half
+    tlx.barrier_arrive(tlx.local_view(q_empties, cid), 1)
+    epilogue(acc, z, tlx.local_view(o_tiles, cid), Od, R, b, h, row0, Lq, N, sm_scale, eps, cid,
+             HQ, D, PROFILE)
+    return cnt
+
+
+@triton.jit
+def spherical_fwd_kernel(Qd, Kd, Vd, Od, R, Seqlens, B, N, NK, sm_scale, eps,
+                         HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                         CAUSAL: tl.constexpr, VARLEN: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+                         PIPELINE: tl.constexpr,
+                         PINGPONG: tl.constexpr, PERSISTENT: tl.constexpr,
+                         PROFILE: tl.constexpr = False):
+    tl.static_assert(BLOCK_M == NUM_CONSUMERS * ROWS, "two consumers of 64 rows")
+    n_m = tl.cdiv(N, BLOCK_M)
+    n_tiles = B * HQ * n_m
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    q_tiles = tlx.local_alloc((ROWS, D), tl.bfloat16, NUM_CONSUMERS)
+    # each consumer's output staging tile (not its Q half: a tile that local_store writes gets
+    # a proxy fence, MEMBAR.ALL.CTA, before every wgmma that reads it)
+    o_tiles = tlx.local_alloc((ROWS, D), tl.bfloat16, NUM_CONSUMERS)
+    k_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
+    v_tiles = tlx.local_alloc((BLOCK_N, D), tl.bfloat16, NUM_BUFFERS)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_CONSUMERS, arrive_count=1)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+    # every consumer thread arrives after its own wgmma has read the slot (warp barriers)
+    k_empties = tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS, num_warps=4 * NUM_CONSUMERS)
+    v_empties = tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS, num_warps=4 * NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):
+            if PERSISTENT:
+                cnt = 0
+                it = 0
+                for tile in range(pid, n_tiles, nprog):
+                    cnt = produce_tile(Qd, Kd, Vd, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
+                                       k_fulls, k_empties, v_fulls, v_empties, tile, it, cnt,
+                                       Seqlens, N, NK, n_m, HQ, G, D, BLOCK_M, BLOCK_N,
+                                       NUM_BUFFERS, CAUSAL, VARLEN, PROFILE)
+                    it += 1
+            else:
+                produce_tile(Qd, Kd, Vd, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
+                             k_empties, v_fulls, v_empties, pid, 0, pid * 0, Seqlens, N, NK, n_m, HQ,
+                             G, D, BLOCK_M, BLOCK_N, NUM_BUFFERS, CAUSAL, VARLEN, PROFILE)
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid = tlx.async_task_replica_id()
+            if PINGPONG:
+                if cid == 1:
+                    pass_turn(cid, PINGPONG)  # consumer 0 issues first
+            if PERSISTENT:
+                cnt = 0
+                it = 0
+                for tile in range(pid, n_tiles, nprog):
+                    cnt = consume_tile(Od, R, Seqlens, q_tiles, o_tiles, k_tiles, v_tiles, q_fulls,
+                                       q_empties, k_fulls, k_empties, v_fulls, v_empties, tile,
+                                       it, cnt, cid, N, NK, n_m, sm_scale, eps, HQ, G, D,
+                                       BLOCK_M, BLOCK_N, NUM_BUFFERS, CAUSAL, VARLEN, PIPELINE,
+                                       PINGPONG, PROFILE)
+                    it += 1
+                tlx.async_descriptor_store_wait(0)
+            else:
+                consume_tile(Od, R, Seqlens, q_tiles, o_tiles, k_tiles, v_tiles, q_fulls, q_empties,
+                             k_fulls, k_empties, v_fulls, v_empties, pid, 0, pid * 0, cid, N, NK, n_m,
+                             sm_scale, eps, HQ, G, D, BLOCK_M, BLOCK_N, NUM_BUFFERS, CAUSAL,
+                             VARLEN, PIPELINE, PINGPONG, PROFILE)
+                tlx.async_descriptor_store_wait(0)
+
+
+# ---- host side ---------------------------------------------------------------------------------
+
+def config(spec: SphericalSpec, pipeline: bool, pingpong: bool,
+           persistent: bool | None = None) -> dict:
+    """BLOCK_M 128 (two consumers of 64 rows), BLOCK_N 128; K and V rings of 2 slots at D 128
+    (Q + O 64 KB + 4 x 32 KB = 192 KB), 4 at D 64 (32 + 8 x 16 = 160 KB); consumers 240
+    registers (the producer is left 24). Persistent unless causal (measured on an H200, P1:
+    persistent 714 against 676 TFLOPS one program per tile non-causal, 687 against 658 at N 2048;
+    causal the other way, 596 against 715: the persistent order balances causal tiles worse);
+    `persistent` overrides it (tests/gpu_spherical_tlx_fwd_check.py times both)."""
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "NUM_BUFFERS": 2 if spec.D == 128 else 4,
+            "CONSUMER_REGS": 240, "PIPELINE": pipeline, "PINGPONG": pingpong,
+            "PERSISTENT": not spec.causal if persistent is None else persistent, "num_warps": 4,
+            "num_stages": 1}
+
+
+def supports(spec: SphericalSpec) -> str | None:
+    return host_supports(spec)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def grid(spec: SphericalSpec, cfg: dict, device) -> tuple[int]:
+    """One program per tile, or min(#SMs, tiles) programs walking tiles (PERSISTENT)."""
+    tiles = spec.B * spec.Hq * triton.cdiv(spec.N, cfg["BLOCK_M"])
+    if cfg["PERSISTENT"]:
+        return (min(tiles, _num_sms(torch.device(device).index or 0)),)
+    return (tiles,)
+
+
+def launch_with(cfg: dict, spec: SphericalSpec, q, k, v, seqlens, out, r,
+                profile: bool = False) -> None:
+    """out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32 from q [B, N, Hq, D], k, v [B, Nk, Hk, D]
+    (bf16, contiguous) and seqlens (int32 [B] or None), with config `cfg` (config())."""
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    spherical_fwd_kernel[grid(spec, cfg, q.device)](
+        descriptor(q, bm // 2), descriptor(k, bn), descriptor(v, bn), descriptor(out, bm // 2),
+        r, seqlens, spec.B, spec.N, spec.Nk, spec.sm_scale, spec.eps, HQ=spec.Hq, HK=spec.Hk,
+        G=spec.G, D=spec.D, CAUSAL=spec.causal, VARLEN=seqlens is not None,
+        PROFILE=bool(profile), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **kernel_constexprs(cfg))
+
+
+def _signature(spec: SphericalSpec, cfg: dict) -> dict:
+    qd = descriptor_type(cfg["BLOCK_M"] // 2, spec.D)
+    kd = descriptor_type(cfg["BLOCK_N"], spec.D)
+    return {"Qd": qd, "Kd": kd, "Vd": kd, "Od": qd, "R": "*fp32", "Seqlens": seqlens_type(spec),
+            "B": "i32", "N": "i32", "NK": "i32", "sm_scale": "fp32", "eps": "fp32"}
+
+
+def entry_points(pipeline: bool, pingpong: bool):
+    """A variant module's `config`, `launch` and `compile_configs` (altattn/registry.py) for the
+    shared kernel run with the variant's switches."""
+
+    def variant_config(spec: SphericalSpec, persistent: bool | None = None) -> dict:
+        return config(spec, pipeline, pingpong, persistent)
+
+    def launch(spec: SphericalSpec, q, k, v, seqlens, out, r, profile: bool = False) -> None:
+        launch_with(variant_config(spec), spec, q, k, v, seqlens, out, r, profile)
+
+    def compile_configs() -> list[CompileConfig]:
+        return build_compile_configs(spherical_fwd_kernel, variant_config, _signature)
+
+    return variant_config, launch, compile_configs

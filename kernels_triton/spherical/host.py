@@ -1,0 +1,186 @@
+"""The host side every spherical-attention kernel shares (Triton and TLX): `supports`, the TMA
+descriptors, the grid and its decoding in the kernel (which tile a program owns, the sequence
+bounds, the key blocks it visits), and the compile-config builder of profiling.resources.
+
+Tensors are [B, L, H, D] (q, k, v, out, dout, dq, dk, dv), read and written through one 3-D TMA
+view [B, L, H*D] with boxes [1, BLOCK, D] at [b, first row, head*D]: rows past L read as zeros
+and a store clips them, so batches never mix. Per-row vectors (r, A, Bt) are [B, Hq, N] fp32.
+
+Grid of a row-tile kernel (forward, dQ): one flat axis, the G query heads of one KV head fastest
+(they read the same K/V blocks at the same time, from L2), then the row tiles, then (b, kv head).
+Causal kernels visit a head's row tiles from the last (the most keys) to the first, so the short
+tiles fill the end of the launch. A key-block kernel (dK/dV) has key blocks fastest, then (b, g).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from altattn.registry import CompileConfig
+from altattn.spherical.spec import SphericalSpec
+
+SUPPORTED_D = (64, 128)
+BF16 = tl.constexpr(2)  # bytes of one bf16 element (TMA transaction counts)
+
+
+def supports(spec: SphericalSpec) -> str | None:
+    """Shapes every spherical kernel takes: D in {64, 128}, Hq a multiple of Hk, causal only with
+    N == Nk; any B, N, Nk, G, seqlens."""
+    if spec.D not in SUPPORTED_D:
+        return f"D = {spec.D} not in {SUPPORTED_D}"
+    if spec.Hq % spec.Hk:
+        return f"Hq = {spec.Hq} is not a multiple of Hk = {spec.Hk}"
+    if spec.causal and spec.N != spec.Nk:
+        return f"causal needs N == Nk, got N = {spec.N}, Nk = {spec.Nk}"
+    return None
+
+
+def descriptor(t, block_rows: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, L, H, D] bf16 tensor as [B, L, H*D], box [1, block_rows, D]
+    (module docstring)."""
+    B, L, H, D = t.shape
+    return TensorDescriptor(t, shape=[B, L, H * D], strides=[L * H * D, H * D, 1],
+                            block_shape=[1, block_rows, D])
+
+
+def descriptor_type(block_rows: int, D: int) -> str:
+    """`descriptor`'s Triton signature type (compile configs)."""
+    return f"tensordesc<bf16[1,{block_rows},{D}]>"
+
+
+def row_grid(spec: SphericalSpec, block_m: int) -> tuple[int]:
+    """Row-tile kernels: B * Hq * cdiv(N, block_m) programs on axis 0 (no 65535 limit)."""
+    return (spec.B * spec.Hq * triton.cdiv(spec.N, block_m),)
+
+
+def key_grid(spec: SphericalSpec, block_n: int) -> tuple[int]:
+    """Key-block kernels: B * Hk * cdiv(Nk, block_n) programs on axis 0."""
+    return (spec.B * spec.Hk * triton.cdiv(spec.Nk, block_n),)
+
+
+@triton.jit
+def row_tile(N, HK: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """(b, kv head g, query head h, first row m0) of this program of a row_grid launch."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(N, BLOCK_M)
+    hg = pid % G
+    rest = pid // G
+    mi = rest % n_m
+    bg = rest // n_m
+    if CAUSAL:
+        mi = n_m - 1 - mi
+    g = bg % HK
+    return bg // HK, g, g * G + hg, mi * BLOCK_M
+
+
+@triton.jit
+def key_tile(Nk, HK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(b, kv head g, first key x0) of this program of a key_grid launch."""
+    pid = tl.program_id(0)
+    n_n = tl.cdiv(Nk, BLOCK_N)
+    bg = pid // n_n
+    return bg // HK, bg % HK, (pid % n_n) * BLOCK_N
+
+
+@triton.jit
+def seq_bounds(Seqlens, b, N, Nk, VARLEN: tl.constexpr):
+    """(Lq, Lk): rows y < Lq and keys x < Lk are real (clamp(seqlens[b]) with VARLEN)."""
+    lq = N
+    lk = Nk
+    if VARLEN:
+        L = tl.maximum(tl.load(Seqlens + b), 0)
+        lq = tl.minimum(L, N)
+        lk = tl.minimum(L, Nk)
+    return lq, lk
+
+
+@triton.jit
+def key_blocks(m0, Lq, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(n_full, n_all) of the row tile at m0: key blocks [0, n_full) are visible to every row of
+    the tile (no mask), [n_full, n_all) need one (x < Lk, causal x <= y). A tile past Lq visits
+    none."""
+    hi = Lk
+    full = Lk
+    if CAUSAL:
+        hi = tl.minimum(Lk, m0 + BLOCK_M)
+        full = tl.minimum(Lk, m0 + 1)
+    live = m0 < Lq
+    return tl.where(live, full // BLOCK_N, 0), tl.where(live, tl.cdiv(hi, BLOCK_N), 0)
+
+
+@triton.jit
+def query_blocks(x0, Lq, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(m_lo, n_diag, n_all) of the key block at x0: query blocks m_lo + i * BLOCK_M for i in
+    [0, n_all), the first n_diag of them masked (causal x <= y); none for a block past Lk."""
+    m_lo = 0
+    n_diag = 0
+    if CAUSAL:
+        m_lo = x0
+        n_diag = tl.cdiv(BLOCK_N, BLOCK_M)
+    n_all = tl.where(x0 < Lk, tl.maximum(tl.cdiv(Lq - m_lo, BLOCK_M), 0), 0)
+    return m_lo, tl.minimum(n_diag, n_all), n_all
+
+
+# ---- compile configs (profiling.resources; CI compiles them for sm_90a without a GPU) ----------
+
+Config = Callable[[SphericalSpec], dict]        # spec -> constexprs + num_warps, num_stages
+Signature = Callable[[SphericalSpec, dict], dict]  # (spec, config) -> runtime arguments' types
+
+
+def compile_specs() -> list[SphericalSpec]:
+    """The specs compile configs cover: D 64 and 128, causal and not, seqlens and not, G 1 and 8
+    (not every combination: G and seqlens change little code)."""
+    out = []
+    for d, causal, varlen, hq, hk in ((128, False, False, 16, 16), (128, True, False, 16, 16),
+                                      (128, False, True, 16, 2), (128, True, True, 16, 2),
+                                      (64, False, False, 16, 16), (64, True, True, 16, 2)):
+        out.append(SphericalSpec(B=2, N=4096, Nk=4096, Hq=hq, Hk=hk, D=d, causal=causal,
+                                 sm_scale=d ** -0.5, varlen=varlen))
+    return out
+
+
+def family_constexprs(spec: SphericalSpec) -> dict:
+    """The constexprs every spherical kernel takes from the spec."""
+    return {"HQ": spec.Hq, "HK": spec.Hk, "G": spec.G, "D": spec.D, "CAUSAL": spec.causal,
+            "VARLEN": spec.varlen}
+
+
+def kernel_constexprs(cfg: dict) -> dict:
+    """A config's constexprs (everything but num_warps / num_stages)."""
+    return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+
+
+def seqlens_type(spec: SphericalSpec) -> str:
+    """Seqlens is an int32 pointer with seqlens, else None (a constexpr: launches pass None)."""
+    return "*i32" if spec.varlen else "constexpr"
+
+
+def spec_tag(spec: SphericalSpec) -> str:
+    return (f"G{spec.G}_D{spec.D}" + ("_causal" if spec.causal else "")
+            + ("_varlen" if spec.varlen else ""))
+
+
+def build_compile_configs(kernel, config: Config, signature: Signature, name: str = "",
+                          supports_fn: Callable = supports) -> list[CompileConfig]:
+    """One CompileConfig of `kernel` per compile_specs() spec that `supports_fn` takes, with
+    `config(spec)`'s constexprs and warps/stages; `signature(spec, cfg)` gives the runtime
+    arguments' types (a "constexpr" one gets its value from the config, or None: Seqlens)."""
+    out = []
+    for spec in compile_specs():
+        if supports_fn(spec) is not None:
+            continue
+        cfg = config(spec)
+        consts = {**family_constexprs(spec), **kernel_constexprs(cfg)}
+        sig = signature(spec, cfg)
+        for k, t in sig.items():
+            if t == "constexpr" and k not in consts:
+                consts[k] = None
+        sig.update({k: "constexpr" for k in consts})
+        blocks = "_".join(f"{k[6:]}{v}" for k, v in cfg.items() if k.startswith("BLOCK_"))
+        out.append(CompileConfig(f"{name}{spec_tag(spec)}_{blocks}", kernel, sig, consts,
+                                 cfg["num_warps"], cfg["num_stages"]))
+    return out
+
