@@ -95,7 +95,8 @@ def attention(q, k, v, *, causal: bool = False, sm_scale=None, eps: float = DEFA
     reference runs). causal: query y sees keys x <= y (N == Nk). sm_scale defaults to
     1/sqrt(D). seqlens: int32 [B] real lengths, for batches of sequences padded to N: padded
     queries give out = 0 and r = 0, padded keys are never read into a real row, and their
-    gradients are 0 (lengths are clamped to [0, N] for queries and [0, Nk] for keys). Returns out [B, N, Hq, D] (the inputs' dtype) and r [B, Hq, N] (fp32; fp64
+    gradients are 0 (lengths are clamped to [0, N] for queries and [0, Nk] for keys; padding must
+    hold finite values, since the tail tile multiplies it by exact zeros, and 0 * inf is NaN). Returns out [B, N, Hq, D] (the inputs' dtype) and r [B, Hq, N] (fp32; fp64
     for fp64 inputs), both differentiable. variant / bwd_variant name the kernels ("auto": the
     fastest that takes the shape); deterministic=True: bitwise-repeatable gradients. Bad input
     raises TypeError / ValueError naming the argument before anything is launched."""

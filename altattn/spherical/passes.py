@@ -105,7 +105,8 @@ def forward(q, k, v, *, causal: bool = False, sm_scale=None, eps: float = DEFAUL
     {64, 128}. causal: query y sees keys x <= y (needs N == Nk). sm_scale defaults to
     1/sqrt(D); eps is added to the row norm r before dividing. seqlens: int32 [B], the real
     length of each sequence (queries and keys past it are padding: never read into a real row;
-    their outputs are 0); values are clamped to [0, N] (queries) and [0, Nk] (keys).
+    their outputs are 0; it must hold finite values); values are clamped to [0, N] (queries) and
+    [0, Nk] (keys).
     Returns out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32 (each row's L2 norm of scores), into
     `out` / `r` when given. "auto" takes the fastest registered variant for the shape."""
     return launcher.run(FAMILY, "fwd", q, k, v, causal, sm_scale, eps, seqlens, variant=variant,
