@@ -1,0 +1,73 @@
+"""Triple attention in plain PyTorch, read as the math (../shared/docs/FAMILIES.md §2), chunked over N
+so that long sequences (N = 524,288) fit on a GPU in fp32:
+
+    S[i, j, k] = c * sum_n K1[n, i] V[n, j] K2[n, k]      the state, [Dq, Dv, Dq] per (b, h)
+    Y[n, j]    = sum_{i,k} Q1[n, i] S[i, j, k] Q2[n, k]
+
+q1, q2, k1, k2 [B, N, H, Dq], v [B, N, H, Dv]; c = `scale`, 1/N by default (the state is a mean:
+the public code's convention; scale=1.0 gives the blog's formula). Causal: token n reads the
+state of tokens m <= n only, Y[n] = c * sum_{m<=n} (Q1[n].K1[m]) (Q2[n].K2[m]) V[m], computed
+in chunks: inside a chunk the masked quadratic form, across chunks the prefix state.
+"""
+from __future__ import annotations
+
+import torch
+
+CHUNK = 4096  # tokens per chunk: bounds the [chunk, chunk] scores and the outer products
+
+
+def _scale(N: int, scale) -> float:
+    return 1.0 / max(N, 1) if scale is None else float(scale)
+
+
+def reference(q1, q2, k1, k2, v, scale=None, causal: bool = False,
+              dtype: torch.dtype = torch.float64, chunk: int = CHUNK):
+    """(out [B, N, H, Dv], state [B, H, Dq, Dv, Dq]) in `dtype`: the module docstring's math.
+    For causal, state is the whole sequence's (what the last token reads)."""
+    B, N, H, Dq = q1.shape
+    Dv = v.shape[-1]
+    c = _scale(N, scale)
+    state = torch.zeros(B, H, Dq, Dv, Dq, dtype=dtype, device=q1.device)
+    out = torch.empty(B, N, H, Dv, dtype=dtype, device=q1.device)
+    for a in range(0, N, chunk):
+        x1, x2, y1, y2, vv = (t[:, a:a + chunk].to(dtype) for t in (k1, k2, q1, q2, v))
+        if causal:  # the state of earlier chunks, then this chunk's masked quadratic form
+            inter = torch.einsum("bnhi,bhijk,bnhk->bnhj", y1, state, y2)
+            s = torch.einsum("bnhi,bmhi->bhnm", y1, x1) * torch.einsum("bnhk,bmhk->bhnm", y2, x2)
+            s = s.tril()
+            out[:, a:a + chunk] = inter + c * torch.einsum("bhnm,bmhj->bnhj", s, vv)
+        state += c * torch.einsum("bnhi,bnhj,bnhk->bhijk", x1, vv, x2)
+    if not causal:
+        for a in range(0, N, chunk):
+            y1, y2 = (t[:, a:a + chunk].to(dtype) for t in (q1, q2))
+            out[:, a:a + chunk] = torch.einsum("bnhi,bhijk,bnhk->bnhj", y1, state, y2)
+    return out, state
+
+
+def reference_backward(q1, q2, k1, k2, v, dout, dstate=None, scale=None,
+                       dtype: torch.dtype = torch.float64, chunk: int = CHUNK):
+    """(dq1, dq2, dk1, dk2, dv) of the non-causal form in `dtype`, given dout [B, N, H, Dv] and
+    dstate [B, H, Dq, Dv, Dq] (or None when the state is unused). FAMILIES.md's four contractions:
+        dS = sum_n Q1[n] (x) dO[n] (x) Q2[n]  (+ dstate)
+        T[n, i, k] = sum_j dO[n, j] S[i, j, k]:   dQ1 = sum_k T Q2,   dQ2 = sum_i T Q1
+        U[n, i, k] = c sum_j V[n, j] dS[i, j, k]: dK1 = sum_k U K2,   dK2 = sum_i U K1
+        dV[n, j] = c sum_{i,k} K1[n, i] K2[n, k] dS[i, j, k]"""
+    N = q1.shape[1]
+    c = _scale(N, scale)
+    _, S = reference(q1, q2, k1, k2, v, scale, dtype=dtype, chunk=chunk)
+    dS = torch.zeros_like(S) if dstate is None else dstate.to(dtype).clone()
+    for a in range(0, N, chunk):
+        y1, y2, do = (t[:, a:a + chunk].to(dtype) for t in (q1, q2, dout))
+        dS += torch.einsum("bnhi,bnhj,bnhk->bhijk", y1, do, y2)
+    grads = [torch.empty(t.shape, dtype=dtype, device=t.device) for t in (q1, q2, k1, k2, v)]
+    for a in range(0, N, chunk):
+        sl = slice(a, a + chunk)
+        y1, y2, x1, x2, vv, do = (t[:, sl].to(dtype) for t in (q1, q2, k1, k2, v, dout))
+        T = torch.einsum("bnhj,bhijk->bnhik", do, S)
+        U = c * torch.einsum("bnhj,bhijk->bnhik", vv, dS)
+        grads[0][:, sl] = torch.einsum("bnhik,bnhk->bnhi", T, y2)
+        grads[1][:, sl] = torch.einsum("bnhik,bnhi->bnhk", T, y1)
+        grads[2][:, sl] = torch.einsum("bnhik,bnhk->bnhi", U, x2)
+        grads[3][:, sl] = torch.einsum("bnhik,bnhi->bnhk", U, x1)
+        grads[4][:, sl] = c * torch.einsum("bnhi,bnhk,bhijk->bnhj", x1, x2, dS)
+    return tuple(grads)
