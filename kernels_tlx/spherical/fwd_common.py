@@ -46,7 +46,7 @@ from kernels_triton.spherical.host import (
     seqlens_type,
 )
 from kernels_triton.spherical.host import supports as host_supports
-from kernels_tlx.consumers import CONSUMER_THREADS, NUM_CONSUMERS, pass_turn, take_turn
+from kernels_tlx.consumers import NUM_CONSUMERS, pass_turn, take_turn
 
 ROWS = tl.constexpr(64)  # query rows per consumer warp group
 EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's 128 threads around its output store
@@ -156,6 +156,23 @@ def qk(q_smem, k_tiles, kb, cid, PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
 
 
 @triton.jit
+def pv(s, acc, v_tiles, v_fulls, v_empties, cnt, cid, NUM_BUFFERS: tl.constexpr,
+       PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
+    """acc += bf16(S) @ V on ring slot cnt (the consumer's turn, with pingpong), waited for; the
+    V slot released. The plain step's second half and the pipeline's last PV."""
+    p = s.to(tl.bfloat16)
+    vb = wait_full(v_fulls, cnt, NUM_BUFFERS, PROFILE)
+    enter("pv_gemm", PROFILE)
+    take_turn(cid, PINGPONG)
+    acc = tlx.async_dot(p, tlx.local_view(v_tiles, vb), acc)
+    pass_turn(cid, PINGPONG)
+    acc = tlx.async_dot_wait(0, acc)
+    leave("pv_gemm", PROFILE)
+    tlx.barrier_arrive(tlx.local_view(v_empties, vb), 1)
+    return acc
+
+
+@triton.jit
 def step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, acc, z, cnt, t,
          rows, Lk, cid, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr, MASK: tl.constexpr,
          CAUSAL: tl.constexpr, PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
@@ -168,15 +185,7 @@ def step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, acc, 
     leave("qk_gemm", PROFILE)
     tlx.barrier_arrive(tlx.local_view(k_empties, kb), 1)
     s, z = square(s, z, t, rows, Lk, BLOCK_N, MASK, CAUSAL, PROFILE)
-    p = s.to(tl.bfloat16)
-    vb = wait_full(v_fulls, cnt, NUM_BUFFERS, PROFILE)
-    enter("pv_gemm", PROFILE)
-    take_turn(cid, PINGPONG)
-    acc = tlx.async_dot(p, tlx.local_view(v_tiles, vb), acc)
-    pass_turn(cid, PINGPONG)
-    acc = tlx.async_dot_wait(0, acc)
-    leave("pv_gemm", PROFILE)
-    tlx.barrier_arrive(tlx.local_view(v_empties, vb), 1)
+    acc = pv(s, acc, v_tiles, v_fulls, v_empties, cnt, cid, NUM_BUFFERS, PINGPONG, PROFILE)
     return acc, z
 
 
@@ -236,15 +245,8 @@ def mainloop(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, a
                 acc, z, s = pipelined_step(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls,
                                            v_empties, acc, z, s, cnt, t, rows, Lk, cid, BLOCK_N,
                                            NUM_BUFFERS, CAUSAL, PINGPONG, PROFILE)
-            p = s.to(tl.bfloat16)
-            vb = wait_full(v_fulls, cnt, NUM_BUFFERS, PROFILE)
-            enter("pv_gemm", PROFILE)
-            take_turn(cid, PINGPONG)
-            acc = tlx.async_dot(p, tlx.local_view(v_tiles, vb), acc)
-            pass_turn(cid, PINGPONG)
-            acc = tlx.async_dot_wait(0, acc)
-            leave("pv_gemm", PROFILE)
-            tlx.barrier_arrive(tlx.local_view(v_empties, vb), 1)
+            acc = pv(s, acc, v_tiles, v_fulls, v_empties, cnt, cid, NUM_BUFFERS, PINGPONG,
+                     PROFILE)
             cnt += 1
         # the masked blocks (causal diagonal, the block holding Lk: one per tile when
         # BLOCK_M = BLOCK_N) run the plain step: the mask's temporaries next to an in-flight
