@@ -3,14 +3,17 @@
 Families (each a subpackage with its op, layer, reference and kernels; `families()` lists them):
     altattn.simplicial   2-simplicial attention: simplicial_attention, SimplicialAttention
     altattn.spherical    spherical attention (FlashSign): spherical_attention, SphericalAttention
+    altattn.triple       triple attention: triple_attention, TripleAttention
 
 `variants(family, pass_)` names the registered kernels. See README.md and docs/DESIGN.md.
 """
-from . import compile_workers, simplicial, spherical
+from . import compile_workers, simplicial, spherical, triple
 from .simplicial import SimplicialAttention
 from .simplicial import attention as simplicial_attention
 from .spherical import SphericalAttention
 from .spherical import attention as spherical_attention
+from .triple import TripleAttention
+from .triple import attention as triple_attention
 
 
 def families() -> dict[str, str]:
@@ -28,4 +31,5 @@ def variants(family: str = "simplicial", pass_: str = "fwd") -> dict[str, str]:
 compile_workers.configure()  # torch.compile of a model on the GPU: see compile_workers.py
 
 __all__ = ["simplicial", "simplicial_attention", "SimplicialAttention", "spherical",
-           "spherical_attention", "SphericalAttention", "families", "variants"]
+           "spherical_attention", "SphericalAttention", "triple", "triple_attention",
+           "TripleAttention", "families", "variants"]

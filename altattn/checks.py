@@ -58,16 +58,18 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
-def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device) -> None:
-    """Check a tensor that comes with q, k1, k2, v1, v2 (the forward's out and lse, the incoming
-    gradients dout and dlse): a floating-point torch.Tensor of `shape` (`layout` names its dims,
-    e.g. "[B, Hq, N]") on `device`. Its dtype is the caller's to cast; a shape that only has the
-    right element count (dlse as [B, N, Hq]) is refused, since a reshape would take it silently."""
+def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device,
+                 inputs: str = "q, k1, k2, v1, v2") -> None:
+    """Check a tensor that comes with the inputs (`inputs` names them; 2-simplicial attention's
+    by default): the forward's out and lse, the incoming gradients dout and dlse: a
+    floating-point torch.Tensor of `shape` (`layout` names its dims, e.g. "[B, Hq, N]") on
+    `device`. Its dtype is the caller's to cast; a shape that only has the right element count
+    (dlse as [B, N, Hq]) is refused, since a reshape would take it silently."""
     check_floating(name, t)
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} {layout}, got {tuple(t.shape)}")
     if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but q, k1, k2, v1, v2 are on {device}")
+        raise ValueError(f"{name} is on {t.device} but {inputs} are on {device}")
 
 
 def check_device(device: torch.device, *, needs_hopper: bool, variant: str) -> None:

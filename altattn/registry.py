@@ -24,6 +24,7 @@ from types import ModuleType
 FAMILIES = {
     "simplicial": "altattn.simplicial.family",
     "spherical": "altattn.spherical.family",
+    "triple": "altattn.triple.family",
 }
 DEFAULT_FAMILY = "simplicial"  # what the tools take when no --family is given
 PASSES = ("fwd", "bwd")        # forward, backward

@@ -83,7 +83,8 @@ def fwd_bwd_calls(fam: registry.Family, args: tuple):
     """(forward arguments, backward(outs) -> its arguments) from one backward call's arguments
     (Family.make_inputs of "bwd"): the forward's are those of the backward's parameters that the
     forward's `validate` names; the backward's take the forward's fresh outputs by their names
-    (the forward's `outputs`: out and lse, or out and r)."""
+    (the forward's `outputs`: out and lse, or out and r; those the backward does not take, as
+    triple attention's out, are dropped)."""
     fwd, bwd = fam.passes["fwd"], fam.passes[PASS]
     bound = inspect.signature(bwd.validate).bind(*args)
     bound.apply_defaults()
@@ -91,7 +92,8 @@ def fwd_bwd_calls(fam: registry.Family, args: tuple):
     fwd_args = tuple(given[n] for n in inspect.signature(fwd.validate).parameters if n in given)
 
     def bwd_args(outs: tuple) -> tuple:
-        return tuple({**given, **dict(zip(fwd.outputs, outs))}.values())
+        fresh = {n: o for n, o in zip(fwd.outputs, outs) if n in given}
+        return tuple({**given, **fresh}.values())
     return fwd_args, bwd_args
 
 
@@ -150,7 +152,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     fam = family_in(argv)
     p = build_parser(
         PROG, PASS, fam, description=__doc__.split("\n\n")[0],
-        epilog=f"Presets (H = Hq/Hk): {presets_text(fam)}. Check threshold: each gradient's "
+        epilog=f"{presets_text(fam)}. Check threshold: each gradient's "
                f"rel. Frobenius error <= {fam.tolerances['grad_rel']}.",
         all_means="every backward variant that takes the shape",
         peers_time="the backward and forward + backward")

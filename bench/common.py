@@ -65,7 +65,10 @@ def variant_type(fam: registry.Family, pass_: str) -> Callable[[str], str]:
 
 
 def presets_text(fam: registry.Family) -> str:
-    return ", ".join(f"{k}: {v.short()}" for k, v in fam.presets.items())
+    """'Presets: name: shape, ...' for a help text ('(H = Hq/Hk)' where the shape has both)."""
+    names = {f.name for f in dataclasses.fields(fam.shape_type)}
+    heads = " (H = Hq/Hk)" if {"Hq", "Hk"} <= names else ""
+    return f"Presets{heads}: " + ", ".join(f"{k}: {v.short()}" for k, v in fam.presets.items())
 
 
 def build_parser(prog: str, pass_: str, fam: registry.Family, description: str, epilog: str,

@@ -77,7 +77,8 @@ from bench.check import check_pass, summary, tolerance_key  # noqa: E402
 from bench.common import (add_form_ratios, build_parser, check_out_paths,  # noqa: E402
                           form_note, plot_tflops_vs_n, presets_text, sweep_shapes,
                           table_columns, timed_row, variant_runs, write_rows)
-from bench.peers import bench_frontier, bench_matmul, bench_peers, frontier_key, peer  # noqa: E402
+from bench.peers import (bench_frontier, bench_matmul, bench_peers, dense_peer,  # noqa: E402
+                         frontier_key)
 from profiling.common import (gpu_problem, Shape, family_in, forms_of,  # noqa: E402
                               form_options,
                               metadata_line, print_table, run_metadata, shape_flags,
@@ -120,7 +121,7 @@ def build_fwd_parser(fam: registry.Family) -> argparse.ArgumentParser:
     sweep = " x ".join(f"{k} in {list(v)}" for k, v in fam.sweep.items())
     p = build_parser(
         PROG, PASS, fam, description=f"Time the {fam.title} forward variants (needs a CUDA GPU).",
-        epilog=f"Presets (H = Hq/Hk): {presets_text(fam)}. Sweep: {sweep}. Check thresholds: "
+        epilog=f"{presets_text(fam)}. Sweep: {sweep}. Check thresholds: "
                f"{check_words(fam)}. Exit status: 0 ok, 1 check failed or nothing timed, 2 bad "
                f"arguments or no GPU.",
         all_means="every forward variant; one that cannot take a shape gets a row saying why",
@@ -130,10 +131,12 @@ def build_fwd_parser(fam: registry.Family) -> argparse.ArgumentParser:
                         f"preset/overrides)")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the correctness check against the reference")
+    dense = dense_peer(fam)
     p.add_argument("--frontier", action="store_true",
-                   help=f"also time TLX's dense FlashAttention tutorials (shipped in fbtriton: "
-                        f"ws, pipelined, pipelined pingpong, persistent) on dense self-attention "
-                        f"of length Lkv ({peer(fam).rule}; equal work when N = Lkv)")
+                   help="also time TLX's dense FlashAttention tutorials (shipped in fbtriton: "
+                        "ws, pipelined, pipelined pingpong, persistent) on dense self-attention "
+                        + (f"of length Lkv ({dense.rule}; equal work when N = Lkv)" if dense else
+                           f"(not for {fam.title}: it has no dense softmax peer, Peer.dense)"))
     p.add_argument("--plot", metavar="PATH.png", help="plot TFLOPS vs N per variant (matplotlib)")
     return p
 
@@ -152,6 +155,9 @@ def parse_args(argv: Sequence[str] | None = None
     if args.sweep and (swept := [k for k in fam.sweep if getattr(args, k, None) is not None]):
         parser.error(f"--sweep sets {' and '.join(fam.sweep)} itself; drop "
                      f"{'/'.join(flags[k] for k in swept)}")
+    if args.frontier and dense_peer(fam) is None:
+        parser.error(f"--frontier: {fam.title} has no dense softmax peer (Peer.dense) whose "
+                     f"length the tutorials would take")
     shape = shape_from_args(args)
     shapes = sweep_shapes(shape, fam.sweep) if args.sweep else [shape]
     runs = variant_runs(parser, args, PASS, shapes, takers_only=False)

@@ -42,6 +42,12 @@ def peer(fam: registry.Family, name: str | None = None) -> registry.Peer:
                      f"{', '.join(p.name for p in fam.peers) or 'none'}")
 
 
+def dense_peer(fam: registry.Family) -> registry.Peer | None:
+    """The family's first peer with a dense shape (cuDNN SDPA's, --frontier's length), or None
+    (a family whose peers all run their own kernels)."""
+    return next((p for p in fam.peers if p.dense is not None), None)
+
+
 def visible_pairs(nq: int, nk: int, causal: bool = False) -> int:
     """(query, key) pairs of dense attention: query i sees keys j <= i when causal (top-left
     aligned, as SDPA's is_causal)."""

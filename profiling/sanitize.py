@@ -14,7 +14,8 @@ form of the variant) does not name. docs/sanitizers.md says what is allowed and 
 Each run is one child process, `compute-sanitizer --tool T --error-exitcode 1 ... python3
 profiling/sanitize.py --worker ...`, that calls one variant of one pass once on one shape
 (launcher.run on the family's make_inputs; the backward after a plain forward, whose kernels are
-excluded from the check: forward_kernel_prefix).
+excluded from the check: forward_kernel_prefix; where the passes share kernels, as triple
+attention's, nothing is excluded and the backward run checks the forward's kernels too).
 Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A finding is what the
 sanitizer's summary counts: memcheck and synccheck "ERROR SUMMARY: N errors", racecheck
 "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (E + W; racecheck looks at shared
@@ -85,17 +86,16 @@ def _kernel_name(fn) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def forward_kernel_prefix(family: str = registry.DEFAULT_FAMILY) -> str:
+def forward_kernel_prefix(family: str = registry.DEFAULT_FAMILY) -> str | None:
     """The longest common start of the names of `family`'s forward kernels (its forward variants'
     compile configs), which no backward kernel's name has: a backward run excludes the kernels
     whose names start with it (its plain forward, for out and LSE, is not what it checks).
-    ValueError when there is none."""
+    None when there is none (the passes share kernels: a backward run then checks them all)."""
     fwd = {_kernel_name(c.fn) for _, c in registry.compile_configs("fwd", family)}
     bwd = {_kernel_name(c.fn) for _, c in registry.compile_configs("bwd", family)}
     prefix = os.path.commonprefix(sorted(fwd))
     if not prefix or any(n.startswith(prefix) for n in bwd):
-        raise ValueError(f"family {family}: no name start is common to its forward kernels "
-                         f"({', '.join(sorted(fwd))}) and absent from its backward ones")
+        return None
     return prefix
 
 
@@ -202,8 +202,8 @@ def command(sanitizer: str, run: Run, racecheck_report: str = "analysis") -> lis
     if run.pass_ == PROBE:
         return cmd + ["--kernel-name", f"kns={PROBE_KERNEL}", sys.executable, SCRIPT,
                       "--worker", "--pass", PROBE]
-    if run.pass_ == "bwd":
-        cmd += ["--kernel-name-exclude", f"kns={forward_kernel_prefix(run.family)}"]
+    if run.pass_ == "bwd" and (prefix := forward_kernel_prefix(run.family)) is not None:
+        cmd += ["--kernel-name-exclude", f"kns={prefix}"]
     form = [] if run.other_form() is None else ["--form", run.form]
     family = [] if run.family == registry.DEFAULT_FAMILY else ["--family", run.family]
     return cmd + [sys.executable, SCRIPT, "--worker", "--pass", run.pass_, "--variant",

@@ -53,3 +53,22 @@ def test_backward_formulas_are_autograd(with_dstate, gen):
     got = reference_backward(*(t.detach() for t in x), dout, dstate, chunk=3)
     for name, g, w in zip(("dq1", "dq2", "dk1", "dk2", "dv"), got, want):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("with_dstate", [False, True])
+@pytest.mark.parametrize("chunk", [3, 4096])
+def test_causal_backward_is_autograd_of_the_loop(chunk, with_dstate, gen):
+    """The causal closed form (prefix states forward, suffix dS backward, the masked quadratic
+    form in each chunk) against autograd through the loop over the math, state included."""
+    x = [t.requires_grad_() for t in _x(gen)]
+    _, _, k1, k2, v = x
+    out = loop_reference(*x, 0.3, causal=True)
+    state = 0.3 * torch.einsum("bnhi,bnhj,bnhk->bhijk", k1, v, k2)
+    dout = torch.randn(out.shape, generator=gen, dtype=F64)
+    dstate = torch.randn(state.shape, generator=gen, dtype=F64) if with_dstate else None
+    loss = (out * dout).sum() + (0 if dstate is None else (state * dstate).sum())
+    want = torch.autograd.grad(loss, x)
+    got = reference_backward(*(t.detach() for t in x), dout, dstate, 0.3, causal=True,
+                             chunk=chunk)
+    for name, g, w in zip(("dq1", "dq2", "dk1", "dk2", "dv"), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10, msg=name)

@@ -1,5 +1,24 @@
-"""Triple attention (FAMILIES.md §2): a third-order linear-time state read by two queries. So far
-its fp64 reference (`reference`, `reference_backward`); the op, kernels and family record follow."""
-from .reference import reference, reference_backward
+"""Triple attention (FAMILIES.md §2): a third-order linear-time state read by two queries,
+S[i, j, k] = c sum_n K1[n, i] V[n, j] K2[n, k], Y[n, j] = sum_{i,k} Q1[n, i] S[i, j, k] Q2[n, k].
 
-__all__ = ["reference", "reference_backward"]
+    attention(q1, q2, k1, k2, v, *, scale, causal)   differentiable (a torch.library op), CPU or GPU
+    TripleAttention(dim, n_heads, ...)               a layer: five projections, optional L2 norm
+    forward / backward                               one pass on the GPU kernels, no autograd
+    reference / reference_backward                   plain PyTorch in fp64
+    variants("fwd" | "bwd")                          the registered kernels
+"""
+from .layer import TripleAttention
+from .ops import attention
+from .passes import backward, forward
+from .reference import reference, reference_backward
+from .spec import TripleSpec
+
+
+def variants(pass_: str = "fwd") -> dict[str, str]:
+    """Registered variant names of a pass, each with the shapes it supports."""
+    from .. import registry
+    return registry.variants(pass_, "triple")
+
+
+__all__ = ["TripleAttention", "TripleSpec", "attention", "backward", "forward", "reference",
+           "reference_backward", "variants"]

@@ -7,7 +7,9 @@ so that long sequences (N = 524,288) fit on a GPU in fp32:
 q1, q2, k1, k2 [B, N, H, Dq], v [B, N, H, Dv]; c = `scale`, 1/N by default (the state is a mean:
 the public code's convention; scale=1.0 gives the blog's formula). Causal: token n reads the
 state of tokens m <= n only, Y[n] = c * sum_{m<=n} (Q1[n].K1[m]) (Q2[n].K2[m]) V[m], computed
-in chunks: inside a chunk the masked quadratic form, across chunks the prefix state.
+in chunks: inside a chunk the masked quadratic form, across chunks the prefix state. The
+backward is closed-form in both modes (no autograd: the op's CPU path runs it inside a
+torch.library op, where autograd does not record); CPU tests hold it against autograd.
 """
 from __future__ import annotations
 
@@ -44,14 +46,21 @@ def reference(q1, q2, k1, k2, v, scale=None, causal: bool = False,
     return out, state
 
 
-def reference_backward(q1, q2, k1, k2, v, dout, dstate=None, scale=None,
+def reference_backward(q1, q2, k1, k2, v, dout, dstate=None, scale=None, causal: bool = False,
                        dtype: torch.dtype = torch.float64, chunk: int = CHUNK):
-    """(dq1, dq2, dk1, dk2, dv) of the non-causal form in `dtype`, given dout [B, N, H, Dv] and
-    dstate [B, H, Dq, Dv, Dq] (or None when the state is unused). FAMILIES.md's four contractions:
+    """(dq1, dq2, dk1, dk2, dv) in `dtype`, given dout [B, N, H, Dv] and dstate [B, H, Dq, Dv, Dq]
+    (the whole sequence's state's gradient, or None when the state is unused). Non-causal,
+    FAMILIES.md's four contractions:
         dS = sum_n Q1[n] (x) dO[n] (x) Q2[n]  (+ dstate)
         T[n, i, k] = sum_j dO[n, j] S[i, j, k]:   dQ1 = sum_k T Q2,   dQ2 = sum_i T Q1
         U[n, i, k] = c sum_j V[n, j] dS[i, j, k]: dK1 = sum_k U K2,   dK2 = sum_i U K1
-        dV[n, j] = c sum_{i,k} K1[n, i] K2[n, k] dS[i, j, k]"""
+        dV[n, j] = c sum_{i,k} K1[n, i] K2[n, k] dS[i, j, k]
+    Causal: the same per chunk with S the prefix state of the earlier chunks and dS the suffix
+    sum of the later chunks (plus dstate), and the masked quadratic form inside each chunk
+    (_causal_backward)."""
+    if causal:
+        return _causal_backward(q1, q2, k1, k2, v, dout, dstate, _scale(q1.shape[1], scale),
+                                dtype, chunk)
     N = q1.shape[1]
     c = _scale(N, scale)
     _, S = reference(q1, q2, k1, k2, v, scale, dtype=dtype, chunk=chunk)
@@ -70,4 +79,45 @@ def reference_backward(q1, q2, k1, k2, v, dout, dstate=None, scale=None,
         grads[2][:, sl] = torch.einsum("bnhik,bnhk->bnhi", U, x2)
         grads[3][:, sl] = torch.einsum("bnhik,bnhi->bnhk", U, x1)
         grads[4][:, sl] = c * torch.einsum("bnhi,bnhk,bhijk->bnhj", x1, x2, dS)
+    return tuple(grads)
+
+
+def _causal_backward(q1, q2, k1, k2, v, dout, dstate, c: float, dtype: torch.dtype, chunk: int):
+    """The causal gradients, chunk by chunk. Inside a chunk, out = c (A * B * mask) V with
+    A = Q1 K1^T, B = Q2 K2^T: dP = c (dO V^T) * mask, dA = dP * B, dB = dP * A,
+    dQ1 = dA K1, dK1 = dA^T Q1, dQ2 = dB K2, dK2 = dB^T Q2, dV = c (A * B * mask)^T dO.
+    Across chunks, the non-causal contractions: a first pass in order (the prefix state S of the
+    earlier chunks gives dQ1, dQ2 through T), a second in reverse (dS = dstate + sum over the
+    later chunks of Q1 (x) dO (x) Q2 gives dK1, dK2, dV through U)."""
+    B, N, H, Dq = q1.shape
+    Dv = v.shape[-1]
+    grads = [torch.zeros(t.shape, dtype=dtype, device=t.device) for t in (q1, q2, k1, k2, v)]
+    dq1, dq2, dk1, dk2, dv = grads
+    S = torch.zeros(B, H, Dq, Dv, Dq, dtype=dtype, device=q1.device)
+    starts = range(0, N, chunk)
+    for a in starts:
+        sl = slice(a, a + chunk)
+        y1, y2, x1, x2, vv, do = (t[:, sl].to(dtype) for t in (q1, q2, k1, k2, v, dout))
+        T = torch.einsum("bnhj,bhijk->bnhik", do, S)
+        dq1[:, sl] = torch.einsum("bnhik,bnhk->bnhi", T, y2)
+        dq2[:, sl] = torch.einsum("bnhik,bnhi->bnhk", T, y1)
+        A = torch.einsum("bnhi,bmhi->bhnm", y1, x1)
+        Bs = torch.einsum("bnhk,bmhk->bhnm", y2, x2)
+        dP = (c * torch.einsum("bnhj,bmhj->bhnm", do, vv)).tril()
+        dA, dB = dP * Bs, dP * A
+        dq1[:, sl] += torch.einsum("bhnm,bmhi->bnhi", dA, x1)
+        dq2[:, sl] += torch.einsum("bhnm,bmhk->bnhk", dB, x2)
+        dk1[:, sl] = torch.einsum("bhnm,bnhi->bmhi", dA, y1)
+        dk2[:, sl] = torch.einsum("bhnm,bnhk->bmhk", dB, y2)
+        dv[:, sl] = c * torch.einsum("bhnm,bnhj->bmhj", (A * Bs).tril(), do)
+        S += c * torch.einsum("bnhi,bnhj,bnhk->bhijk", x1, vv, x2)
+    dS = torch.zeros_like(S) if dstate is None else dstate.to(dtype).clone()
+    for a in reversed(starts):
+        sl = slice(a, a + chunk)
+        y1, y2, x1, x2, vv, do = (t[:, sl].to(dtype) for t in (q1, q2, k1, k2, v, dout))
+        U = c * torch.einsum("bnhj,bhijk->bnhik", vv, dS)
+        dk1[:, sl] += torch.einsum("bnhik,bnhk->bnhi", U, x2)
+        dk2[:, sl] += torch.einsum("bnhik,bnhi->bnhk", U, x1)
+        dv[:, sl] += c * torch.einsum("bnhi,bnhk,bhijk->bnhj", x1, x2, dS)
+        dS += torch.einsum("bnhi,bnhj,bnhk->bhijk", y1, do, y2)
     return tuple(grads)

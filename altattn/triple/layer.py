@@ -1,0 +1,67 @@
+"""`TripleAttention`: a triple-attention layer a model can drop in (five projections, optional L2
+normalisation of queries and keys, the op, an output projection)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checks import check_bool, check_layer_input, positive_int
+from .ops import attention, check_variant_names
+from .spec import SUPPORTED_DIMS, check_scale
+
+
+class TripleAttention(nn.Module):
+    """x [B, N, dim] -> [B, N, dim]: q1, q2, k1, k2, v projections, triple attention (a third-order
+    state S = c sum_n k1 (x) v (x) k2 per head, read by q1 and q2), output projection.
+
+    n_heads heads, each with query/key size head_dim and value size v_head_dim (default
+    head_dim), both in {32, 64, 128}. causal: token n reads the tokens m <= n. scale: c, None for
+    1/N (the state is a mean). normalize=True: q1, q2, k1, k2 L2-normalised over the head dim
+    (every score Q1.K1 and Q2.K2 in [-1, 1]). On CUDA the attention runs in bf16 and the result
+    is cast back to x's dtype; on the CPU the fp64 reference runs. A configuration no device runs
+    raises at construction, naming the argument."""
+
+    def __init__(self, dim: int, n_heads: int, head_dim: int = 64, v_head_dim: int | None = None,
+                 *, causal: bool = False, scale: float | None = None, normalize: bool = False,
+                 bias: bool = False, variant: str = "auto", bwd_variant: str = "auto",
+                 deterministic: bool = False):
+        super().__init__()
+        v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        dim, n_heads, head_dim, v_head_dim = (positive_int(name, v) for name, v in (
+            ("dim", dim), ("n_heads", n_heads), ("head_dim", head_dim),
+            ("v_head_dim", v_head_dim)))
+        for name, d in (("head_dim", head_dim), ("v_head_dim", v_head_dim)):
+            if d not in SUPPORTED_DIMS:
+                raise ValueError(f"{name}={d} is not supported; supported: {SUPPORTED_DIMS}")
+        check_variant_names(variant, bwd_variant, deterministic)
+        self.causal = check_bool("causal", causal)
+        self.normalize = check_bool("normalize", normalize)
+        self.scale = None if scale is None else check_scale(scale, 1)
+        self.dim, self.n_heads, self.head_dim, self.v_head_dim = dim, n_heads, head_dim, v_head_dim
+        self.variant, self.bwd_variant, self.deterministic = variant, bwd_variant, deterministic
+        self.q1, self.q2, self.k1, self.k2 = (nn.Linear(dim, n_heads * head_dim, bias=bias)
+                                              for _ in range(4))
+        self.v = nn.Linear(dim, n_heads * v_head_dim, bias=bias)
+        self.out = nn.Linear(n_heads * v_head_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_layer_input(x, self.dim)
+        B, N, _ = x.shape
+        dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
+
+        def heads(proj: nn.Linear, size: int, normalize: bool) -> torch.Tensor:
+            t = proj(x).view(B, N, self.n_heads, size)
+            return (F.normalize(t, dim=-1) if normalize else t).to(dtype)
+
+        qk = [heads(p, self.head_dim, self.normalize) for p in (self.q1, self.q2, self.k1, self.k2)]
+        o, _ = attention(*qk, heads(self.v, self.v_head_dim, False), scale=self.scale,
+                         causal=self.causal, variant=self.variant, bwd_variant=self.bwd_variant,
+                         deterministic=self.deterministic)
+        return self.out(o.reshape(B, N, self.n_heads * self.v_head_dim).to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return (f"n_heads={self.n_heads}, head_dim={self.head_dim}, "
+                f"v_head_dim={self.v_head_dim}, causal={self.causal}, "
+                f"normalize={self.normalize}, scale={'1/N' if self.scale is None else self.scale}")
+

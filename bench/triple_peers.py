@@ -1,0 +1,201 @@
+"""Triple attention's own peers for bench --peers (registry.Peer.runs names these functions):
+
+    materialised   cuBLAS bf16 on the two GEMM phases with the outer products built beforehand
+                   (FAMILIES.md §2's "materialised" row), per (b, h):
+                       phase 1  S = (c K1 (x) V)^T K2       [Dq Dv, N] x [N, Dq]
+                       phase 2  out = (Q1 (x) Q2) S'         [N, Dq^2] x [Dq^2, Dv]
+                   (S' is S's axes reordered, a [Dq^2, Dv] copy). Only the two matmuls (and that
+                   small copy) are timed; forward only, non-causal (a causal shape is timed
+                   non-causal, its row says so: the same useful FLOPs). Memory: the two operands
+                   take 2 N Dq (Dq + Dv) bytes per head, 8.6 GB at T2 (69 GB for its 8 heads);
+                   they are built for as many heads as MAT_BYTES holds (halved on out-of-memory),
+                   and the timed call runs the remaining heads as further groups on the same
+                   operands (the same work, read from HBM again: far beyond L2).
+    torch_einsum   plain PyTorch: bf16 einsums chunked over N (the [chunk, H, Dq, Dv]
+                   intermediates under EINSUM_BYTES), the state summed in fp32; causal by the
+                   chunked form (the masked quadratic form inside CAUSAL_CHUNK tokens, the prefix
+                   state across); forward, and backward by autograd, which keeps every chunk's
+                   intermediates (about 4 B N H Dq max(Dq, Dv) bytes: 69 GB at T2).
+
+Both are credited with the family's useful FLOPs (Family.flops), so their TFLOPS compare directly
+with the variants'. An out-of-memory error becomes the row's note. Each function: (fam, peer,
+shape, args, passes) -> rows (bench/peers.py: peer_rows, time_rows).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from altattn import registry
+from altattn.triple.shapes import make_inputs
+from bench.peers import peer_rows, time_rows
+
+MAT_BYTES = 72 << 30      # materialised: its two operands, all groups' heads, under this
+EINSUM_BYTES = 1 << 30    # torch_einsum: one chunk's bf16 [B, chunk, H, Dq, Dv] intermediate
+CAUSAL_CHUNK = 1024       # torch_einsum causal: tokens per chunk (the [B, H, L, L] scores)
+BF16 = torch.bfloat16
+
+
+def _base(fam: registry.Family, peer: registry.Peer, s, passes) -> list[dict]:
+    flops = {"fwd": fam.flops(s, "fwd"), "bwd": fam.flops(s, "bwd")}
+    flops["fwd+bwd"] = flops["fwd"] + flops["bwd"]
+    return peer_rows({"kind": "peer", "variant": peer.name, "shape": s.short(), **s.fields()},
+                     passes, flops)
+
+
+def _oom(e: BaseException) -> str:
+    return f"out of memory: {str(e).splitlines()[0]}"
+
+
+def _scale(N: int, scale) -> float:
+    return 1.0 / max(N, 1) if scale is None else float(scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Materialised outer products, cuBLAS bf16
+
+
+def build_operands(q1, q2, k1, k2, v, c: float, heads: int):
+    """(A [heads, N, Dq Dv], K2 [heads, N, Dq], Phi [heads, N, Dq^2]) bf16 of the first `heads`
+    (b, h) pairs (in b * H + h order): A = c K1 (x) V, Phi = Q1 (x) Q2, built a head at a time."""
+    B, N, H, Dq = q1.shape
+    Dv = v.shape[-1]
+    A = torch.empty(heads, N, Dq * Dv, dtype=BF16, device=q1.device)
+    Phi = torch.empty(heads, N, Dq * Dq, dtype=BF16, device=q1.device)
+    for i in range(heads):
+        b, h = divmod(i, H)
+        torch.mul((k1[b, :, h] * c).to(BF16)[:, :, None], v[b, :, h].to(BF16)[:, None, :],
+                  out=A[i].view(N, Dq, Dv))
+        torch.mul(q1[b, :, h].to(BF16)[:, :, None], q2[b, :, h].to(BF16)[:, None, :],
+                  out=Phi[i].view(N, Dq, Dq))
+    K2 = k2.to(BF16).permute(0, 2, 1, 3).reshape(B * H, N, Dq)[:heads].contiguous()
+    return A, K2, Phi
+
+
+def materialised_phases(A, K2, Phi, Dv: int) -> torch.Tensor:
+    """out [heads, N, Dv] bf16: phase 1 S = A^T K2 [heads, Dq Dv, Dq], phase 2 Phi S'."""
+    n, _, Dq = K2.shape
+    S = torch.matmul(A.transpose(1, 2), K2)                                  # [n, (i, j), k]
+    W = S.view(n, Dq, Dv, Dq).transpose(2, 3).reshape(n, Dq * Dq, Dv)         # [n, (i, k), j]
+    return torch.matmul(Phi, W)
+
+
+def materialised_forward(q1, q2, k1, k2, v, scale=None) -> torch.Tensor:
+    """out [B, N, H, Dv] bf16 (non-causal), every head's operands at once: for tests."""
+    B, N, H, _ = q1.shape
+    Dv = v.shape[-1]
+    ops = build_operands(q1, q2, k1, k2, v, _scale(N, scale), B * H)
+    return materialised_phases(*ops, Dv).view(B, H, N, Dv).transpose(1, 2)
+
+
+def materialised(fam: registry.Family, peer: registry.Peer, s, args: argparse.Namespace,
+                 passes: tuple[str, ...]) -> list[dict]:
+    """The two phases on cuBLAS with the outer products built beforehand (module docstring)."""
+    rows = _base(fam, peer, s, passes)
+    if "fwd" not in passes:
+        return [{**r, "note": "forward only"} for r in rows]
+    per_head = 2 * s.N * s.Dq * (s.Dq + s.Dv)
+    heads = max(1, min(s.B * s.H, MAT_BYTES // per_head))
+    notes = ["non-causal (the materialised phases read one global state)"] if s.causal else []
+    ops = None
+    try:
+        x = make_inputs(s, "cuda", args.seed)
+        while ops is None:
+            try:
+                ops = build_operands(*x, 1.0 / max(s.N, 1), heads)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                if heads == 1:
+                    raise
+                heads //= 2
+    except torch.cuda.OutOfMemoryError as e:
+        return [{**r, "note": f"operands: {_oom(e)}" if p == "fwd" else "forward only"}
+                for p, r in zip(passes, rows)]
+    groups = [min(heads, s.B * s.H - h0) for h0 in range(0, s.B * s.H, heads)]
+    if len(groups) > 1:
+        notes.append(f"operands of {heads} of {s.B * s.H} heads "
+                     f"({heads * per_head / 1e9:.1f} GB), reused by {len(groups)} groups")
+
+    def fwd() -> None:
+        for n in groups:
+            materialised_phases(*(t[:n] for t in ops), s.Dv)
+
+    out = []
+    for p, r in zip(passes, rows):
+        if p != "fwd":
+            out.append({**r, "note": "forward only"})
+            continue
+        out += time_rows([{**r, "note": "; ".join(notes)} if notes else r], ("fwd",),
+                         {"fwd": fwd}, args)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain PyTorch einsums
+
+
+def _chunk(B: int, H: int, Dq: int, Dv: int) -> int:
+    return max(1, EINSUM_BYTES // (2 * B * H * Dq * max(Dq, Dv)))
+
+
+def einsum_forward(q1, q2, k1, k2, v, scale=None, causal: bool = False, chunk: int | None = None):
+    """(out [B, N, H, Dv] bf16, state [B, H, Dq, Dv, Dq] fp32) by bf16 einsums over chunks of
+    `chunk` tokens (default: EINSUM_BYTES; causal at most CAUSAL_CHUNK), the state summed in
+    fp32; differentiable (autograd)."""
+    B, N, H, Dq = q1.shape
+    Dv = v.shape[-1]
+    c = _scale(N, scale)
+    L = chunk or (min(_chunk(B, H, Dq, Dv), CAUSAL_CHUNK) if causal else _chunk(B, H, Dq, Dv))
+    S = torch.zeros(B, H, Dq, Dv, Dq, dtype=torch.float32, device=q1.device)
+    outs = []
+    for a in range(0, N, L):
+        y1, y2, x1, x2, vv = (t[:, a:a + L] for t in (q1, q2, k1, k2, v))
+        if causal:  # the prefix state, then this chunk's masked quadratic form
+            inter = torch.einsum("bnhi,bhijk,bnhk->bnhj", y1, S.to(BF16), y2)
+            s = torch.einsum("bnhi,bmhi->bhnm", y1, x1) * torch.einsum("bnhk,bmhk->bhnm", y2, x2)
+            outs.append(inter + c * torch.einsum("bhnm,bmhj->bnhj", s.tril(), vv))
+        S = S + c * torch.einsum("bnhi,bnhj,bnhk->bhijk", x1, vv, x2).float()
+    if not causal:
+        W = S.to(BF16)
+        outs = [torch.einsum("bnhi,bhijk,bnhk->bnhj", q1[:, a:a + L], W, q2[:, a:a + L])
+                for a in range(0, N, L)]
+    out = torch.cat(outs, dim=1) if outs else q1.new_zeros(B, N, H, Dv)
+    return out, S
+
+
+def torch_einsum(fam: registry.Family, peer: registry.Peer, s, args: argparse.Namespace,
+                 passes: tuple[str, ...]) -> list[dict]:
+    """Plain PyTorch triple attention on `s` (module docstring), one row per pass; a backward
+    row's graph is built before it is timed and freed after (one graph alive at a time)."""
+    rows = _base(fam, peer, s, passes)
+    grad = passes != ("fwd",)
+    try:
+        x = [t.requires_grad_(grad) for t in make_inputs(s, "cuda", args.seed)]
+        gen = torch.Generator(device="cuda").manual_seed(args.seed + 1)
+        dout = torch.randn(s.B, s.N, s.H, s.Dv, generator=gen, device="cuda", dtype=BF16)
+    except torch.cuda.OutOfMemoryError as e:
+        return [{**r, "note": _oom(e)} for r in rows]
+
+    def fwd():
+        with torch.no_grad():
+            return einsum_forward(*x, causal=s.causal)
+
+    def fwd_bwd():
+        return torch.autograd.grad(einsum_forward(*x, causal=s.causal)[0], x, dout)
+
+    def timed(p: str, row: dict) -> list[dict]:
+        if p != "bwd":
+            return time_rows([row], (p,), {p: {"fwd": fwd, "fwd+bwd": fwd_bwd}[p]}, args)
+        out, _ = einsum_forward(*x, causal=s.causal)  # the graph the timed calls walk
+        return time_rows([row], (p,), {p: lambda: torch.autograd.grad(out, x, dout,
+                                                                     retain_graph=True)}, args)
+
+    done = []
+    for p, r in zip(passes, rows):
+        try:
+            done += timed(p, r)
+        except torch.cuda.OutOfMemoryError as e:
+            done.append({**r, "note": _oom(e)})
+        torch.cuda.empty_cache()  # the graph is gone with timed's frame
+    return done

@@ -1,0 +1,113 @@
+"""The two contractions every triple-attention pass is made of, in plain Triton.
+
+Tensors are [B, N, H, D] bf16, contiguous (a token's row of one head is D elements, rows H*D
+apart); offsets are int64 (B*N*H*D passes 2^31 at N = 524,288, H = 8, D = 128 ... and beyond).
+
+`partials`: a third-order sum over tokens, split over N,
+    P[b, h, s, i, j, k] = sum_{n in split s} X1[n, i] Y[n, j] X2[n, k]          (fp32)
+as a GEMM whose A operand is built on the fly: A[(i, j), n] = X1[n, i] Y[n, j] (the Y tile scaled
+by a column of X1, rounded to bf16), B = X2 [n, k]. One program owns a block of BI values of i
+(all j, k) and one split of N; splits are summed later in a fixed order (no atomics). Phase 1 of
+the forward (K1, V, K2) and the backward's dS (Q1, dO, Q2).
+
+`apply`: a GEMM against a state slab, with the outer product built on the fly,
+    Out[n, o] = c * sum_p sum_x (X[n, x] Y[n, p]) W[p, x, o]
+A = the X tile scaled by column p of Y (bf16), B = W[p] [DX, DO] (bf16, by TMA; L2-resident:
+every token tile of a head reads the same W). Phase 2 of the forward (X = Q2, Y = Q1, W[i, k, j] = S[i, j, k])
+and the backward's five input gradients (bwd.py). W may hold one slab per chunk of CHUNK tokens
+(causal: each chunk reads the state of the chunks before it).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels_triton.proton import enter, leave
+
+
+@triton.jit
+def _rows(X, rows, live, b, h, N, H: tl.constexpr, D: tl.constexpr):
+    """The [len(rows), D] tile of head h of X [B, N, H, D] at tokens `rows` (0 where not live)."""
+    row = (b.to(tl.int64) * N + rows) * H + h
+    return tl.load(X + row[:, None] * D + tl.arange(0, D)[None, :], mask=live[:, None], other=0.0)
+
+
+@triton.jit
+def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
+                    H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
+                    BI: tl.constexpr, BN: tl.constexpr, PROFILE: tl.constexpr = False):
+    """P [B, H, n_splits, D1, DY, D2] fp32 (module docstring). Grid: one flat axis, the D1 // BI
+    blocks of i fastest (they read the same Y and X2 rows at the same time, from L2), then the
+    splits, then (b, h)."""
+    NIB: tl.constexpr = D1 // BI
+    pid = tl.program_id(0)
+    ib = pid % NIB
+    rest = pid // NIB
+    s = rest % n_splits
+    bh = rest // n_splits
+    b = bh // H
+    h = bh % H
+    start = s * split_len
+    end = tl.minimum(start + split_len, N)
+    cols = ib * BI + tl.arange(0, BI)
+    acc = tl.zeros([BI * DY, D2], tl.float32)
+    for n0 in range(start, end, BN):
+        enter("load", PROFILE)
+        n = n0 + tl.arange(0, BN)
+        live = n < end
+        row = (b.to(tl.int64) * N + n) * H + h
+        x1 = tl.load(X1 + row[:, None] * D1 + cols[None, :], mask=live[:, None], other=0.0)
+        y = _rows(Y, n, live, b, h, N, H, DY)
+        x2 = _rows(X2, n, live, b, h, N, H, D2)
+        leave("load", PROFILE)
+        enter("build", PROFILE)
+        a = tl.reshape(x1[:, :, None] * y[:, None, :], (BN, BI * DY))
+        leave("build", PROFILE)
+        enter("gemm", PROFILE)
+        acc = tl.dot(tl.trans(a), x2, acc)
+        leave("gemm", PROFILE)
+    enter("epilogue", PROFILE)
+    r = tl.arange(0, BI * DY)
+    base = (bh.to(tl.int64) * n_splits + s) * (D1 * DY * D2) + ib * (BI * DY * D2)
+    tl.store(P + base + r[:, None] * D2 + tl.arange(0, D2)[None, :], acc)
+    leave("epilogue", PROFILE)
+
+
+@triton.jit
+def apply_kernel(X, Y, W, Out, N, c, w_head, w_chunk,
+                 H: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, DO: tl.constexpr,
+                 BM: tl.constexpr, CHUNK: tl.constexpr, PROFILE: tl.constexpr = False):
+    """Out [B, N, H, DO] (bf16, or fp32 when Out is): the module docstring's sum. W is a TMA
+    descriptor of the slabs as rows [B*H*chunks*DY*DX, DO], box [DX, DO]: a head's first row is
+    bh * w_head, a chunk's w_chunk rows further (CHUNK = 0: one slab per head). Grid: one flat
+    axis, the token tiles of a head fastest."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(N, BM)
+    mi = pid % n_m
+    bh = pid // n_m
+    b = bh // H
+    h = bh % H
+    enter("load", PROFILE)
+    rows = mi * BM + tl.arange(0, BM)
+    live = rows < N
+    yrow = ((b.to(tl.int64) * N + rows) * H + h) * DY
+    x = _rows(X, rows, live, b, h, N, H, DX)
+    leave("load", PROFILE)
+    w0 = bh * w_head
+    if CHUNK > 0:
+        w0 += ((mi * BM) // CHUNK) * w_chunk
+    acc = tl.zeros([BM, DO], tl.float32)
+    for p in range(DY):
+        enter("build", PROFILE)
+        yp = tl.load(Y + yrow + p, mask=live, other=0.0)
+        a = x * yp[:, None]
+        w = W.load([w0 + p * DX, 0])
+        leave("build", PROFILE)
+        enter("gemm", PROFILE)
+        acc = tl.dot(a, w, acc)
+        leave("gemm", PROFILE)
+    enter("epilogue", PROFILE)
+    orow = ((b.to(tl.int64) * N + rows) * H + h) * DO
+    tl.store(Out + orow[:, None] + tl.arange(0, DO)[None, :], (acc * c).to(Out.dtype.element_ty),
+             mask=live[:, None])
+    leave("epilogue", PROFILE)

@@ -1,0 +1,137 @@
+"""The host side of the plain-Triton triple-attention kernels: `supports`, the tile configs, the two
+launches of core.py (`partials`, `apply`), the state built from partials, and the compile configs
+profiling.resources compiles for sm_90a.
+
+Extra memory (beyond inputs and outputs): the split-N partials, n_splits * B * H * Dq^2 * Dv fp32
+(n_splits fills the GPU: 4 at T2), and bf16 copies of the state in the layouts `apply` reads,
+B * H * Dq^2 * Dv each. Causal passes keep one state per chunk instead (causal.py).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from altattn.registry import CompileConfig
+from kernels_triton.triple.core import apply_kernel, partials_kernel
+
+SUPPORTED_DIMS = (32, 64, 128)
+BLOCK_N = 64      # tokens per step of `partials` (the GEMM's K)
+BLOCK_M = 128     # tokens per tile of `apply`
+WAVES = 4         # `partials` programs per multiprocessor the split count aims at
+
+
+def supports(spec) -> str | None:
+    """Shapes every triple kernel takes: Dq and Dv in SUPPORTED_DIMS; any B, N, H; causal."""
+    for name, d in (("Dq", spec.Dq), ("Dv", spec.Dv)):
+        if d not in SUPPORTED_DIMS:
+            return f"{name} = {d} not in {SUPPORTED_DIMS}"
+    return None
+
+
+def partials_config(d1: int, dy: int, d2: int) -> dict:
+    """BI values of i per program: A has BI * DY rows, B = X2; the accumulator [BI * DY, D2] at
+    most 128 fp32 registers per thread over 8 warps, BI <= 8 (the best measured at T1 and T2,
+    docs/perf-triple.md)."""
+    return {"BI": max(1, min(d1, 8, 32768 // (dy * d2))), "BN": BLOCK_N, "num_warps": 8,
+            "num_stages": 4 if dy * d2 <= 64 * 64 else 3}
+
+
+def apply_config(dx: int, dy: int, do: int) -> dict:
+    """One warp group of 128 rows (two at D = 128: 4 warps spill), W by TMA two slabs ahead
+    (pointer loads of W gave wrong results under Triton's software pipeline: docs/perf-triple.md)."""
+    return {"BM": BLOCK_M, "num_warps": 8 if dx * do > 64 * 128 else 4, "num_stages": 2}
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def n_splits(B: int, H: int, N: int, d1: int, dy: int, device) -> int:
+    """Splits of N for `partials`: about WAVES programs per multiprocessor, each at least one
+    BLOCK_N step. A function of the shape and the device only (results are bitwise repeatable)."""
+    tiles = B * H * (d1 // partials_config(d1, dy, d1)["BI"])
+    want = triton.cdiv(WAVES * _sm_count(device.index or 0), max(tiles, 1))
+    return max(1, min(want, triton.cdiv(N, BLOCK_N)))
+
+
+def partials(x1, y, x2, splits: int, split_len: int | None = None, profile: bool = False):
+    """P [B, H, splits, D1, DY, D2] fp32: P[..., s, i, j, k] = sum over split s of
+    x1[n, i] y[n, j] x2[n, k] (core.py). split_len: tokens per split (a multiple of BLOCK_N;
+    default N / splits rounded up)."""
+    B, N, H, d1 = x1.shape
+    dy, d2 = y.shape[-1], x2.shape[-1]
+    cfg = partials_config(d1, dy, d2)
+    if split_len is None:
+        split_len = triton.cdiv(triton.cdiv(N, splits), BLOCK_N) * BLOCK_N
+    P = torch.empty(B, H, splits, d1, dy, d2, device=x1.device, dtype=torch.float32)
+    grid = (B * H * splits * (d1 // cfg["BI"]),)
+    partials_kernel[grid](x1, y, x2, P, N, split_len, splits, H=H, D1=d1, DY=dy, D2=d2,
+                          BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
+                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return P
+
+
+def apply(x, y, w, out, c: float, chunk: int = 0, profile: bool = False) -> None:
+    """out[n, o] = c sum_p sum_x x[n, x] y[n, p] w[p, x, o] (core.py): w [B, H, DY, DX, DO] bf16
+    contiguous, or [B, H, chunks, DY, DX, DO] with one slab per `chunk` tokens."""
+    B, N, H, dx = x.shape
+    dy, do = y.shape[-1], out.shape[-1]
+    cfg = apply_config(dx, dy, do)
+    assert w.is_contiguous() and w.dtype == torch.bfloat16
+    if chunk:
+        assert chunk % cfg["BM"] == 0, (chunk, cfg["BM"])
+    rows = w.numel() // do
+    desc = TensorDescriptor(w, shape=[rows, do], strides=[do, 1], block_shape=[dx, do])
+    head_rows = rows // max(B * H, 1)
+    grid = (B * H * triton.cdiv(N, cfg["BM"]),)
+    apply_kernel[grid](x, y, desc, out, N, c, head_rows, dy * dx, H=H, DX=dx, DY=dy, DO=do,
+                       BM=cfg["BM"], CHUNK=chunk, PROFILE=bool(profile),
+                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def slab(state, order: str) -> torch.Tensor:
+    """The bf16 copy of state [..., i, j, k] (fp32) that `apply` reads as W[p, x, o], the axes in
+    `order` (e.g. "ikj": W[i, k, j] = state[i, j, k])."""
+    perm = [state.dim() - 3 + "ijk".index(a) for a in order]
+    view = state.permute(*range(state.dim() - 3), *perm)
+    return torch.empty(view.shape, device=state.device, dtype=torch.bfloat16).copy_(view)
+
+
+# ---- compile configs (profiling.resources; CI compiles them for sm_90a without a GPU) ----------
+
+def _partials_config(d1, dy, d2) -> CompileConfig:
+    cfg = partials_config(d1, dy, d2)
+    consts = {"H": 8, "D1": d1, "DY": dy, "D2": d2, "BI": cfg["BI"], "BN": cfg["BN"],
+              "PROFILE": False}
+    sig = {"X1": "*bf16", "Y": "*bf16", "X2": "*bf16", "P": "*fp32", "N": "i32",
+           "split_len": "i32", "n_splits": "i32", **{k: "constexpr" for k in consts}}
+    return CompileConfig(f"partials_D{d1}x{dy}x{d2}_BI{cfg['BI']}", partials_kernel, sig, consts,
+                         cfg["num_warps"], cfg["num_stages"])
+
+
+def _apply_config(dx, dy, do, out: str, chunk: int) -> CompileConfig:
+    cfg = apply_config(dx, dy, do)
+    consts = {"H": 8, "DX": dx, "DY": dy, "DO": do, "BM": cfg["BM"], "CHUNK": chunk,
+              "PROFILE": False}
+    sig = {"X": "*bf16", "Y": "*bf16", "W": f"tensordesc<bf16[{dx},{do}]>", "Out": out,
+           "N": "i32", "c": "fp32", "w_head": "i32", "w_chunk": "i32",
+           **{k: "constexpr" for k in consts}}
+    tag = f"apply_D{dx}x{dy}x{do}" + (f"_chunk{chunk}_{out[1:]}" if chunk else "")
+    return CompileConfig(tag, apply_kernel, sig, consts, cfg["num_warps"], cfg["num_stages"])
+
+
+def compile_configs(causal_chunk: int = 0) -> list[CompileConfig]:
+    """The default configs at Dq = Dv = 32, 64 and 128 (and Dq 64, Dv 32): partials and apply
+    in every operand order the passes use."""
+    out = []
+    for dq, dv in ((32, 32), (64, 64), (128, 128), (64, 32)):
+        out.append(_partials_config(dq, dv, dq))
+        for dx, dy, do in {(dq, dq, dv), (dq, dv, dq), (dv, dq, dq)}:
+            out.append(_apply_config(dx, dy, do, "*bf16", 0))
+            if causal_chunk:
+                out.append(_apply_config(dx, dy, do, "*fp32", causal_chunk))
+    return out

@@ -1,0 +1,368 @@
+"""`triton`: causal triple attention's intra-chunk part (FAMILIES.md §2), forward and backward, in
+plain Triton (no TLX), deterministic (no atomics: every sum is made by one program, in order).
+
+Causal triple attention is chunked linear attention. With chunks of C tokens (normally a power of
+two in 256..4096; any multiple of the config's tiles works), s[n, m] = (Q1[n].K1[m]) (Q2[n].K2[m]):
+    Y[n] = c sum_{m <= n} s[n, m] V[m] = inter[n] + c sum_{m in chunk(n), m <= n} s[n, m] V[m]
+"inter" (keys of earlier chunks: the prefix state) comes from other kernels as fp32; these add
+the intra part, a FlashAttention-like quadratic form with no softmax, and write bf16.
+
+  forward (`_fwd_kernel`, row owner): one program per (b, h, BLOCK_M rows); for each BLOCK_N key
+    block from the chunk's start to the diagonal (TMA loads, Triton's software pipeline):
+        a = Q1 K1^T, bb = Q2 K2^T (tensor cores, fp32);  acc += bf16(a bb) V
+    Key blocks wholly below the tile's first row take no mask, the diagonal ones mask m <= n.
+    Epilogue: out = inter + c acc (bf16, stored by TMA: rows past N clipped).
+  backward, with dp = dO V^T (dA = c dp bb, dB = c dp a on visible pairs):
+    `_dq_kernel` (row owner, the forward's grid and key blocks): a, bb, dp (3 GEMMs);
+        dq1 += bf16(dp bb) K1, dq2 += bf16(dp a) K2 (2 GEMMs).
+    `_dkdv_kernel` (key owner): one program per (b, h, BLOCK_N keys) holds K1, K2, V and visits the
+        query blocks from its diagonal to the chunk's end (transposed scores, keys as GEMM rows):
+        dk1 += bf16(dp^T bb^T) Q1, dk2 += bf16(dp^T a^T) Q2, dv += bf16(a^T bb^T) dO (6 GEMMs).
+    Epilogues: grad = inter_grad + c acc (bf16). 11 GEMMs executed for the 8 useful ones.
+Where c goes: on the fp32 accumulator, once, in the epilogue. bf16 and fp32 share one exponent
+range, so rounding a bb (or dp bb) to bf16 before or after scaling by c has the same relative
+error, and large products cannot overflow either; scaling the accumulator costs BLOCK x D
+multiplies per tile instead of one per score, keeps tiny c (1/N) products away from bf16's
+subnormals, and never rounds a c-scaled q or k.
+Masks: tiles are aligned to chunks (C is a multiple of every BLOCK), so a program's key blocks are
+all in its rows' chunk. Rows and keys past N are read as zeros by TMA (3-D view [B, N, H*D], box
+[1, BLOCK, D]: batches never mix) and contribute nothing; stores clip them. Only the causal
+diagonal needs a mask (m <= n).
+Grids: one flat axis 0 (no 65535 limit): B * H * cdiv(N, BLOCK) programs, tiles of a (b, h)
+fastest; row owners visit each chunk's tiles last-first (most key blocks first). N, H and C are
+runtime arguments (not specialized): one compile per (Dq, Dv, tile config). Offsets past 2^31
+elements need no int64 here: TMA coordinates (b, n, h*D) are each small.
+Shapes: any B, N, H; Dq, Dv in {32, 64, 128}; q1, q2, k1, k2 [B, N, H, Dq], v, dout [B, N, H, Dv]
+bf16 contiguous; inter tensors fp32 of the same shapes (read, never written); outputs bf16.
+Warps: 8 (one group, no warp specialization); tiles in `config`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from altattn.registry import CompileConfig
+
+SUPPORTED_D = (32, 64, 128)
+GRADS = ("dq1", "dq2", "dk1", "dk2", "dv")
+_TYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """TMA view of a contiguous [B, N, H, D] tensor as [B, N, H*D], box [1, rows, D]."""
+    B, N, H, D = t.shape
+    return TensorDescriptor(t, shape=[B, N, H * D], strides=[N * H * D, H * D, 1],
+                            block_shape=[1, rows, D])
+
+
+def descriptor_type(dtype: torch.dtype, rows: int, D: int) -> str:
+    """`descriptor`'s Triton signature type (compile configs)."""
+    return f"tensordesc<{_TYPES[dtype]}[1,{rows},{D}]>"
+
+
+# ------------------------------------------------------------------------------------ kernels
+
+@triton.jit
+def _row_tile(N, H, chunk, BLOCK_M: tl.constexpr):
+    """(b, h, first row m0, chunk start c0) of this program of a row-owner launch: the tiles of a
+    (b, h) fastest; inside each chunk the last tile (the most key blocks) first."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(N, BLOCK_M)
+    i = pid % n_m
+    bh = pid // n_m
+    per = chunk // BLOCK_M
+    ci = i // per
+    cnt = tl.minimum(per, n_m - ci * per)  # tiles in this chunk (the last one may be short)
+    mi = ci * per + cnt - 1 - i % per
+    return bh // H, bh % H, mi * BLOCK_M, ci * chunk
+
+
+@triton.jit
+def _row_blocks(m0, c0, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(n_full, n_all) for the row tile at m0: key blocks c0 + j * BLOCK_N, j < n_full wholly
+    below row m0 (no mask), n_full <= j < n_all on the diagonal (mask m <= n)."""
+    return (m0 - c0) // BLOCK_N, tl.cdiv(tl.minimum(m0 + BLOCK_M, N) - c0, BLOCK_N)
+
+
+@triton.jit
+def _fwd_step(acc, q1, q2, K1, K2, V, b, h, x0, rows, DQ: tl.constexpr, DV: tl.constexpr,
+              BLOCK_N: tl.constexpr, MASK: tl.constexpr):
+    """acc += bf16(a bb) V for the key block at x0 (a bb = 0 where m > n if MASK)."""
+    k1 = K1.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ)
+    k2 = K2.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ)
+    v = V.load([b, x0, h * DV]).reshape(BLOCK_N, DV)
+    p = tl.dot(q1, tl.trans(k1)) * tl.dot(q2, tl.trans(k2))
+    if MASK:
+        keys = x0 + tl.arange(0, BLOCK_N)
+        p = tl.where(keys[None, :] <= rows[:, None], p, 0.0)
+    return tl.dot(p.to(tl.bfloat16), v, acc)
+
+
+@triton.jit(do_not_specialize=["N", "H", "chunk"])
+def _fwd_kernel(Q1, Q2, K1, K2, V, Inter, Out, N, H, chunk, c,
+                DQ: tl.constexpr, DV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    b, h, m0, c0 = _row_tile(N, H, chunk, BLOCK_M)
+    n_full, n_all = _row_blocks(m0, c0, N, BLOCK_M, BLOCK_N)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    q1 = Q1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
+    q2 = Q2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
+    acc = tl.zeros([BLOCK_M, DV], tl.float32)
+    for j in range(n_full):  # every row sees every key
+        acc = _fwd_step(acc, q1, q2, K1, K2, V, b, h, c0 + j * BLOCK_N, rows, DQ, DV, BLOCK_N,
+                        False)
+    for j in range(n_full, n_all):  # the diagonal
+        acc = _fwd_step(acc, q1, q2, K1, K2, V, b, h, c0 + j * BLOCK_N, rows, DQ, DV, BLOCK_N,
+                        True)
+    y = Inter.load([b, m0, h * DV]).reshape(BLOCK_M, DV) + c * acc
+    Out.store([b, m0, h * DV], y.to(tl.bfloat16).reshape(1, BLOCK_M, DV))
+
+
+@triton.jit
+def _dq_step(dq1, dq2, q1, q2, do, K1, K2, V, b, h, x0, rows, DQ: tl.constexpr,
+             DV: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
+    """dq1 += bf16(dp bb) K1, dq2 += bf16(dp a) K2 for the key block at x0."""
+    k1 = K1.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ)
+    k2 = K2.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ)
+    v = V.load([b, x0, h * DV]).reshape(BLOCK_N, DV)
+    a = tl.dot(q1, tl.trans(k1))
+    bb = tl.dot(q2, tl.trans(k2))
+    dp = tl.dot(do, tl.trans(v))
+    if MASK:
+        keys = x0 + tl.arange(0, BLOCK_N)
+        dp = tl.where(keys[None, :] <= rows[:, None], dp, 0.0)
+    dq1 = tl.dot((dp * bb).to(tl.bfloat16), k1, dq1)
+    dq2 = tl.dot((dp * a).to(tl.bfloat16), k2, dq2)
+    return dq1, dq2
+
+
+@triton.jit(do_not_specialize=["N", "H", "chunk"])
+def _dq_kernel(Q1, Q2, K1, K2, V, DO, IDQ1, IDQ2, DQ1, DQ2, N, H, chunk, c,
+               DQ: tl.constexpr, DV: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    b, h, m0, c0 = _row_tile(N, H, chunk, BLOCK_M)
+    n_full, n_all = _row_blocks(m0, c0, N, BLOCK_M, BLOCK_N)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    q1 = Q1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
+    q2 = Q2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
+    do = DO.load([b, m0, h * DV]).reshape(BLOCK_M, DV)
+    dq1 = tl.zeros([BLOCK_M, DQ], tl.float32)
+    dq2 = tl.zeros([BLOCK_M, DQ], tl.float32)
+    for j in range(n_full):  # every row sees every key
+        dq1, dq2 = _dq_step(dq1, dq2, q1, q2, do, K1, K2, V, b, h, c0 + j * BLOCK_N, rows,
+                            DQ, DV, BLOCK_N, False)
+    for j in range(n_full, n_all):  # the diagonal
+        dq1, dq2 = _dq_step(dq1, dq2, q1, q2, do, K1, K2, V, b, h, c0 + j * BLOCK_N, rows,
+                            DQ, DV, BLOCK_N, True)
+    g1 = IDQ1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ) + c * dq1
+    DQ1.store([b, m0, h * DQ], g1.to(tl.bfloat16).reshape(1, BLOCK_M, DQ))
+    g2 = IDQ2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ) + c * dq2
+    DQ2.store([b, m0, h * DQ], g2.to(tl.bfloat16).reshape(1, BLOCK_M, DQ))
+
+
+@triton.jit
+def _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m0, keys, DQ: tl.constexpr,
+               DV: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr):
+    """The query block at m0 against the program's keys (keys are the GEMM rows: a^T, bb^T,
+    dp^T are [BLOCK_N, BLOCK_M])."""
+    q1 = Q1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
+    q2 = Q2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
+    do = DO.load([b, m0, h * DV]).reshape(BLOCK_M, DV)
+    at = tl.dot(k1, tl.trans(q1))
+    bt = tl.dot(k2, tl.trans(q2))
+    dpt = tl.dot(v, tl.trans(do))
+    if MASK:  # a^T and dp^T masked: every product below has one of them
+        rows = m0 + tl.arange(0, BLOCK_M)
+        vis = keys[:, None] <= rows[None, :]
+        at = tl.where(vis, at, 0.0)
+        dpt = tl.where(vis, dpt, 0.0)
+    dv = tl.dot((at * bt).to(tl.bfloat16), do, dv)
+    dk1 = tl.dot((dpt * bt).to(tl.bfloat16), q1, dk1)
+    dk2 = tl.dot((dpt * at).to(tl.bfloat16), q2, dk2)
+    return dk1, dk2, dv
+
+
+@triton.jit(do_not_specialize=["N", "H", "chunk"])
+def _dkdv_kernel(Q1, Q2, K1, K2, V, DO, IDK1, IDK2, IDV, DK1, DK2, DV_, N, H, chunk, c,
+                 DQ: tl.constexpr, DV: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    n_n = tl.cdiv(N, BLOCK_N)
+    bh = pid // n_n
+    b = bh // H
+    h = bh % H
+    x0 = (pid % n_n) * BLOCK_N  # key tiles of a chunk: the first (the most query blocks) first
+    hi = tl.minimum(x0 // chunk * chunk + chunk, N)  # the chunk's end
+    m_lo = x0 // BLOCK_M * BLOCK_M
+    n_all = tl.cdiv(hi - m_lo, BLOCK_M)
+    n_diag = tl.minimum(tl.cdiv(x0 + BLOCK_N - m_lo, BLOCK_M), n_all)  # blocks needing m <= n
+    keys = x0 + tl.arange(0, BLOCK_N)
+    k1 = K1.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ)
+    k2 = K2.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ)
+    v = V.load([b, x0, h * DV]).reshape(BLOCK_N, DV)
+    dk1 = tl.zeros([BLOCK_N, DQ], tl.float32)
+    dk2 = tl.zeros([BLOCK_N, DQ], tl.float32)
+    dv = tl.zeros([BLOCK_N, DV], tl.float32)
+    for i in range(n_diag):  # the diagonal
+        dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m_lo + i * BLOCK_M,
+                                  keys, DQ, DV, BLOCK_M, True)
+    for i in range(n_diag, n_all):  # every row sees every key
+        dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m_lo + i * BLOCK_M,
+                                  keys, DQ, DV, BLOCK_M, False)
+    g = IDK1.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ) + c * dk1
+    DK1.store([b, x0, h * DQ], g.to(tl.bfloat16).reshape(1, BLOCK_N, DQ))
+    g = IDK2.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ) + c * dk2
+    DK2.store([b, x0, h * DQ], g.to(tl.bfloat16).reshape(1, BLOCK_N, DQ))
+    g = IDV.load([b, x0, h * DV]).reshape(BLOCK_N, DV) + c * dv
+    DV_.store([b, x0, h * DV], g.to(tl.bfloat16).reshape(1, BLOCK_N, DV))
+
+
+# --------------------------------------------------------------------------------------- host
+
+def config(Dq: int, Dv: int) -> dict:
+    """{"fwd", "dq", "dkdv"} -> BLOCK_M (query rows), BLOCK_N (keys), num_warps, num_stages.
+    Chosen to compile with no spill at every (Dq, Dv) (compile_configs), not yet timed; 8 warps
+    (two warp groups of 64 GEMM rows) everywhere. Dq, Dv <= 64, 3 stages: fwd 128 x 128 (a, bb
+    [128, 128] fp32 and acc in registers: 235-247), dQ 128 rows x 64 keys (a, bb, dp and two
+    [128, Dq] accumulators), dK/dV 128 keys x 64 rows (three [128, D] accumulators, three
+    [128, 64] score tiles). A dimension of 128, 2 stages: narrower tiles keep the accumulators
+    within 255 registers: fwd 128 x 64, dQ 128 x 32 at Dq = 128, dK/dV 128 keys x 32 rows, or
+    64 x 32 once 2 Dq + Dv > 320 accumulator columns (Dq = Dv = 128: 64 x 64 spills or
+    serializes its wgmmas)."""
+    small = max(Dq, Dv) <= 64
+    stages = 3 if small else 2
+    if small:
+        dkdv = (64, 128)
+    else:
+        dkdv = (32, 128) if 2 * Dq + Dv <= 320 else (32, 64)
+    tiles = {"fwd": (128, 128 if small else 64), "dq": (128, 64 if Dq <= 64 else 32),
+             "dkdv": dkdv}
+    return {k: {"BLOCK_M": m, "BLOCK_N": n, "num_warps": 8, "num_stages": stages}
+            for k, (m, n) in tiles.items()}
+
+
+def _check(tensors: dict, dims: dict, chunk: int, cfg: dict) -> None:
+    """Raise ValueError unless tensors (name -> (tensor, dtype, last dim)) are contiguous
+    [B, N, H, last dim] tensors of that dtype with one (B, N, H), dims are supported and chunk
+    is a multiple of cfg's tiles (so tiles never straddle chunks)."""
+    B, N, H, _ = next(iter(tensors.values()))[0].shape
+    for name, (t, dtype, d) in tensors.items():
+        if t.dtype != dtype or tuple(t.shape) != (B, N, H, d) or not t.is_contiguous():
+            raise ValueError(f"{name}: want contiguous {dtype} [{B}, {N}, {H}, {d}], got "
+                             f"{t.dtype} {list(t.shape)} (contiguous: {t.is_contiguous()})")
+    for k, d in dims.items():
+        if d not in SUPPORTED_D:
+            raise ValueError(f"{k} = {d} not in {SUPPORTED_D}")
+    blocks = sorted({c[k] for c in cfg.values() for k in ("BLOCK_M", "BLOCK_N")})
+    if chunk <= 0 or any(chunk % x for x in blocks):
+        raise ValueError(f"chunk = {chunk}: want a multiple of the tiles {blocks} (a power of "
+                         f"two >= 128 suits every default config)")
+
+
+def _launch_args(c: dict) -> dict:
+    return {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"], "num_warps": c["num_warps"],
+            "num_stages": c["num_stages"]}
+
+
+def intra_forward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
+                  v: torch.Tensor, inter: torch.Tensor, out: torch.Tensor, chunk: int, c: float,
+                  cfg: dict | None = None) -> torch.Tensor:
+    """out = inter + c sum_{m in chunk(n), m <= n} (q1[n].k1[m]) (q2[n].k2[m]) v[m].
+    q1, q2, k1, k2 [B, N, H, Dq], v [B, N, H, Dv] bf16; inter fp32 [B, N, H, Dv] (read only);
+    out bf16 [B, N, H, Dv] (written); all contiguous, on one GPU. Returns out.
+    cfg: config(Dq, Dv) or another tile config (tuning)."""
+    Dq, Dv = q1.shape[-1], v.shape[-1]
+    cfg = cfg or config(Dq, Dv)
+    bf, f32 = torch.bfloat16, torch.float32
+    _check({"q1": (q1, bf, Dq), "q2": (q2, bf, Dq), "k1": (k1, bf, Dq), "k2": (k2, bf, Dq),
+            "v": (v, bf, Dv), "inter": (inter, f32, Dv), "out": (out, bf, Dv)},
+           {"Dq": Dq, "Dv": Dv}, chunk, {"fwd": cfg["fwd"]})
+    B, N, H, _ = q1.shape
+    if out.numel() == 0:
+        return out
+    f = cfg["fwd"]
+    bm, bn = f["BLOCK_M"], f["BLOCK_N"]
+    _fwd_kernel[(B * H * triton.cdiv(N, bm),)](
+        descriptor(q1, bm), descriptor(q2, bm), descriptor(k1, bn), descriptor(k2, bn),
+        descriptor(v, bn), descriptor(inter, bm), descriptor(out, bm), N, H, chunk, float(c),
+        DQ=Dq, DV=Dv, **_launch_args(f))
+    return out
+
+
+def intra_backward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
+                   v: torch.Tensor, dout: torch.Tensor, inter_grads: dict, grads: dict,
+                   chunk: int, c: float, cfg: dict | None = None) -> dict:
+    """grads[g] = inter_grads[g] + the intra-chunk part of g, for g in dq1, dq2, dk1, dk2, dv
+    (the module docstring's formulas). Inputs as intra_forward's, dout bf16 [B, N, H, Dv];
+    inter_grads: fp32 tensors of the inputs' shapes (read only); grads: bf16 tensors of the same
+    shapes (written). Returns grads."""
+    Dq, Dv = q1.shape[-1], v.shape[-1]
+    cfg = cfg or config(Dq, Dv)
+    bf, f32 = torch.bfloat16, torch.float32
+    dims = {"dq1": Dq, "dq2": Dq, "dk1": Dq, "dk2": Dq, "dv": Dv}
+    if set(inter_grads) != set(GRADS) or set(grads) != set(GRADS):
+        raise ValueError(f"inter_grads and grads: want the keys {GRADS}, got "
+                         f"{sorted(inter_grads)} and {sorted(grads)}")
+    tensors = {"q1": (q1, bf, Dq), "q2": (q2, bf, Dq), "k1": (k1, bf, Dq), "k2": (k2, bf, Dq),
+               "v": (v, bf, Dv), "dout": (dout, bf, Dv)}
+    tensors.update({f"inter_grads[{g}]": (inter_grads[g], f32, d) for g, d in dims.items()})
+    tensors.update({f"grads[{g}]": (grads[g], bf, d) for g, d in dims.items()})
+    _check(tensors, {"Dq": Dq, "Dv": Dv}, chunk, {k: cfg[k] for k in ("dq", "dkdv")})
+    B, N, H, _ = q1.shape
+    if q1.numel() == 0:
+        return grads
+    ig, g = inter_grads, grads
+    f = cfg["dkdv"]
+    bm, bn = f["BLOCK_M"], f["BLOCK_N"]
+    _dkdv_kernel[(B * H * triton.cdiv(N, bn),)](
+        descriptor(q1, bm), descriptor(q2, bm), descriptor(k1, bn), descriptor(k2, bn),
+        descriptor(v, bn), descriptor(dout, bm), descriptor(ig["dk1"], bn),
+        descriptor(ig["dk2"], bn), descriptor(ig["dv"], bn), descriptor(g["dk1"], bn),
+        descriptor(g["dk2"], bn), descriptor(g["dv"], bn), N, H, chunk, float(c),
+        DQ=Dq, DV=Dv, **_launch_args(f))
+    f = cfg["dq"]
+    bm, bn = f["BLOCK_M"], f["BLOCK_N"]
+    _dq_kernel[(B * H * triton.cdiv(N, bm),)](
+        descriptor(q1, bm), descriptor(q2, bm), descriptor(k1, bn), descriptor(k2, bn),
+        descriptor(v, bn), descriptor(dout, bm), descriptor(ig["dq1"], bm),
+        descriptor(ig["dq2"], bm), descriptor(g["dq1"], bm), descriptor(g["dq2"], bm),
+        N, H, chunk, float(c), DQ=Dq, DV=Dv, **_launch_args(f))
+    return grads
+
+
+# ------------------------------------------- compile configs (profiling.resources, no GPU needed)
+
+def _signature(kernel: str, Dq: int, Dv: int, bm: int, bn: int) -> dict:
+    bf, f32 = torch.bfloat16, torch.float32
+    q, k = descriptor_type(bf, bm, Dq), descriptor_type(bf, bn, Dq)
+    sig = {"Q1": q, "Q2": q, "K1": k, "K2": k, "V": descriptor_type(bf, bn, Dv)}
+    if kernel == "fwd":
+        sig.update(Inter=descriptor_type(f32, bm, Dv), Out=descriptor_type(bf, bm, Dv))
+    elif kernel == "dq":
+        sig.update(DO=descriptor_type(bf, bm, Dv), IDQ1=descriptor_type(f32, bm, Dq),
+                   IDQ2=descriptor_type(f32, bm, Dq), DQ1=q, DQ2=q)
+    else:
+        sig.update(DO=descriptor_type(bf, bm, Dv), IDK1=descriptor_type(f32, bn, Dq),
+                   IDK2=descriptor_type(f32, bn, Dq), IDV=descriptor_type(f32, bn, Dv),
+                   DK1=k, DK2=k, DV_=descriptor_type(bf, bn, Dv))
+    sig.update(N="i32", H="i32", chunk="i32", c="fp32")
+    return sig
+
+
+KERNELS = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}
+
+
+def compile_configs(dims=((32, 32), (64, 64))) -> list[CompileConfig]:
+    """One CompileConfig per kernel (fwd, dq, dkdv) and (Dq, Dv) in dims, with config(Dq, Dv)."""
+    out = []
+    for Dq, Dv in dims:
+        for name, fn in KERNELS.items():
+            c = config(Dq, Dv)[name]
+            bm, bn = c["BLOCK_M"], c["BLOCK_N"]
+            consts = {"DQ": Dq, "DV": Dv, "BLOCK_M": bm, "BLOCK_N": bn}
+            sig = {**_signature(name, Dq, Dv, bm, bn), **{k: "constexpr" for k in consts}}
+            out.append(CompileConfig(f"{name}_Dq{Dq}_Dv{Dv}_M{bm}_N{bn}", fn, sig, consts,
+                                     c["num_warps"], c["num_stages"]))
+    return out
