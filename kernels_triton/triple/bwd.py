@@ -25,15 +25,19 @@ def grad_state(spec, q1, q2, dout, dstate, profile: bool = False):
     return dS if dstate is None else dS.add_(dstate)
 
 
-def gradients(spec, q1, q2, k1, k2, v, dout, S, dS, grads, profile: bool = False) -> None:
-    """The five applies above into grads (dq1, dq2, dk1, dk2, dv); S and dS [B, H, i, j, k]
-    fp32."""
+def gradients(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads, c_S: float, c_dS: float,
+              chunk: int = 0, profile: bool = False) -> None:
+    """The five applies above into grads (dq1, dq2, dk1, dk2, dv). S_slab(order) and
+    dS_slab(order) give the bf16 slabs (host.slab) of S and dS, made one at a time as each apply
+    needs them; c_S and c_dS scale the applies that read them; chunk > 0: one slab per chunk
+    (causal.py)."""
     dq1, dq2, dk1, dk2, dv = grads
-    c = spec.scale
-    for x, y, w, order, g, scale in ((q2, dout, S, "jki", dq1, 1.0), (dout, q1, S, "ijk", dq2, 1.0),
-                                     (k2, v, dS, "jki", dk1, c), (v, k1, dS, "ijk", dk2, c),
-                                     (k2, k1, dS, "ikj", dv, c)):
-        host.apply(x, y, host.slab(w, order), g, scale, profile=profile)
+    for x, y, w, order, g, scale in ((q2, dout, S_slab, "jki", dq1, c_S),
+                                     (dout, q1, S_slab, "ijk", dq2, c_S),
+                                     (k2, v, dS_slab, "jki", dk1, c_dS),
+                                     (v, k1, dS_slab, "ijk", dk2, c_dS),
+                                     (k2, k1, dS_slab, "ikj", dv, c_dS)):
+        host.apply(x, y, w(order), g, scale, chunk=chunk, profile=profile)
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
@@ -46,7 +50,8 @@ def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
         causal.backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile)
         return
     dS = grad_state(spec, q1, q2, dout, dstate, profile)
-    gradients(spec, q1, q2, k1, k2, v, dout, state, dS, grads, profile)
+    gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(state, o), lambda o: host.slab(dS, o),
+              grads, 1.0, spec.scale, profile=profile)
 
 
 def compile_configs():

@@ -26,29 +26,12 @@ from kernels_triton.triple import host, intra
 CHUNK = 2048
 
 
-def _prefix_slab(P, order: str):
-    """bf16 slabs (host.slab's `order`) of the exclusive prefix sums of P over its chunk axis (2):
-    slab c holds chunks 0 .. c-1 (P is overwritten by its inclusive sums; one copy pass)."""
-    P.cumsum_(2)
-    return _shifted_slab(P, order, 1)
-
-
 def _suffix(P, dstate):
     """The exclusive suffix sums of P over its chunk axis, plus dstate: total - inclusive prefix,
     in place (fp32)."""
     P.cumsum_(2)
     torch.sub(P[:, :, -1:].clone(), P, out=P)
     return P if dstate is None else P.add_(dstate[:, :, None])
-
-
-def _shifted_slab(P, order: str, shift: int):
-    """host.slab of P with chunk c taken from chunk c - shift (zeros before the first)."""
-    perm = [P.dim() - 3 + "ijk".index(a) for a in order]
-    view = P.permute(*range(P.dim() - 3), *perm)
-    W = torch.empty(view.shape, device=P.device, dtype=torch.bfloat16)
-    W[:, :, :shift] = 0
-    W[:, :, shift:].copy_(view[:, :, :-shift])
-    return W
 
 
 def _chunk_states(x1, y, x2, N: int, chunk: int):
@@ -59,7 +42,7 @@ def forward(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> N
     C = CHUNK
     P = _chunk_states(k1, v, k2, spec.N, C)
     out_state.copy_(P.sum(2)).mul_(spec.scale)
-    W = _prefix_slab(P, "ikj")  # unscaled: apply multiplies by c
+    W = host.slab(P.cumsum_(2), "ikj", shift=1)  # exclusive prefix sums; apply scales by c
     del P
     inter = torch.empty(out.shape, device=out.device, dtype=torch.float32)
     host.apply(q2, q1, W, inter, spec.scale, chunk=C, profile=profile)
@@ -67,21 +50,16 @@ def forward(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> N
 
 
 def backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile: bool = False) -> None:
-    """FAMILIES.md's gradients with S the prefix states (unscaled here, so the dQ applies take
-    c) and dS the suffix ones, then intra.py's pairs inside each chunk."""
+    """FAMILIES.md's gradients (bwd.gradients) with S the prefix states (unscaled here, so the dQ
+    applies take c) and dS the suffix ones, then intra.py's pairs inside each chunk."""
+    from kernels_triton.triple.bwd import gradients
     c, C = spec.scale, CHUNK
-    P = _chunk_states(k1, v, k2, spec.N, C)
-    S_jki, S_ijk = _prefix_slab(P, "jki"), _shifted_slab(P, "ijk", 1)
-    del P
+    P = _chunk_states(k1, v, k2, spec.N, C).cumsum_(2)
     dS = _suffix(_chunk_states(q1, dout, q2, spec.N, C), dstate)
     inter = [torch.empty(g.shape, device=g.device, dtype=torch.float32) for g in grads]
-    dq1, dq2, dk1, dk2, dv = inter
-    for x, y, w, g, scale in ((q2, dout, S_jki, dq1, c), (dout, q1, S_ijk, dq2, c),
-                              (k2, v, host.slab(dS, "jki"), dk1, c),
-                              (v, k1, host.slab(dS, "ijk"), dk2, c),
-                              (k2, k1, host.slab(dS, "ikj"), dv, c)):
-        host.apply(x, y, w, g, scale, chunk=C, profile=profile)
-    del dS, S_jki, S_ijk
+    gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(P, o, shift=1),
+              lambda o: host.slab(dS, o), inter, c, c, chunk=C, profile=profile)
+    P = dS = None  # free the chunk states before the intra kernels
     names = ("dq1", "dq2", "dk1", "dk2", "dv")
     intra.intra_backward(q1, q2, k1, k2, v, dout, dict(zip(names, inter)),
                          dict(zip(names, grads)), C, c)

@@ -93,12 +93,19 @@ def apply(x, y, w, out, c: float, chunk: int = 0, profile: bool = False) -> None
                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
-def slab(state, order: str) -> torch.Tensor:
+def slab(state, order: str, shift: int = 0) -> torch.Tensor:
     """The bf16 copy of state [..., i, j, k] (fp32) that `apply` reads as W[p, x, o], the axes in
-    `order` (e.g. "ikj": W[i, k, j] = state[i, j, k])."""
+    `order` (e.g. "ikj": W[i, k, j] = state[i, j, k]); one copy pass. shift > 0: state has a chunk
+    axis (2), and slab c is chunk c - shift of state (zeros before the first): causal.py's
+    exclusive prefix sums from inclusive ones."""
     perm = [state.dim() - 3 + "ijk".index(a) for a in order]
     view = state.permute(*range(state.dim() - 3), *perm)
-    return torch.empty(view.shape, device=state.device, dtype=torch.bfloat16).copy_(view)
+    W = torch.empty(view.shape, device=state.device, dtype=torch.bfloat16)
+    if not shift:
+        return W.copy_(view)
+    W[:, :, :shift] = 0
+    W[:, :, shift:].copy_(view[:, :, :-shift])
+    return W
 
 
 # ---- compile configs (profiling.resources; CI compiles them for sm_90a without a GPU) ----------
