@@ -313,7 +313,7 @@ def test_pass_inputs_match_the_passes(kernels):
 def test_the_family_is_registered():
     assert altattn.families()["triple"] == "triple attention"
     assert altattn.variants("triple", "fwd") == altattn.triple.variants("fwd")
-    assert set(altattn.variants("triple", "bwd")) == {"triton"}
+    assert set(altattn.variants("triple", "bwd")) == {"tlx", "triton"}
     fam = registry.get_family("triple")
     assert set(fam.scopes.values()) <= set(registry.SCOPE_ROLES)
     assert {p.name for p in fam.peers} == {"materialised", "torch_einsum"}

@@ -18,10 +18,11 @@ from kernels_triton.triple import host
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
 
 
-def grad_state(spec, q1, q2, dout, dstate, profile: bool = False):
-    """dS [B, H, Dq, Dv, Dq] fp32 = sum_n Q1[n] (x) dO[n] (x) Q2[n] (+ dstate)."""
-    splits = host.n_splits(spec.B, spec.H, spec.N, spec.Dq, spec.Dv, q1.device)
-    dS = host.partials(q1, dout, q2, splits, profile=profile).sum(2)
+def grad_state(spec, q1, q2, dout, dstate, profile: bool = False, impl=host):
+    """dS [B, H, Dq, Dv, Dq] fp32 = sum_n Q1[n] (x) dO[n] (x) Q2[n] (+ dstate); impl as in
+    fwd.state."""
+    splits = impl.n_splits(spec.B, spec.H, spec.N, spec.Dq, spec.Dv, spec.Dq, q1.device)
+    dS = impl.partials(q1, dout, q2, splits, profile=profile).sum(2)
     return dS if dstate is None else dS.add_(dstate)
 
 
@@ -41,15 +42,15 @@ def gradients(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads, c_S: float, c_dS:
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
-           profile: bool = False) -> None:
+           profile: bool = False, impl=host) -> None:
     """The five input gradients (bf16, the inputs' shapes) given the forward's state and the
-    incoming dout (and dstate, or None)."""
+    incoming dout (and dstate, or None); impl as in fwd.state."""
     grads = (dq1, dq2, dk1, dk2, dv)
     if spec.causal:
         from kernels_triton.triple import causal
-        causal.backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile)
+        causal.backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile, impl)
         return
-    dS = grad_state(spec, q1, q2, dout, dstate, profile)
+    dS = grad_state(spec, q1, q2, dout, dstate, profile, impl)
     gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(state, o), lambda o: host.slab(dS, o),
               grads, 1.0, spec.scale, profile=profile)
 

@@ -34,13 +34,14 @@ def _suffix(P, dstate):
     return P if dstate is None else P.add_(dstate[:, :, None])
 
 
-def _chunk_states(x1, y, x2, N: int, chunk: int):
-    return host.partials(x1, y, x2, max(1, -(-N // chunk)), split_len=chunk)
+def _chunk_states(x1, y, x2, N: int, chunk: int, impl):
+    """Each chunk's sum (`partials` with one split per chunk; impl as in fwd.state)."""
+    return impl.partials(x1, y, x2, max(1, -(-N // chunk)), split_len=chunk)
 
 
-def forward(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> None:
+def forward(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False, impl=host) -> None:
     C = CHUNK
-    P = _chunk_states(k1, v, k2, spec.N, C)
+    P = _chunk_states(k1, v, k2, spec.N, C, impl)
     out_state.copy_(P.sum(2)).mul_(spec.scale)
     W = host.slab(P.cumsum_(2), "ikj", shift=1)  # exclusive prefix sums; apply scales by c
     del P
@@ -49,13 +50,14 @@ def forward(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> N
     intra.intra_forward(q1, q2, k1, k2, v, inter, out, C, spec.scale)
 
 
-def backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile: bool = False) -> None:
+def backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile: bool = False,
+             impl=host) -> None:
     """FAMILIES.md's gradients (bwd.gradients) with S the prefix states (unscaled here, so the dQ
     applies take c) and dS the suffix ones, then intra.py's pairs inside each chunk."""
     from kernels_triton.triple.bwd import gradients
     c, C = spec.scale, CHUNK
-    P = _chunk_states(k1, v, k2, spec.N, C).cumsum_(2)
-    dS = _suffix(_chunk_states(q1, dout, q2, spec.N, C), dstate)
+    P = _chunk_states(k1, v, k2, spec.N, C, impl).cumsum_(2)
+    dS = _suffix(_chunk_states(q1, dout, q2, spec.N, C, impl), dstate)
     inter = [torch.empty(g.shape, device=g.device, dtype=torch.float32) for g in grads]
     gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(P, o, shift=1),
               lambda o: host.slab(dS, o), inter, c, c, chunk=C, profile=profile)

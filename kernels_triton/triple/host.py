@@ -50,10 +50,10 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def n_splits(B: int, H: int, N: int, d1: int, dy: int, device) -> int:
+def n_splits(B: int, H: int, N: int, d1: int, dy: int, d2: int, device) -> int:
     """Splits of N for `partials`: about WAVES programs per multiprocessor, each at least one
     BLOCK_N step. A function of the shape and the device only (results are bitwise repeatable)."""
-    tiles = B * H * (d1 // partials_config(d1, dy, d1)["BI"])
+    tiles = B * H * (d1 // partials_config(d1, dy, d2)["BI"])
     want = triton.cdiv(WAVES * _sm_count(device.index or 0), max(tiles, 1))
     return max(1, min(want, triton.cdiv(N, BLOCK_N)))
 

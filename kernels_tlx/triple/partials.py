@@ -1,0 +1,256 @@
+"""TLX `partials`: the state's split-N partial sums (kernels_triton/triple/core.py's contraction),
+warp-specialized, with the built operand in registers.
+
+    P[b, h, s, i, j, k] = sum_{n in split s} X1[n, i] Y[n, j] X2[n, k]          (fp32)
+
+One GEMM per value of i: acc_i [j, k] += A_i [j, n] @ X2 [n, k] with A_i = Y^T scaled column-wise
+by X1[:, i] (bf16): Y^T is read from shared memory once per token tile straight into the wgmma
+A-fragment layout (ldmatrix, transposed) and each A_i costs one HMUL2 per register pair; B = the
+X2 tile, in shared memory. No operand goes through shared memory twice.
+
+Warp groups of one CTA (a block of BI values of i, one split of N, one (b, h)):
+- producer ("default", 4 warps): TMA-loads the Y, X2 and X1 (the block's BI columns, at least 8
+  for TMA's 16-byte rows) tiles of BN tokens into rings of NUM_BUFFERS slots.
+- two consumer warp groups: each owns 64 rows of j and ACC values of i (ACC accumulators
+  [64, D2] fp32); per token tile it issues its ACC wgmmas and waits for them.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from altattn.registry import CompileConfig
+from kernels_triton.triple import host as triton_host
+from kernels_tlx.consumers import NUM_CONSUMERS
+
+ROWS = tl.constexpr(64)    # rows of j per consumer (one wgmma M)
+BF16 = tl.constexpr(2)
+BN = tl.constexpr(64)      # tokens per step (the GEMM's K)
+# The wgmma A-fragment layout of a [64, BN] bf16 operand (4 warps, 16 rows each; a thread holds
+# rows r, r + 8 and columns c, c + 1, c + 8, c + 9 of each 16-column step), as flat offsets
+# row * BN + column: lane bits 0-1 -> columns 2, 4; lane bits 2-4 -> rows 1, 2, 4; warp bits ->
+# rows 16, 32; register bits -> column 1, row 8, columns 8, 16, 32
+A_LAYOUT = tlx.layout(shape=((4, 8, 4), (2, 2, 8)), stride=((2, 64, 1024), (1, 512, 8)))
+
+
+@triton.jit
+def _column_factor(like, ptr):
+    """A [64, BN] bf16 tensor in A_LAYOUT (like `like`) holding X1[n, i] at every row of column n:
+    the thread's 16 values are 32 contiguous bytes of the permuted copy of X1 (`permute_x1`)
+    at ptr + 32 * (lane % 4), read by two 16-byte loads; each word serves rows r and r + 8."""
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .u32 lane;
+        .reg .u64 off, p;
+        mov.u32 lane, %laneid;
+        and.b32 lane, lane, 3;
+        mul.wide.u32 off, lane, 32;
+        add.s64 p, $32, off;
+        ld.global.nc.v4.b32 {$0, $2, $4, $6}, [p];
+        ld.global.nc.v4.b32 {$8, $10, $12, $14}, [p + 16];
+        mov.b32 $1, $0;
+        mov.b32 $3, $2;
+        mov.b32 $5, $4;
+        mov.b32 $7, $6;
+        mov.b32 $9, $8;
+        mov.b32 $11, $10;
+        mov.b32 $13, $12;
+        mov.b32 $15, $14;
+        }
+        """,
+        "=r," * 16 + "r," * 16 + ",".join(["l"] * 32),
+        [like, ptr.to(tl.int64)], dtype=tl.bfloat16, is_pure=True, pack=32)
+
+
+@triton.jit
+def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
+                       H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
+                       BI: tl.constexpr, ACC: tl.constexpr,
+                       NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr):
+    NJB: tl.constexpr = DY // ROWS
+    tl.static_assert(NJB * (BI // ACC) == NUM_CONSUMERS, "consumers = j blocks x i groups")
+    tl.static_assert(ACC <= 4, "at most four accumulators")
+    NIB: tl.constexpr = D1 // BI
+    pid = tl.program_id(0)
+    ib = pid % NIB
+    rest = pid // NIB
+    s = rest % n_splits
+    bh = rest // n_splits
+    b = bh // H
+    h = bh % H
+    start = s * split_len
+    end = tl.minimum(start + split_len, N)
+    n_steps = tl.cdiv(tl.maximum(end - start, 0), BN)
+
+    y_tiles = tlx.local_alloc((BN, DY), tl.bfloat16, NUM_BUFFERS)
+    x2_tiles = tlx.local_alloc((BN, D2), tl.bfloat16, NUM_BUFFERS)
+    fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS, arrive_count=1)
+    empties = tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS, num_warps=4 * NUM_CONSUMERS)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):
+            for t in range(n_steps):
+                buf = t % NUM_BUFFERS
+                tlx.barrier_wait(tlx.local_view(empties, buf), ((t // NUM_BUFFERS) & 1) ^ 1)
+                full = tlx.local_view(fulls, buf)
+                tlx.barrier_expect_bytes(full, BN * (DY + D2) * BF16)
+                n0 = start + t * BN
+                tlx.async_descriptor_load(Yd, tlx.local_view(y_tiles, buf), [b, n0, h * DY], full)
+                tlx.async_descriptor_load(X2d, tlx.local_view(x2_tiles, buf), [b, n0, h * D2],
+                                          full)
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            jb: tl.constexpr = cid % NJB
+            i0: tl.constexpr = (cid // NJB) * ACC
+            acc0 = tl.zeros([ROWS, D2], tl.float32)
+            acc1 = tl.zeros([ROWS, D2], tl.float32)
+            acc2 = tl.zeros([ROWS, D2], tl.float32)
+            acc3 = tl.zeros([ROWS, D2], tl.float32)
+            for t in range(n_steps):
+                buf = t % NUM_BUFFERS
+                tlx.barrier_wait(tlx.local_view(fulls, buf), (t // NUM_BUFFERS) & 1)
+                y = tlx.local_slice(tlx.local_view(y_tiles, buf), [0, jb * ROWS], [BN, ROWS])
+                vt = tlx.local_load(tlx.local_trans(y), layout=A_LAYOUT)
+                x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)
+                x2 = tlx.local_view(x2_tiles, buf)
+                acc0 = tlx.async_dot(vt * _column_factor(vt, x1p + 0 * NP), x2,
+                                           acc0)
+                if ACC > 1:
+                    acc1 = tlx.async_dot(vt * _column_factor(vt, x1p + 1 * NP), x2,
+                                           acc1)
+                if ACC > 2:
+                    acc2 = tlx.async_dot(vt * _column_factor(vt, x1p + 2 * NP), x2,
+                                           acc2)
+                    acc3 = tlx.async_dot(vt * _column_factor(vt, x1p + 3 * NP), x2,
+                                           acc3)
+                acc0 = tlx.async_dot_wait(0, acc0)  # every wgmma of the step
+                if ACC > 1:
+                    acc1 = tlx.async_dot_wait(0, acc1)
+                if ACC > 2:
+                    acc2 = tlx.async_dot_wait(0, acc2)
+                    acc3 = tlx.async_dot_wait(0, acc3)
+                tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
+            # P[b, h, s, i, j, k]: rows j of this consumer, columns k
+            r = jb * ROWS + tl.arange(0, ROWS)
+            k = tl.arange(0, D2)
+            base = ((bh.to(tl.int64) * n_splits + s) * D1 + ib * BI + i0) * (DY * D2)
+            offs = r[:, None] * D2 + k[None, :]
+            tl.store(P + base + offs, acc0)
+            if ACC > 1:
+                tl.store(P + base + DY * D2 + offs, acc1)
+            if ACC > 2:
+                tl.store(P + base + 2 * DY * D2 + offs, acc2)
+                tl.store(P + base + 3 * DY * D2 + offs, acc3)
+
+
+# ---- host side ---------------------------------------------------------------------------------
+
+def takes(dy: int) -> bool:
+    """Y's width must fill wgmma rows: 64 or 128 (elsewhere `partials` is the Triton kernel's)."""
+    return dy in (64, 128)
+
+
+def config(d1: int, dy: int, d2: int) -> dict:
+    """ACC accumulators [64, D2] per consumer (at most 128 fp32 registers), BI values of i per
+    CTA: the consumers split Y's 64-row blocks, then the values of i."""
+    acc = min(4, 256 // d2)
+    bi = acc * int(NUM_CONSUMERS) // (dy // int(ROWS))
+    return {"BI": min(bi, d1), "ACC": acc, "NUM_BUFFERS": 3, "CONSUMER_REGS": 240,
+            "num_warps": 4, "num_stages": 1}
+
+
+@triton.jit
+def _permute_kernel(X1, X1P, N, NP, H: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One BN-token run of one (b, h): X1P[b, h, i, run + pos(t)] = X1[b, run + t, h, i], with
+    t = 16 ks + 8 hi + 2 g + e  ->  pos(t) = 16 g + 4 ks + 2 hi + e (zeros past N)."""
+    run = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    p = tl.arange(0, BLOCK_N)
+    # the token at position p (the inverse of pos): loads stay whole rows, stores contiguous runs
+    n = run * BLOCK_N + 16 * ((p >> 2) & 3) + 8 * ((p >> 1) & 1) + 2 * (p >> 4) + (p & 1)
+    i = tl.arange(0, D1)
+    x = tl.load(X1 + ((b.to(tl.int64) * N + n[:, None]) * H + h) * D1 + i[None, :],
+                mask=n[:, None] < N, other=0.0)
+    dst = (bh.to(tl.int64) * D1 + i[:, None]) * NP + run * BLOCK_N + p[None, :]
+    tl.store(X1P + dst, tl.trans(x))
+
+
+def permute_x1(x1):
+    """X1 [B, N, H, D1] -> [B, H, D1, NP] (NP = N rounded up to BN, zero tail), each BN-token
+    run permuted so that a consumer thread's 16 values (tokens 2g, 2g + 1 + 8m, m < 8, of lane
+    group g = lane % 4) are 32 contiguous bytes, in the order of its A-fragment registers
+    (`_column_factor`). One pass over X1."""
+    B, N, H, D1 = x1.shape
+    bn = int(BN)
+    NP = triton.cdiv(max(N, 1), bn) * bn
+    x1p = torch.empty(B, H, D1, NP, device=x1.device, dtype=x1.dtype)
+    if B * H:
+        _permute_kernel[(NP // bn, B * H)](x1, x1p, N, NP, H=H, D1=D1, BLOCK_N=bn, num_warps=4)
+    return x1p
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def n_splits(B: int, H: int, N: int, d1: int, dy: int, d2: int, device) -> int:
+    """One CTA per multiprocessor: splits of N so that the programs just fill the GPU once
+    (2 at T2: 128 programs on 132 multiprocessors; measured 436-439 TFLOPS at 1, 2 and 4)."""
+    if not takes(dy):
+        return triton_host.n_splits(B, H, N, d1, dy, d2, device)
+    tiles = B * H * (d1 // config(d1, dy, d2)["BI"])
+    return max(1, min(_sm_count(device.index or 0) // max(tiles, 1), triton.cdiv(N, int(BN))))
+
+
+def _descriptor(t):
+    B, L, H, D = t.shape
+    return TensorDescriptor(t, shape=[B, L, H * D], strides=[L * H * D, H * D, 1],
+                            block_shape=[1, int(BN), D])
+
+
+def partials(x1, y, x2, splits: int, split_len: int | None = None, profile: bool = False):
+    """P [B, H, splits, D1, DY, D2] fp32: kernels_triton.triple.host.partials' contract (the
+    Triton kernel where `takes` says no; `profile` is the Triton kernel's only)."""
+    B, N, H, d1 = x1.shape
+    dy, d2 = y.shape[-1], x2.shape[-1]
+    if not takes(dy):
+        return triton_host.partials(x1, y, x2, splits, split_len, profile)
+    cfg = config(d1, dy, d2)
+    bn = int(BN)
+    if split_len is None:
+        split_len = triton.cdiv(triton.cdiv(N, splits), bn) * bn
+    assert split_len % bn == 0, split_len
+    x1p = permute_x1(x1)
+    P = torch.empty(B, H, splits, d1, dy, d2, device=x1.device, dtype=torch.float32)
+    grid = (B * H * splits * (d1 // cfg["BI"]),)
+    partials_ws_kernel[grid](x1p, _descriptor(y), _descriptor(x2), P, N, x1p.shape[-1], split_len,
+                             splits, H=H, D1=d1, DY=dy, D2=d2, BI=cfg["BI"], ACC=cfg["ACC"],
+                             NUM_BUFFERS=cfg["NUM_BUFFERS"], CONSUMER_REGS=cfg["CONSUMER_REGS"],
+                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return P
+
+
+def compile_configs() -> list[CompileConfig]:
+    """The kernel at every (D1, DY, D2) the passes launch it with (DY 64 and 128)."""
+    out = []
+    for d1, dy, d2 in ((64, 64, 64), (128, 128, 128), (32, 64, 32), (64, 128, 64), (128, 64, 128)):
+        cfg = config(d1, dy, d2)
+        consts = {"H": 8, "D1": d1, "DY": dy, "D2": d2, "BI": cfg["BI"], "ACC": cfg["ACC"],
+                  "NUM_BUFFERS": cfg["NUM_BUFFERS"], "CONSUMER_REGS": cfg["CONSUMER_REGS"]}
+        sig = {"X1P": "*bf16", "Yd": f"tensordesc<bf16[1,{int(BN)},{dy}]>",
+               "X2d": f"tensordesc<bf16[1,{int(BN)},{d2}]>", "P": "*fp32", "N": "i32",
+               "NP": "i32", "split_len": "i32", "n_splits": "i32",
+               **{k: "constexpr" for k in consts}}
+        out.append(CompileConfig(f"partials_ws_D{d1}x{dy}x{d2}", partials_ws_kernel, sig, consts,
+                                 cfg["num_warps"], cfg["num_stages"]))
+    return out
