@@ -9,10 +9,14 @@ A-fragment layout (ldmatrix, transposed) and each A_i costs one HMUL2 per regist
 X2 tile, in shared memory. No operand goes through shared memory twice.
 
 Warp groups of one CTA (a block of BI values of i, one split of N, one (b, h)):
-- producer ("default", 4 warps): TMA-loads the Y, X2 and X1 (the block's BI columns, at least 8
-  for TMA's 16-byte rows) tiles of BN tokens into rings of NUM_BUFFERS slots.
+- producer ("default", 4 warps): TMA-loads the Y and X2 tiles of BN tokens into rings of
+  NUM_BUFFERS slots (full / empty mbarriers).
 - two consumer warp groups: each owns 64 rows of j and ACC values of i (ACC accumulators
-  [64, D2] fp32); per token tile it issues its ACC wgmmas and waits for them.
+  [64, D2] fp32); per token tile it loads Y^T, reads its X1 columns from global memory (L1/L2:
+  the permuted copy, `permute_x1`, made by one pass before the launch), issues its ACC x BN/16
+  wgmmas and waits for them, then frees the slot.
+Splits of N are summed by the caller in a fixed order (bitwise repeatable). Only Y widths of 64
+and 128 (`takes`): a wgmma A operand has 64 rows.
 """
 from __future__ import annotations
 
@@ -40,19 +44,26 @@ A_LAYOUT = tlx.layout(shape=((4, 8, 4), (2, 2, 8)), stride=((2, 64, 1024), (1, 5
 
 
 @triton.jit
-def _column_factor(like, ptr):
+def column_factor(like, ptr, pair=0):
     """A [64, BN] bf16 tensor in A_LAYOUT (like `like`) holding X1[n, i] at every row of column n:
     the thread's 16 values are 32 contiguous bytes of the permuted copy of X1 (`permute_x1`)
-    at ptr + 32 * (lane % 4), read by two 16-byte loads; each word serves rows r and r + 8."""
+    at ptr + 32 * (lane % 4), read by two 16-byte loads; each word serves rows r and r + 8.
+    pair: a byte offset the rows 32-63 (warps 2 and 3 of the warp group) add to ptr, so that
+    they read the next value of i (partials_pairs.py; 0 here)."""
     return tl.inline_asm_elementwise(
         """
         {
-        .reg .u32 lane;
+        .reg .u32 lane, warp;
         .reg .u64 off, p;
+        .reg .pred upper;
         mov.u32 lane, %laneid;
         and.b32 lane, lane, 3;
         mul.wide.u32 off, lane, 32;
         add.s64 p, $32, off;
+        mov.u32 warp, %tid.x;
+        bfe.u32 warp, warp, 5, 2;
+        setp.ge.u32 upper, warp, 2;
+        @upper add.s64 p, p, $64;
         ld.global.nc.v4.b32 {$0, $2, $4, $6}, [p];
         ld.global.nc.v4.b32 {$8, $10, $12, $14}, [p + 16];
         mov.b32 $1, $0;
@@ -65,8 +76,8 @@ def _column_factor(like, ptr):
         mov.b32 $15, $14;
         }
         """,
-        "=r," * 16 + "r," * 16 + ",".join(["l"] * 32),
-        [like, ptr.to(tl.int64)], dtype=tl.bfloat16, is_pure=True, pack=32)
+        "=r," * 16 + "r," * 16 + ",".join(["l"] * 64),
+        [like, ptr.to(tl.int64), tl.cast(pair, tl.int64)], dtype=tl.bfloat16, is_pure=True, pack=32)
 
 
 @triton.jit
@@ -74,7 +85,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                        H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
                        BI: tl.constexpr, ACC: tl.constexpr,
                        NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr):
-    NJB: tl.constexpr = DY // ROWS
+    NJB: tl.constexpr = DY // ROWS       # 64-row blocks of j (2 at DY = 128)
     tl.static_assert(NJB * (BI // ACC) == NUM_CONSUMERS, "consumers = j blocks x i groups")
     tl.static_assert(ACC <= 4, "at most four accumulators")
     NIB: tl.constexpr = D1 // BI
@@ -105,6 +116,9 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 tlx.async_descriptor_load(Yd, tlx.local_view(y_tiles, buf), [b, n0, h * DY], full)
                 tlx.async_descriptor_load(X2d, tlx.local_view(x2_tiles, buf), [b, n0, h * D2],
                                           full)
+                # the consumers read this step's X1 columns by plain loads: into L1 now
+                tlx.prefetch(X1P + (bh.to(tl.int64) * D1 + ib * BI + tl.arange(0, BI)) * NP + n0,
+                             level="L1")
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             jb: tl.constexpr = cid % NJB
@@ -120,16 +134,12 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 vt = tlx.local_load(tlx.local_trans(y), layout=A_LAYOUT)
                 x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)
                 x2 = tlx.local_view(x2_tiles, buf)
-                acc0 = tlx.async_dot(vt * _column_factor(vt, x1p + 0 * NP), x2,
-                                           acc0)
+                acc0 = tlx.async_dot(vt * column_factor(vt, x1p + 0 * NP), x2, acc0)
                 if ACC > 1:
-                    acc1 = tlx.async_dot(vt * _column_factor(vt, x1p + 1 * NP), x2,
-                                           acc1)
+                    acc1 = tlx.async_dot(vt * column_factor(vt, x1p + 1 * NP), x2, acc1)
                 if ACC > 2:
-                    acc2 = tlx.async_dot(vt * _column_factor(vt, x1p + 2 * NP), x2,
-                                           acc2)
-                    acc3 = tlx.async_dot(vt * _column_factor(vt, x1p + 3 * NP), x2,
-                                           acc3)
+                    acc2 = tlx.async_dot(vt * column_factor(vt, x1p + 2 * NP), x2, acc2)
+                    acc3 = tlx.async_dot(vt * column_factor(vt, x1p + 3 * NP), x2, acc3)
                 acc0 = tlx.async_dot_wait(0, acc0)  # every wgmma of the step
                 if ACC > 1:
                     acc1 = tlx.async_dot_wait(0, acc1)
@@ -137,64 +147,73 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                     acc2 = tlx.async_dot_wait(0, acc2)
                     acc3 = tlx.async_dot_wait(0, acc3)
                 tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
-            # P[b, h, s, i, j, k]: rows j of this consumer, columns k
+            # P[b, h, s, i, j, k]: accumulator a is i = ib BI + i0 + a, its rows j = jb 64 + r
             r = jb * ROWS + tl.arange(0, ROWS)
             k = tl.arange(0, D2)
-            base = ((bh.to(tl.int64) * n_splits + s) * D1 + ib * BI + i0) * (DY * D2)
             offs = r[:, None] * D2 + k[None, :]
+            base = ((bh.to(tl.int64) * n_splits + s) * D1 + ib * BI + i0) * (DY * D2)
+            step: tl.constexpr = DY * D2
             tl.store(P + base + offs, acc0)
             if ACC > 1:
-                tl.store(P + base + DY * D2 + offs, acc1)
+                tl.store(P + base + step + offs, acc1)
             if ACC > 2:
-                tl.store(P + base + 2 * DY * D2 + offs, acc2)
-                tl.store(P + base + 3 * DY * D2 + offs, acc3)
+                tl.store(P + base + 2 * step + offs, acc2)
+                tl.store(P + base + 3 * step + offs, acc3)
 
 
 # ---- host side ---------------------------------------------------------------------------------
 
 def takes(dy: int) -> bool:
-    """Y's width must fill wgmma rows: 64 or 128 (elsewhere `partials` is the Triton kernel's)."""
-    return dy in (64, 128)
+    """Y's widths the TLX kernels take: 64 and 128 here, 32 in partials_pairs.py (elsewhere
+    `partials` is the Triton kernel's)."""
+    return dy in (32, 64, 128)
 
 
 def config(d1: int, dy: int, d2: int) -> dict:
     """ACC accumulators [64, D2] per consumer (at most 128 fp32 registers), BI values of i per
     CTA: the consumers split Y's 64-row blocks, then the values of i."""
     acc = min(4, 256 // d2)
+    if dy == 32:  # partials_pairs.py: two values of i per accumulator, a copier warp group;
+        # the consumers' 216 registers hold 64 of accumulators without serializing the wgmmas
+        acc = min(4, 128 // d2)
+        return {"BI": acc * int(NUM_CONSUMERS) * 2, "ACC": acc, "NUM_BUFFERS": 3,
+                "COPIER_REGS": 56, "CONSUMER_REGS": 216, "num_warps": 4, "num_stages": 1}
     bi = acc * int(NUM_CONSUMERS) // (dy // int(ROWS))
     return {"BI": min(bi, d1), "ACC": acc, "NUM_BUFFERS": 3, "CONSUMER_REGS": 240,
             "num_warps": 4, "num_stages": 1}
 
 
 @triton.jit
-def _permute_kernel(X1, X1P, N, NP, H: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One BN-token run of one (b, h): X1P[b, h, i, run + pos(t)] = X1[b, run + t, h, i], with
-    t = 16 ks + 8 hi + 2 g + e  ->  pos(t) = 16 g + 4 ks + 2 hi + e (zeros past N)."""
-    run = tl.program_id(0)
+def _permute_kernel(X1, X1P, N, NP, H: tl.constexpr, D1: tl.constexpr, RUNS: tl.constexpr):
+    """RUNS BN-token runs of one (b, h): X1P[b, h, i, run + pos(t)] = X1[b, run + t, h, i],
+    with t = 16 ks + 8 hi + 2 g + e  ->  pos(t) = 16 g + 4 ks + 2 hi + e (zeros past N)."""
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    p = tl.arange(0, BLOCK_N)
+    p = tl.program_id(0) * (RUNS * BN) + tl.arange(0, RUNS * BN)
     # the token at position p (the inverse of pos): loads stay whole rows, stores contiguous runs
-    n = run * BLOCK_N + 16 * ((p >> 2) & 3) + 8 * ((p >> 1) & 1) + 2 * (p >> 4) + (p & 1)
+    q = p % BN
+    n = p - q + 16 * ((q >> 2) & 3) + 8 * ((q >> 1) & 1) + 2 * (q >> 4) + (q & 1)
     i = tl.arange(0, D1)
     x = tl.load(X1 + ((b.to(tl.int64) * N + n[:, None]) * H + h) * D1 + i[None, :],
                 mask=n[:, None] < N, other=0.0)
-    dst = (bh.to(tl.int64) * D1 + i[:, None]) * NP + run * BLOCK_N + p[None, :]
-    tl.store(X1P + dst, tl.trans(x))
+    dst = (bh.to(tl.int64) * D1 + i[:, None]) * NP + p[None, :]
+    tl.store(X1P + dst, tl.trans(x), mask=p[None, :] < NP)
 
 
 def permute_x1(x1):
     """X1 [B, N, H, D1] -> [B, H, D1, NP] (NP = N rounded up to BN, zero tail), each BN-token
     run permuted so that a consumer thread's 16 values (tokens 2g, 2g + 1 + 8m, m < 8, of lane
     group g = lane % 4) are 32 contiguous bytes, in the order of its A-fragment registers
-    (`_column_factor`). One pass over X1."""
+    (`column_factor`). One pass over X1."""
     B, N, H, D1 = x1.shape
     bn = int(BN)
     NP = triton.cdiv(max(N, 1), bn) * bn
     x1p = torch.empty(B, H, D1, NP, device=x1.device, dtype=x1.dtype)
     if B * H:
-        _permute_kernel[(NP // bn, B * H)](x1, x1p, N, NP, H=H, D1=D1, BLOCK_N=bn, num_warps=4)
+        runs = max(1, 8192 // (bn * D1))  # 8192 elements a program
+        _permute_kernel[(triton.cdiv(NP // bn, runs), B * H)](x1, x1p, N, NP, H=H, D1=D1,
+                                                              RUNS=runs, num_warps=4)
     return x1p
 
 
@@ -233,24 +252,34 @@ def partials(x1, y, x2, splits: int, split_len: int | None = None, profile: bool
     x1p = permute_x1(x1)
     P = torch.empty(B, H, splits, d1, dy, d2, device=x1.device, dtype=torch.float32)
     grid = (B * H * splits * (d1 // cfg["BI"]),)
-    partials_ws_kernel[grid](x1p, _descriptor(y), _descriptor(x2), P, N, x1p.shape[-1], split_len,
-                             splits, H=H, D1=d1, DY=dy, D2=d2, BI=cfg["BI"], ACC=cfg["ACC"],
-                             NUM_BUFFERS=cfg["NUM_BUFFERS"], CONSUMER_REGS=cfg["CONSUMER_REGS"],
-                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    kernel, consts = _kernel(d1, dy, d2, H)
+    kernel[grid](x1p, _descriptor(y), _descriptor(x2), P, N, x1p.shape[-1], split_len, splits,
+                 **consts, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return P
+
+
+def _kernel(d1: int, dy: int, d2: int, H: int):
+    """The kernel for these widths and its constexpr arguments."""
+    cfg = config(d1, dy, d2)
+    consts = {"H": H, "D1": d1, "D2": d2, "BI": cfg["BI"], "ACC": cfg["ACC"],
+              "NUM_BUFFERS": cfg["NUM_BUFFERS"], "CONSUMER_REGS": cfg["CONSUMER_REGS"]}
+    if dy == 32:
+        from kernels_tlx.triple.partials_pairs import partials_pairs_kernel
+        return partials_pairs_kernel, {**consts, "COPIER_REGS": cfg["COPIER_REGS"]}
+    return partials_ws_kernel, {**consts, "DY": dy}
 
 
 def compile_configs() -> list[CompileConfig]:
     """The kernel at every (D1, DY, D2) the passes launch it with (DY 64 and 128)."""
     out = []
-    for d1, dy, d2 in ((64, 64, 64), (128, 128, 128), (32, 64, 32), (64, 128, 64), (128, 64, 128)):
+    for d1, dy, d2 in ((64, 64, 64), (128, 128, 128), (32, 64, 32), (64, 128, 64), (128, 64, 128),
+                       (32, 32, 32), (64, 32, 64), (128, 32, 128)):
         cfg = config(d1, dy, d2)
-        consts = {"H": 8, "D1": d1, "DY": dy, "D2": d2, "BI": cfg["BI"], "ACC": cfg["ACC"],
-                  "NUM_BUFFERS": cfg["NUM_BUFFERS"], "CONSUMER_REGS": cfg["CONSUMER_REGS"]}
+        kernel, consts = _kernel(d1, dy, d2, 8)
         sig = {"X1P": "*bf16", "Yd": f"tensordesc<bf16[1,{int(BN)},{dy}]>",
                "X2d": f"tensordesc<bf16[1,{int(BN)},{d2}]>", "P": "*fp32", "N": "i32",
                "NP": "i32", "split_len": "i32", "n_splits": "i32",
                **{k: "constexpr" for k in consts}}
-        out.append(CompileConfig(f"partials_ws_D{d1}x{dy}x{d2}", partials_ws_kernel, sig, consts,
+        out.append(CompileConfig(f"{kernel.__name__}_D{d1}x{dy}x{d2}", kernel, sig, consts,
                                  cfg["num_warps"], cfg["num_stages"]))
     return out
