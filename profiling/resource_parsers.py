@@ -154,7 +154,9 @@ def parse_sass_clobbered_operands(sass: str) -> list[str]:
     """Register A operands of a zero-initialized wgmma chain inside a loop (S = Q @ B^T: Q held in
     registers over the loop) that the innermost such loop overwrites after the chain, with no
     write of them before the chain in the loop body: the next iteration's chain would read the
-    overwritten values. One text per such register, e.g. "R180 (HGMMA at 0x3c40, written at
+    overwritten values. A register the loop body writes before the HGMMA that reads it is built
+    in the loop, step by step (an A operand made per step, as kernels_tlx/triple/apply.py's), not
+    held: not reported. One text per such register, e.g. "R180 (HGMMA at 0x3c40, written at
     0x4c90)". This is what ptxas did to `tlx_ws_kv`'s consumers with the det build
     (docs/perf.md), where the PTX keeps the registers apart."""
     insns = []
@@ -176,11 +178,13 @@ def parse_sass_clobbered_operands(sass: str) -> list[str]:
                 if ops2[0] != acc or (a2 != addr and "!UPT" in ops2):
                     break
                 if m := _REG.match(ops2[1]):
-                    regs.update((r, addr) for r in range(int(m.group(1)), int(m.group(1)) + 4))
+                    for r in range(int(m.group(1)), int(m.group(1)) + 4):
+                        regs.setdefault(r, a2)  # the first HGMMA of the chain reading it
                 end = a2
         enclosing = [(hi - lo, lo, hi) for lo, hi in loops if lo <= addr <= hi]
         for _, lo, hi in sorted(enclosing)[:1]:  # the innermost loop (not, e.g., the dispatch's)
-            before = {r for a2, op2, ops2 in insns if lo <= a2 < addr for r in _writes(op2, ops2)}
+            before = {r for r, read in regs.items()
+                      if any(r in _writes(op2, ops2) for a2, op2, ops2 in insns if lo <= a2 < read)}
             for a2, op2, ops2 in insns:
                 if end < a2 <= hi:
                     for r in _writes(op2, ops2):

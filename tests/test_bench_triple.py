@@ -56,7 +56,7 @@ def test_fwd_parses_presets_overrides_and_the_sweep() -> None:
     fwd = _module("fwd")
     args, shapes, runs = fwd.parse_args(TRI)
     assert shapes == [FAM.presets[FAM.default_preset]] and args.form == [None]
-    assert runs == [("triton", None)]
+    assert runs == [("tlx", None), ("triton", None)]  # every registered variant, by rank
     _, shapes, _ = fwd.parse_args([*TRI, "--preset", "t1", "--causal", "--N", "65536",
                                    "--dv", "64", "--h", "2"])
     assert shapes == [dataclasses.replace(FAM.presets["t1"], causal=True, N=65536, Dv=64, H=2)]

@@ -1,19 +1,19 @@
-"""`tlx`: the triple-attention backward with dS (and, causal, the chunk states) from the
-warp-specialized TLX `partials` (kernels_tlx/triple/partials.py) and the five input gradients
-from the Triton `apply`, in kernels_triton/triple/bwd.py's order. Where Dv is 32 the TLX kernel
-does not apply and dS is the Triton kernel's (partials.takes)."""
+"""`tlx`: the triple-attention backward in kernels_triton/triple/bwd.py's order (causal: its
+chunked form) with the TLX contractions (kernels_tlx/triple/contractions.py): dS (and the causal
+chunk states) from the warp-specialized `partials`, the five input gradients from the
+resident-state `apply` at Dq = Dv = 32 and from the Triton `apply` elsewhere."""
 from __future__ import annotations
 
 from kernels_triton.triple import bwd as triton_bwd
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
-from kernels_tlx.triple import partials
+from kernels_tlx.triple import contractions
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
            profile: bool = False) -> None:
     triton_bwd.launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
-                      profile, impl=partials)
+                      profile, impl=contractions)
 
 
 def compile_configs():
-    return partials.compile_configs()
+    return contractions.compile_configs()

@@ -31,6 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from altattn.registry import CompileConfig
 from kernels_triton.triple import host as triton_host
+from kernels_triton.triple.core import split_program
 from kernels_tlx.consumers import NUM_CONSUMERS
 
 ROWS = tl.constexpr(64)    # rows of j per consumer (one wgmma M)
@@ -81,6 +82,43 @@ def column_factor(like, ptr, pair=0):
 
 
 @triton.jit
+def prefetch_x1(X1P, bh, D1: tl.constexpr, i0, BI: tl.constexpr, NP, n0):
+    """Producer: the step's X1 values (BI rows of the permuted copy, one 128-byte line each)
+    into L1, where the consumers' plain loads (`column_factor`) find them."""
+    tlx.prefetch(X1P + (bh.to(tl.int64) * D1 + i0 + tl.arange(0, BI)) * NP + n0, level="L1")
+
+
+@triton.jit
+def step_gemms(vt, x1p, i_stride, pair, x2, acc0, acc1, acc2, acc3, ACC: tl.constexpr):
+    """One consumer step: acc_a += (vt scaled by the X1 row at x1p + a i_stride) @ x2 for the
+    ACC accumulators (the others pass through), issued together, then waited for."""
+    acc0 = tlx.async_dot(vt * column_factor(vt, x1p, pair), x2, acc0)
+    if ACC > 1:
+        acc1 = tlx.async_dot(vt * column_factor(vt, x1p + i_stride, pair), x2, acc1)
+    if ACC > 2:
+        acc2 = tlx.async_dot(vt * column_factor(vt, x1p + 2 * i_stride, pair), x2, acc2)
+        acc3 = tlx.async_dot(vt * column_factor(vt, x1p + 3 * i_stride, pair), x2, acc3)
+    acc0 = tlx.async_dot_wait(0, acc0)  # every wgmma of the step
+    if ACC > 1:
+        acc1 = tlx.async_dot_wait(0, acc1)
+    if ACC > 2:
+        acc2 = tlx.async_dot_wait(0, acc2)
+        acc3 = tlx.async_dot_wait(0, acc3)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def store_accs(ptrs, step, acc0, acc1, acc2, acc3, ACC: tl.constexpr):
+    """Epilogue: accumulator a to ptrs + a step (fp32 partial sums)."""
+    tl.store(ptrs, acc0)
+    if ACC > 1:
+        tl.store(ptrs + step, acc1)
+    if ACC > 2:
+        tl.store(ptrs + 2 * step, acc2)
+        tl.store(ptrs + 3 * step, acc3)
+
+
+@triton.jit
 def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                        H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
                        BI: tl.constexpr, ACC: tl.constexpr,
@@ -88,16 +126,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
     NJB: tl.constexpr = DY // ROWS       # 64-row blocks of j (2 at DY = 128)
     tl.static_assert(NJB * (BI // ACC) == NUM_CONSUMERS, "consumers = j blocks x i groups")
     tl.static_assert(ACC <= 4, "at most four accumulators")
-    NIB: tl.constexpr = D1 // BI
-    pid = tl.program_id(0)
-    ib = pid % NIB
-    rest = pid // NIB
-    s = rest % n_splits
-    bh = rest // n_splits
-    b = bh // H
-    h = bh % H
-    start = s * split_len
-    end = tl.minimum(start + split_len, N)
+    ib, s, bh, b, h, start, end = split_program(N, split_len, n_splits, H, D1 // BI)
     n_steps = tl.cdiv(tl.maximum(end - start, 0), BN)
 
     y_tiles = tlx.local_alloc((BN, DY), tl.bfloat16, NUM_BUFFERS)
@@ -116,9 +145,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 tlx.async_descriptor_load(Yd, tlx.local_view(y_tiles, buf), [b, n0, h * DY], full)
                 tlx.async_descriptor_load(X2d, tlx.local_view(x2_tiles, buf), [b, n0, h * D2],
                                           full)
-                # the consumers read this step's X1 columns by plain loads: into L1 now
-                tlx.prefetch(X1P + (bh.to(tl.int64) * D1 + ib * BI + tl.arange(0, BI)) * NP + n0,
-                             level="L1")
+                prefetch_x1(X1P, bh, D1, ib * BI, BI, NP, n0)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             jb: tl.constexpr = cid % NJB
@@ -133,32 +160,15 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 y = tlx.local_slice(tlx.local_view(y_tiles, buf), [0, jb * ROWS], [BN, ROWS])
                 vt = tlx.local_load(tlx.local_trans(y), layout=A_LAYOUT)
                 x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)
-                x2 = tlx.local_view(x2_tiles, buf)
-                acc0 = tlx.async_dot(vt * column_factor(vt, x1p + 0 * NP), x2, acc0)
-                if ACC > 1:
-                    acc1 = tlx.async_dot(vt * column_factor(vt, x1p + 1 * NP), x2, acc1)
-                if ACC > 2:
-                    acc2 = tlx.async_dot(vt * column_factor(vt, x1p + 2 * NP), x2, acc2)
-                    acc3 = tlx.async_dot(vt * column_factor(vt, x1p + 3 * NP), x2, acc3)
-                acc0 = tlx.async_dot_wait(0, acc0)  # every wgmma of the step
-                if ACC > 1:
-                    acc1 = tlx.async_dot_wait(0, acc1)
-                if ACC > 2:
-                    acc2 = tlx.async_dot_wait(0, acc2)
-                    acc3 = tlx.async_dot_wait(0, acc3)
+                acc0, acc1, acc2, acc3 = step_gemms(vt, x1p, NP, 0, tlx.local_view(x2_tiles, buf),
+                                                    acc0, acc1, acc2, acc3, ACC)
                 tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
             # P[b, h, s, i, j, k]: accumulator a is i = ib BI + i0 + a, its rows j = jb 64 + r
             r = jb * ROWS + tl.arange(0, ROWS)
             k = tl.arange(0, D2)
             offs = r[:, None] * D2 + k[None, :]
             base = ((bh.to(tl.int64) * n_splits + s) * D1 + ib * BI + i0) * (DY * D2)
-            step: tl.constexpr = DY * D2
-            tl.store(P + base + offs, acc0)
-            if ACC > 1:
-                tl.store(P + base + step + offs, acc1)
-            if ACC > 2:
-                tl.store(P + base + 2 * step + offs, acc2)
-                tl.store(P + base + 3 * step + offs, acc3)
+            store_accs(P + base + offs, DY * D2, acc0, acc1, acc2, acc3, ACC)
 
 
 # ---- host side ---------------------------------------------------------------------------------

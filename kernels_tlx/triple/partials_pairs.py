@@ -20,7 +20,9 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx.consumers import NUM_CONSUMERS
-from kernels_tlx.triple.partials import A_LAYOUT, BF16, BN, ROWS, column_factor
+from kernels_triton.triple.core import split_program
+from kernels_tlx.triple.partials import (A_LAYOUT, BF16, BN, ROWS, prefetch_x1, step_gemms,
+                                         store_accs)
 
 DY = tl.constexpr(32)
 
@@ -32,16 +34,7 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                           COPIER_REGS: tl.constexpr, CONSUMER_REGS: tl.constexpr):
     tl.static_assert(BI == NUM_CONSUMERS * ACC * 2, "two values of i per accumulator")
     tl.static_assert(ACC <= 4, "at most four accumulators")
-    NIB: tl.constexpr = D1 // BI
-    pid = tl.program_id(0)
-    ib = pid % NIB
-    rest = pid // NIB
-    s = rest % n_splits
-    bh = rest // n_splits
-    b = bh // H
-    h = bh % H
-    start = s * split_len
-    end = tl.minimum(start + split_len, N)
+    ib, s, bh, b, h, start, end = split_program(N, split_len, n_splits, H, D1 // BI)
     n_steps = tl.cdiv(tl.maximum(end - start, 0), BN)
 
     v_tiles = tlx.local_alloc((BN, DY), tl.bfloat16, NUM_BUFFERS)
@@ -62,9 +55,7 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 tlx.barrier_expect_bytes(full, BN * D2 * BF16)
                 tlx.async_descriptor_load(X2d, tlx.local_view(x2_tiles, buf), [b, n0, h * D2],
                                           full)
-                # the consumers read this step's X1 columns by plain loads: into L1 now
-                tlx.prefetch(X1P + (bh.to(tl.int64) * D1 + ib * BI + tl.arange(0, BI)) * NP + n0,
-                             level="L1")
+                prefetch_x1(X1P, bh, D1, ib * BI, BI, NP, n0)
                 vfull = tlx.local_view(vfulls, buf)
                 tlx.barrier_expect_bytes(vfull, BN * DY * BF16)
                 tlx.async_descriptor_load(Yd, tlx.local_view(v_tiles, buf), [b, n0, h * DY],
@@ -94,27 +85,11 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 tlx.barrier_wait(tlx.local_view(copied, buf), phase)
                 vt = tlx.local_load(tlx.local_trans(tlx.local_view(y_tiles, buf)), layout=A_LAYOUT)
                 x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)
-                x2 = tlx.local_view(x2_tiles, buf)
-                acc0 = tlx.async_dot(vt * column_factor(vt, x1p, pair), x2, acc0)
-                if ACC > 1:
-                    acc1 = tlx.async_dot(vt * column_factor(vt, x1p + 2 * NP, pair), x2, acc1)
-                if ACC > 2:
-                    acc2 = tlx.async_dot(vt * column_factor(vt, x1p + 4 * NP, pair), x2, acc2)
-                    acc3 = tlx.async_dot(vt * column_factor(vt, x1p + 6 * NP, pair), x2, acc3)
-                acc0 = tlx.async_dot_wait(0, acc0)  # every wgmma of the step
-                if ACC > 1:
-                    acc1 = tlx.async_dot_wait(0, acc1)
-                if ACC > 2:
-                    acc2 = tlx.async_dot_wait(0, acc2)
-                    acc3 = tlx.async_dot_wait(0, acc3)
+                acc0, acc1, acc2, acc3 = step_gemms(vt, x1p, 2 * NP, pair,
+                                                    tlx.local_view(x2_tiles, buf),
+                                                    acc0, acc1, acc2, acc3, ACC)
                 tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
             # P[b, h, s, (i, j), k]: accumulator a is rows (i0 + 2a) * 32 + r, r < 64
             offs = tl.arange(0, ROWS)[:, None] * D2 + tl.arange(0, D2)[None, :]
             base = ((bh.to(tl.int64) * n_splits + s) * D1 + ib * BI + i0) * (DY * D2)
-            step: tl.constexpr = 2 * DY * D2
-            tl.store(P + base + offs, acc0)
-            if ACC > 1:
-                tl.store(P + base + step + offs, acc1)
-            if ACC > 2:
-                tl.store(P + base + 2 * step + offs, acc2)
-                tl.store(P + base + 3 * step + offs, acc3)
+            store_accs(P + base + offs, 2 * DY * D2, acc0, acc1, acc2, acc3, ACC)

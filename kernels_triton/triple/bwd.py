@@ -27,7 +27,7 @@ def grad_state(spec, q1, q2, dout, dstate, profile: bool = False, impl=host):
 
 
 def gradients(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads, c_S: float, c_dS: float,
-              chunk: int = 0, profile: bool = False) -> None:
+              chunk: int = 0, profile: bool = False, impl=host) -> None:
     """The five applies above into grads (dq1, dq2, dk1, dk2, dv). S_slab(order) and
     dS_slab(order) give the bf16 slabs (host.slab) of S and dS, made one at a time as each apply
     needs them; c_S and c_dS scale the applies that read them; chunk > 0: one slab per chunk
@@ -38,7 +38,7 @@ def gradients(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads, c_S: float, c_dS:
                                      (k2, v, dS_slab, "jki", dk1, c_dS),
                                      (v, k1, dS_slab, "ijk", dk2, c_dS),
                                      (k2, k1, dS_slab, "ikj", dv, c_dS)):
-        host.apply(x, y, w(order), g, scale, chunk=chunk, profile=profile)
+        impl.apply(x, y, w(order), g, scale, chunk=chunk, profile=profile)
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
@@ -52,7 +52,7 @@ def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
         return
     dS = grad_state(spec, q1, q2, dout, dstate, profile, impl)
     gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(state, o), lambda o: host.slab(dS, o),
-              grads, 1.0, spec.scale, profile=profile)
+              grads, 1.0, spec.scale, profile=profile, impl=impl)
 
 
 def compile_configs():

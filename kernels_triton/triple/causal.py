@@ -46,7 +46,7 @@ def forward(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False, impl
     W = host.slab(P.cumsum_(2), "ikj", shift=1)  # exclusive prefix sums; apply scales by c
     del P
     inter = torch.empty(out.shape, device=out.device, dtype=torch.float32)
-    host.apply(q2, q1, W, inter, spec.scale, chunk=C, profile=profile)
+    impl.apply(q2, q1, W, inter, spec.scale, chunk=C, profile=profile)
     intra.intra_forward(q1, q2, k1, k2, v, inter, out, C, spec.scale)
 
 
@@ -60,7 +60,7 @@ def backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile: bool = False
     dS = _suffix(_chunk_states(q1, dout, q2, spec.N, C, impl), dstate)
     inter = [torch.empty(g.shape, device=g.device, dtype=torch.float32) for g in grads]
     gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(P, o, shift=1),
-              lambda o: host.slab(dS, o), inter, c, c, chunk=C, profile=profile)
+              lambda o: host.slab(dS, o), inter, c, c, chunk=C, profile=profile, impl=impl)
     P = dS = None  # free the chunk states before the intra kernels
     names = ("dq1", "dq2", "dk1", "dk2", "dv")
     intra.intra_backward(q1, q2, k1, k2, v, dout, dict(zip(names, inter)),

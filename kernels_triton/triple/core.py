@@ -33,22 +33,25 @@ def _rows(X, rows, live, b, h, N, H: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
-                    H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
-                    BI: tl.constexpr, BN: tl.constexpr, PROFILE: tl.constexpr = False):
-    """P [B, H, n_splits, D1, DY, D2] fp32 (module docstring). Grid: one flat axis, the D1 // BI
-    blocks of i fastest (they read the same Y and X2 rows at the same time, from L2), then the
-    splits, then (b, h)."""
-    NIB: tl.constexpr = D1 // BI
+def split_program(N, split_len, n_splits, H: tl.constexpr, NIB: tl.constexpr):
+    """(ib, s, bh, b, h, start, end) of a `partials` program: its block of i (NIB blocks, fastest:
+    they read the same Y and X2 rows at the same time, from L2), its split of N (tokens
+    start .. end - 1), its (b, h) (slowest). Every `partials` kernel's grid is one flat axis."""
     pid = tl.program_id(0)
     ib = pid % NIB
     rest = pid // NIB
     s = rest % n_splits
     bh = rest // n_splits
-    b = bh // H
-    h = bh % H
     start = s * split_len
-    end = tl.minimum(start + split_len, N)
+    return ib, s, bh, bh // H, bh % H, start, tl.minimum(start + split_len, N)
+
+
+@triton.jit
+def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
+                    H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
+                    BI: tl.constexpr, BN: tl.constexpr, PROFILE: tl.constexpr = False):
+    """P [B, H, n_splits, D1, DY, D2] fp32 (module docstring); grid: `split_program`."""
+    ib, s, bh, b, h, start, end = split_program(N, split_len, n_splits, H, D1 // BI)
     cols = ib * BI + tl.arange(0, BI)
     acc = tl.zeros([BI * DY, D2], tl.float32)
     for n0 in range(start, end, BN):

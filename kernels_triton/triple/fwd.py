@@ -16,8 +16,8 @@ from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `
 
 def state(spec, k1, k2, v, out_state, profile: bool = False, impl=host) -> None:
     """out_state [B, H, Dq, Dv, Dq] fp32 = scale * sum_n K1[n] (x) V[n] (x) K2[n]. impl: the
-    module whose `partials` and `n_splits` compute the sums (host: plain Triton; the TLX
-    variants pass kernels_tlx.triple.partials)."""
+    module whose `partials`, `n_splits` and `apply` compute the contractions (host: plain
+    Triton; the TLX variants pass kernels_tlx.triple.contractions)."""
     splits = impl.n_splits(spec.B, spec.H, spec.N, spec.Dq, spec.Dv, spec.Dq, k1.device)
     P = impl.partials(k1, v, k2, splits, profile=profile)
     out_state.copy_(P.sum(2)).mul_(spec.scale)
@@ -31,7 +31,7 @@ def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False, impl=
         causal.forward(spec, q1, q2, k1, k2, v, out, out_state, profile, impl)
         return
     state(spec, k1, k2, v, out_state, profile, impl)
-    host.apply(q2, q1, host.slab(out_state, "ikj"), out, 1.0, profile=profile)
+    impl.apply(q2, q1, host.slab(out_state, "ikj"), out, 1.0, profile=profile)
 
 
 def compile_configs():
