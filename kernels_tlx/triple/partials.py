@@ -10,13 +10,15 @@ X2 tile, in shared memory. No operand goes through shared memory twice.
 
 Warp groups of one CTA (a block of BI values of i, one split of N, one (b, h)):
 - producer ("default", 4 warps): TMA-loads the Y and X2 tiles of BN tokens into rings of
-  NUM_BUFFERS slots (full / empty mbarriers).
+  NUM_BUFFERS slots (full / empty mbarriers), and prefetches the step's X1 lines into L1
+  (`prefetch_x1`).
 - two consumer warp groups: each owns 64 rows of j and ACC values of i (ACC accumulators
-  [64, D2] fp32); per token tile it loads Y^T, reads its X1 columns from global memory (L1/L2:
-  the permuted copy, `permute_x1`, made by one pass before the launch), issues its ACC x BN/16
-  wgmmas and waits for them, then frees the slot.
-Splits of N are summed by the caller in a fixed order (bitwise repeatable). Only Y widths of 64
-and 128 (`takes`): a wgmma A operand has 64 rows.
+  [64, D2] fp32); per token tile it loads Y^T, reads its X1 values by plain loads from the
+  permuted copy (`permute_x1`, one pass over X1 before the launch; `column_factor`), issues its
+  ACC x BN/16 wgmmas and waits for them, then frees the slot (`step_gemms`).
+Splits of N are summed by the caller in a fixed order (bitwise repeatable). Y 64 or 128 wide
+here; 32 in partials_pairs.py (a wgmma A operand has 64 rows).
+Extra memory: the permuted copy of X1, B * H * D1 * N bf16 (one input's size), for the launch.
 """
 from __future__ import annotations
 
