@@ -17,3 +17,10 @@ def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
 
 def compile_configs():
     return contractions.compile_configs()
+
+
+def profiled_kernels(spec) -> dict[bool, int]:
+    """Proton scopes live in the Triton kernels this pass runs (its TLX kernels have none): the
+    `triton` variant's width, not this pass's widest kernel (`Variant.warps`, the Dv = 32
+    partials' 16 warps)."""
+    return {True: 8}
