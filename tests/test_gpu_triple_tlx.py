@@ -77,7 +77,8 @@ def test_partials_match_triton(B, N, H, D1, DY, D2, splits, split_len, gen):
     assert torch.equal(got, again), "not bitwise repeatable"
 
 
-@pytest.mark.parametrize("B,N,H,D", [(2, 70, 3, 32), (1, 1000, 2, 64), (1, 64, 1, 128), (1, 1, 1, 32)])
+@pytest.mark.parametrize("B,N,H,D", [(2, 70, 3, 32), (1, 1000, 2, 64), (1, 64, 1, 128),
+                                     (1, 1, 1, 32)])
 def test_permute_x1(B, N, H, D, gen):
     from kernels_tlx.triple.partials import permute_x1
     x = _randn((B, N, H, D), gen)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from kernels_triton.triple import bwd as triton_bwd
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
 from kernels_tlx.triple import contractions
+from kernels_tlx.triple.contractions import profiled_kernels  # noqa: F401
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
@@ -17,10 +18,3 @@ def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
 
 def compile_configs():
     return contractions.compile_configs()
-
-
-def profiled_kernels(spec) -> dict[bool, int]:
-    """Proton scopes live in the Triton kernels this pass runs (its TLX kernels have none): the
-    `triton` variant's width, not this pass's widest kernel (`Variant.warps`, the Dv = 32
-    partials' 16 warps)."""
-    return {True: 8}

@@ -23,3 +23,10 @@ def apply(x, y, w, out, c: float, chunk: int = 0, profile: bool = False) -> None
 def compile_configs():
     from kernels_tlx.triple import partials as ws
     return ws.compile_configs() + resident.compile_configs()
+
+
+def profiled_kernels(spec) -> dict[bool, int]:
+    """Proton scopes live in the Triton kernels a `tlx` pass runs (its TLX kernels have none): the
+    `triton` variant's width, not the pass's widest kernel (`Variant.warps`, the Dv = 32
+    partials' 16 warps)."""
+    return {True: 8}

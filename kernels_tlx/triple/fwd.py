@@ -7,6 +7,7 @@ from __future__ import annotations
 from kernels_triton.triple import fwd as triton_fwd
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
 from kernels_tlx.triple import contractions
+from kernels_tlx.triple.contractions import profiled_kernels  # noqa: F401
 
 
 def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> None:
@@ -15,10 +16,3 @@ def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> No
 
 def compile_configs():
     return contractions.compile_configs()
-
-
-def profiled_kernels(spec) -> dict[bool, int]:
-    """Proton scopes live in the Triton kernels this pass runs (its TLX kernels have none): the
-    `triton` variant's width, not this pass's widest kernel (`Variant.warps`, the Dv = 32
-    partials' 16 warps)."""
-    return {True: 8}
