@@ -79,7 +79,8 @@ class Variant:
         for key in get_family(self.family).accepts:
             have = self.accepted(key)
             if getattr(spec, key) not in have:
-                return f"computes {key} {' / '.join(have)} only, not {getattr(spec, key)!r}"
+                return (f"computes {key} {' / '.join(map(str, have))} only, not "
+                        f"{getattr(spec, key)!r}")
         return self.load().supports(spec)
 
     def compile_configs(self) -> list[CompileConfig]:

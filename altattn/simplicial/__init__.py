@@ -2,6 +2,8 @@
 sliding windows w1 and w2, softmax over the (j, k) pairs; GQA; the determinant form.
 
     attention(q, k1, k2, v1, v2, w1, w2)   differentiable (a torch.library op), CPU or GPU
+    attention_varlen(..., cu_seqlens, ...) packed variable-length sequences, differentiable
+    attention_with_kvcache(q, caches, ...) decoding against KV caches (linear or ring buffers)
     SimplicialAttention(dim, ...)          a layer: projections, GQA, attention, output
     forward / backward                     one pass on the GPU kernels, no autograd
     reference / reference_backward         plain PyTorch in fp64 (brute_force: a loop, tiny shapes)
@@ -9,12 +11,14 @@ sliding windows w1 and w2, softmax over the (j, k) pairs; GQA; the determinant f
     variants("fwd" | "bwd"), flops         the registered kernels; the FLOP model
 """
 from .flops import flops
+from .kvcache import attention_with_kvcache
 from .layer import SimplicialAttention
 from .ops import attention
 from .passes import backward, forward
 from .reference import brute_force, reference, reference_backward
 from .rotary import det_rotary
 from .spec import ProblemSpec
+from .varlen import attention_varlen
 
 
 def variants(pass_: str = "fwd") -> dict[str, str]:
@@ -23,5 +27,5 @@ def variants(pass_: str = "fwd") -> dict[str, str]:
     return registry.variants(pass_, "simplicial")
 
 
-__all__ = ["attention", "SimplicialAttention", "forward", "backward", "reference",
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "SimplicialAttention", "forward", "backward", "reference",
            "reference_backward", "brute_force", "det_rotary", "variants", "flops", "ProblemSpec"]

@@ -28,6 +28,7 @@ BWD_WS_SCOPES = ("load_kv", "build_a", *_STEP, "epilogue")  # a producer builds 
 KEYS_SIDE, VALUES_SIDE = "rounds_keys_side", "rounds_values_side"
 BOTH_SIDES = frozenset({KEYS_SIDE, VALUES_SIDE})
 DET = {"form": FORMS}
+PACKED = (False, True)  # `accepts` "varlen": runs packed sequences in one launch (varlen.py)
 
 # Forward ranks: the speed order at S* (G = 128, D = 128) and Hq = 64 on the lent H100 and H200
 # (docs/perf.md). tlx_ws is ahead of triton at 7 of 8 shapes timed with G from 16 to 128 and D =
@@ -43,11 +44,13 @@ _TLX = "kernels_tlx.simplicial."
 FWD = (
     Variant(name="tlx_pipelined_kv", pass_="fwd", module=_TLX + "pipelined_kv", needs_hopper=True,
             rank=lambda spec: 8 if spec.D == 128 else 6, supports=_G128, warps=16,
-            scopes=KV_SCOPES, traits=BOTH_SIDES, pipelined=True, accepts=DET),
+            scopes=KV_SCOPES, traits=BOTH_SIDES, pipelined=True,
+            accepts={**DET, "varlen": PACKED}),
     Variant(name="tlx_ws", pass_="fwd", module=_TLX + "ws", needs_hopper=True, rank=7,
             supports=_G16, warps=12, scopes=WS_SCOPES),
     Variant(name="tlx_ws_kv", pass_="fwd", module=_TLX + "ws_kv", needs_hopper=True, rank=5,
-            supports=_G128, warps=16, scopes=KV_SCOPES, traits=BOTH_SIDES),
+            supports=_G128, warps=16, scopes=KV_SCOPES, traits=BOTH_SIDES,
+            accepts={"varlen": PACKED}),
     Variant(name="tlx_ws_keys", pass_="fwd", module=_TLX + "ws_keys", needs_hopper=True, rank=4,
             supports=_G128, warps=12, scopes=KEYS_SCOPES, traits=frozenset({KEYS_SIDE})),
     Variant(name="tlx_pingpong", pass_="fwd", module=_TLX + "pingpong", needs_hopper=True, rank=3,
@@ -57,7 +60,7 @@ FWD = (
     Variant(name="tlx_pipelined_pingpong", pass_="fwd", module=_TLX + "pipelined_pingpong",
             needs_hopper=True, rank=lambda spec: 9 if spec.form == "det" and spec.D == 128 else -3,
             supports=_G128, warps=16, scopes=KV_SCOPES, traits=BOTH_SIDES, pipelined=True,
-            accepts=DET),
+            accepts={**DET, "varlen": PACKED}),
 )
 # Backward ranks: "auto" takes the highest that supports the shape.
 BWD = (
@@ -69,7 +72,8 @@ BWD = (
             scopes=BWD_WS_SCOPES, pipelined=True),
     Variant(name="tlx_pairs", pass_="bwd", module=_TLX + "bwd_pairs", needs_hopper=True, rank=3,
             supports="D = 128 with G = Hq/Hk >= 16; the trilinear form", warps=12,
-            scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES, deterministic=False),
+            scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES, deterministic=False,
+            accepts={"varlen": PACKED}),
 )
 
 # Small shapes compute-sanitizer runs each variant on: the first it takes of each group
@@ -111,5 +115,5 @@ FAMILY = Family(
     peers=(Peer(name="cudnn_sdpa", rule="dense attention, Lkv = w1*w2 keys per query",
                 dense=_dense_equal_work),),
     scopes=SCOPES, sanitizer_shapes=SANITIZER_SHAPES, tolerances=TOLERANCES,
-    accepts={"form": ("trilinear",)}, traits=BOTH_SIDES, variants=FWD + BWD,
+    accepts={"form": ("trilinear",), "varlen": (False,)}, traits=BOTH_SIDES, variants=FWD + BWD,
     layer=_layer)

@@ -6,6 +6,7 @@ from torch import nn
 
 from ..checks import check_layer_input, positive_int
 from .ops import attention, check_variant_names
+from .varlen import attention_varlen
 from .spec import SUPPORTED_HEAD_DIMS, check_form
 
 
@@ -50,16 +51,28 @@ class SimplicialAttention(nn.Module):
                                               for _ in range(4))
         self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_layer_input(x, self.dim)
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None) -> torch.Tensor:
+        """x [B, N, dim] -> [B, N, dim]; with cu_seqlens (int32 [n + 1]), x is [T, dim]: packed
+        sequences whose windows end at each start (`attention_varlen`)."""
+        if cu_seqlens is not None:  # packed: one batch element of T tokens, cut at the starts
+            check_layer_input(x[None] if isinstance(x, torch.Tensor) and x.dim() == 2 else x,
+                              self.dim)
+            x = x[None]
+        else:
+            check_layer_input(x, self.dim)
         B, N, _ = x.shape
         dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
         q = self.q(x).view(B, N, self.n_heads, self.head_dim).to(dtype)
         k1, k2, v1, v2 = (p(x).view(B, N, self.n_kv_heads, self.head_dim).to(dtype)
                           for p in (self.k1, self.k2, self.v1, self.v2))
-        o, _ = attention(q, k1, k2, v1, v2, self.w1, self.w2, variant=self.variant,
-                         bwd_variant=self.bwd_variant, form=self.form,
-                         deterministic=self.deterministic)
+        opts = dict(variant=self.variant, bwd_variant=self.bwd_variant, form=self.form,
+                    deterministic=self.deterministic)
+        if cu_seqlens is not None:
+            o, _ = attention_varlen(q[0], k1[0], k2[0], v1[0], v2[0], cu_seqlens, max_seqlen,
+                                    self.w1, self.w2, **opts)
+            return self.out(o.reshape(N, self.n_heads * self.head_dim).to(x.dtype))
+        o, _ = attention(q, k1, k2, v1, v2, self.w1, self.w2, **opts)
         return self.out(o.reshape(B, N, self.n_heads * self.head_dim).to(x.dtype))
 
     def extra_repr(self) -> str:

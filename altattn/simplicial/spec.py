@@ -41,6 +41,9 @@ class ProblemSpec:
     sm_scale: float
     swapped: bool = False  # True when the caller's (k1, v1, w1) and (k2, v2, w2) were exchanged
     form: str = "trilinear"  # one of FORMS
+    # packed sequences (altattn/simplicial/varlen.py): B = 1, N = the packed query tokens, each
+    # window cut at its own sequence's start; the kernels get the token maps beside the spec
+    varlen: bool = False
 
     @property
     def G(self) -> int:
@@ -50,7 +53,8 @@ class ProblemSpec:
     def short(self) -> str:
         s = (f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} D={self.D} "
              f"w1={self.w1} w2={self.w2}")
-        return s if self.form == "trilinear" else f"{s} form={self.form}"
+        s = s if self.form == "trilinear" else f"{s} form={self.form}"
+        return f"{s} packed" if self.varlen else s
 
 
 def _check_window(name: str, w) -> int:

@@ -92,7 +92,8 @@ def box_rows(G):
 
 
 @triton.jit
-def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr):
+def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                 Seq=None, VARLEN: tl.constexpr = False):
     """This program's batch b, KV head g, j, first key kb, kv_base (token 0 of (b, g) in a
     [B, N, HK, D] tensor), its tile count (over the tokens j .. min(j + w1, N) - 1: token_tiles
     tiles per token, or tile_tokens tokens per tile) and whether it has keys at all. pid is
@@ -100,17 +101,24 @@ def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.
     registers across a loop before). Grid: key blocks fastest, then j, then B * HK; j's keys
     are max(j - w2 + 1, 0) .. min(j + w1 - 1, N - 1), in blocks of 128 from the first,
     n_kb = cdiv(w1 + w2 - 1, 128) per j (`key_blocks`; a kernel argument, which ptxas reloads
-    where it is needed instead of holding it)."""
+    where it is needed instead of holding it). Last: the end of j's sequence (N; VARLEN,
+    packed sequences: Seq [N, 2] int32 holds each token's sequence start and end, which bound
+    its keys and tokens as 0 and N bound a batch element's)."""
     m = pid % n_kb
     j = (pid // n_kb) % N
     bg = pid // n_kb // N
     b = bg // HK
     g = bg % HK
-    k_lo = tl.maximum(j + 1, w2) - w2
-    k_hi = tl.minimum(j + w1, N) - 1
+    if VARLEN:
+        t_end = tl.load(Seq + 2 * j + 1)
+        k_lo = tl.maximum(j - w2 + 1, tl.load(Seq + 2 * j))
+    else:
+        t_end = N
+        k_lo = tl.maximum(j + 1, w2) - w2
+    k_hi = tl.minimum(j + w1, t_end) - 1
     kb = k_lo + m * (2 * 64)
-    n_tiles = tl.cdiv(tl.minimum(j + w1, N) - j, tile_tokens(G)) * token_tiles(G)
-    return b, g, j, kb, b.to(tl.int64) * N * (HK * D) + g * D, n_tiles, kb <= k_hi
+    n_tiles = tl.cdiv(tl.minimum(j + w1, t_end) - j, tile_tokens(G)) * token_tiles(G)
+    return b, g, j, kb, b.to(tl.int64) * N * (HK * D) + g * D, n_tiles, kb <= k_hi, t_end
 
 
 @triton.jit
@@ -251,7 +259,8 @@ def scale_add_rows(acc, stage, row, X, kv_base, k0, N, DST, DSUM, j_off, cid,
 def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1acc, DK2acc,
                   DV1acc, DV2acc, N, w1, w2, n_kb, qk_scale, HQ: tl.constexpr,
                   HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_Q: tl.constexpr,
-                  CH: tl.constexpr, CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
+                  CH: tl.constexpr, CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False,
+                  Seq=None, VARLEN: tl.constexpr = False):
     R: tl.constexpr = box_rows(G)  # rows of one token in a tile
     tl.static_assert(NUM_Q == NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
     DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
@@ -280,8 +289,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: K2/V2 -> B, C; then Q, dO per tile
-            b, g, j, kb, kv_base, n_tiles, live = pair_program(tl.program_id(0), N, w1, w2,
-                                                               n_kb, HK, D, G)
+            b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(
+                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
             if live:
                 # K2 and V2 (64 keys per consumer) land in the row ring, free until the first
                 # tile's rows; B and C are built from there
@@ -299,8 +308,12 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 k1 = row_tile(K1, kv_row, D, CH)
                 v1 = row_tile(V1, kv_row, D, CH)
                 for c in tl.static_range(NUM_CONSUMERS):
-                    build(k1, tlx.local_view(q_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH)
-                    build(v1, tlx.local_view(do_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH)
+                    # (packed: the keys from the next sequence's on build as zeros)
+                    n_rows = tl.minimum(j + w1, t_end) - (kb + c * 64)
+                    build(k1, tlx.local_view(q_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH,
+                          MASK_ROWS=VARLEN, n_rows=n_rows)
+                    build(v1, tlx.local_view(do_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
+                          MASK_ROWS=VARLEN, n_rows=n_rows)
                 tlx.barrier_arrive(bc_full, 1)
                 tlx.barrier_wait(bc_full, 0)  # every producer thread has read the ring
                 leave("build_a", PROFILE)
@@ -314,19 +327,19 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     for t in tl.static_range(tile_tokens(G)):
                         # a token past N: token N - 1's rows again (finite, masked: no value of
                         # another batch element is read)
-                        row0 = (b * N + tl.minimum(i0 + t, N - 1)) * HQ + g * G + h0
+                        row0 = (b * N + tl.minimum(i0 + t, t_end - 1)) * HQ + g * G + h0
                         load_rows(Q, DO, Lse2, Delta, q_tiles, do_tiles, lse_tiles, delta_tiles, s,
                                   qf, row0, t, R, D)
                     leave("load_kv", PROFILE)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
-            b, g, j, kb, kv_base, n_tiles, live = pair_program(tl.program_id(0), N, w1, w2,
-                                                               n_kb, HK, D, G)
+            b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(
+                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
             if live:
                 k0 = kb + cid * 64
                 u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
-                i_end = tl.minimum(j + w1, N)  # the tokens past it do not see j
+                i_end = tl.minimum(j + w1, t_end)  # the tokens past it do not see j
                 b_tile = tlx.local_view(b_tiles, cid)
                 c_tile = tlx.local_view(c_tiles, cid)
                 kpos = k0 + tl.arange(0, 64)
@@ -376,14 +389,14 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
                         leave("epilogue", PROFILE)
                 # the coordinates again, from an opaque program id (held over the loop they spill)
-                b, g, j, kb, kv_base, n_tiles, _ = pair_program(opaque(tl.program_id(0)), N, w1,
-                                                                w2, n_kb, HK, D, G)
+                b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
+                    opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
                 k0 = kb + cid * 64
                 u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
                 enter("epilogue", PROFILE)
                 dq = dq_share(ds_tiles, b_tiles, ds_fulls, n_tiles - 1, cid, DH)
-                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, tl.minimum(j + w1, N), cid,
-                       HQ, G, DH)
+                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, tl.minimum(j + w1, t_end),
+                       cid, HQ, G, DH)
                 tlx.async_descriptor_store_wait(0)
                 if u_lo < u_hi:  # dB and dC are zero otherwise
                     if cid == 0:
@@ -393,11 +406,11 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     kv_row = kv_base + j.to(tl.int64) * (HK * D)
                     offs_d = tl.arange(0, D)
                     k1 = tl.load(K1 + kv_row + offs_d).to(tl.float32)
-                    scale_add_rows(dk, stage, k1, K2rows, kv_base, k0, N, DK2acc, DK1acc, kv_row,
-                                   cid, HK, D, epilogue_rows(G))
+                    scale_add_rows(dk, stage, k1, K2rows, kv_base, k0, t_end, DK2acc, DK1acc,
+                                   kv_row, cid, HK, D, epilogue_rows(G))
                     v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
-                    scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, N, DV2acc, DV1acc, kv_row,
-                                   cid, HK, D, epilogue_rows(G))
+                    scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, t_end, DV2acc, DV1acc,
+                                   kv_row, cid, HK, D, epilogue_rows(G))
                 leave("epilogue", PROFILE)
 
 
@@ -444,12 +457,14 @@ def row_descriptor(t, spec: ProblemSpec) -> TensorDescriptor:
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
-           profile: bool | str = False) -> None:
+           profile: bool | str = False, packed=None) -> None:
     """Delta (`launch_delta`), `_pairs_kernel` into zeroed fp32 accumulators (profile: True or
     "pairs" runs its Proton-scoped copy), then the bf16 gradients (dQ, dK1, dK2 scaled by
     sm_scale) by `_finish_kernel` and `_sum_parts_kernel` (launch_sum_parts). Scratch: fp32
     copies of the five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies
-    of LSE (log2) and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N])."""
+    of LSE (log2) and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N]).
+    packed (spec.varlen, altattn/simplicial/varlen.py's Packed): its `bounds`, each token's
+    sequence start and end."""
     if isinstance(profile, str) and profile != "pairs":
         raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
     delta = launch_delta(spec, out, dout, dlse)
@@ -466,7 +481,8 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
     _pairs_kernel[(spec.B * spec.Hk * spec.N * key_blocks(spec),)](
         qd, k1, k2d, v1, v2d, dod, lse2d, deltad, k2, v2, dqd, dk1_acc, dk2_acc, dv1_acc,
         dv2_acc, spec.N, spec.w1, spec.w2, key_blocks(spec), spec.sm_scale * LOG2E, HQ=spec.Hq,
-        HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile), **config(spec))
+        HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile), **config(spec),
+        **({} if packed is None else dict(Seq=packed.bounds, VARLEN=True)))
     _finish_kernel[(triton.cdiv(dq.numel(), FINISH_BLOCK),)](
         dq_acc, dq, dq.numel(), spec.sm_scale, BLOCK=FINISH_BLOCK, num_warps=4)
     for dk_acc, dv_acc, dk, dv in ((dk1_acc, dv1_acc, dk1, dv1), (dk2_acc, dv2_acc, dk2, dv2)):
@@ -482,14 +498,17 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
 def compile_configs() -> list[CompileConfig]:
     """The kernel at every compile shape it supports."""
     out = []
-    for spec in compile_specs():
+    for spec, packed in [(s, False) for s in compile_specs()] + [(compile_specs()[0], True)]:
         if supports(spec) is not None:
             continue
         r = min(spec.G, ROWS.value)  # a token's rows in a tile
         kv = f"tensordesc<bf16[1,{KEYS},{spec.D}]>"
         rows = f"tensordesc<bf16[{r},{spec.D}]>"
         row = f"tensordesc<fp32[1,{r}]>"
-        out.append(kernel_config("pairs", _pairs_kernel, spec, config(spec), {
+        cfg, more = config(spec), {}
+        if packed:  # packed sequences: the token bounds (`launch`'s packed)
+            cfg, more = dict(cfg, VARLEN=True), {"Seq": "*i32"}
+        out.append(kernel_config("pairs_packed" if packed else "pairs", _pairs_kernel, spec, cfg, {**more,
             "Q": rows, "K1": "*bf16", "K2": kv, "V1": "*bf16", "V2": kv, "DO": rows, "Lse2": row,
             "Delta": row, "K2rows": "*bf16", "V2rows": "*bf16",
             "DQacc": f"tensordesc<fp32[{r},{spec.D // 2}]>", "DK1acc": "*fp32",

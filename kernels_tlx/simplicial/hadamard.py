@@ -8,7 +8,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx.simplicial.common import NUM_CONSUMERS
-from kernels_triton.simplicial.tiling import M_START, load_q, row_coords, tile_setup
+from kernels_triton.simplicial.tiling import M_START, key_blocks, load_q, row_coords, tile_setup
 from kernels_triton.simplicial.tiling import supports as tiling_supports
 from altattn.simplicial.spec import ProblemSpec
 
@@ -47,12 +47,9 @@ def fma_bf16x2(x, y, z):
 
 
 @triton.jit
-def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr,
-          DET: tl.constexpr = 0, row_b=None, src_b=None):
-    """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
-    the proxy fence that makes it visible to the consumers' wgmma. DET (form "det", K1[j]'s and
-    K2's rotations, kernels_triton/simplicial/det.py: det_keys_side): dst = bf16(row * src + bf16(row_b *
-    src_b)), one more block scaled by one more row."""
+def build_chunks(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CH: tl.constexpr, DET: tl.constexpr, row_b, src_b, MASK: tl.constexpr, n_rows):
+    """`build`'s loop; MASK: rows n_rows .. BLOCK_N - 1 of dst are zeros, whatever src holds."""
     for ch in tl.static_range(BLOCK_N // CH):
         x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
         if DET:
@@ -60,21 +57,71 @@ def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: t
             y = fma_bf16x2(x, row, mul_bf16x2(xb, row_b))
         else:
             y = mul_bf16x2(x, row)
+        if MASK:
+            y = tl.where((ch * CH + tl.arange(0, CH) < n_rows)[:, None], y, tl.zeros_like(y))
         tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), y)
+
+
+@triton.jit
+def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr,
+          DET: tl.constexpr = 0, row_b=None, src_b=None, MASK_ROWS: tl.constexpr = False,
+          n_rows=0):
+    """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
+    the proxy fence that makes it visible to the consumers' wgmma. DET (form "det", K1[j]'s and
+    K2's rotations, kernels_triton/simplicial/det.py: det_keys_side): dst = bf16(row * src + bf16(row_b *
+    src_b)), one more block scaled by one more row. MASK_ROWS (packed sequences): rows n_rows
+    on are zeros, so that a key block that runs into the next sequence carries none of its
+    values (not even inf or NaN, which a zero softmax weight would not cancel) into a wgmma."""
+    if MASK_ROWS:
+        if n_rows < BLOCK_N:
+            build_chunks(row, src_tile, dst_tile, D, BLOCK_N, CH, DET, row_b, src_b, True,
+                         n_rows)
+        else:
+            build_chunks(row, src_tile, dst_tile, D, BLOCK_N, CH, DET, row_b, src_b, False, 0)
+    else:
+        build_chunks(row, src_tile, dst_tile, D, BLOCK_N, CH, DET, row_b, src_b, False, 0)
     tlx.fence_async_shared()
 
 
 @triton.jit
 def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Seq=None, n_split=1,
+               VARLEN: tl.constexpr = False):
     """This program's tile, one token's G = BLOCK_M heads: batch b, KV head g, token i0, first
     head h0, its key blocks (k_lo, n_lo, n_hi, n_blocks; see tiling.key_blocks), its w1 window
-    (first j, count) and kv_base, the offset of (b, g) in K1/V1."""
+    (first j, count), kv_base, the offset of (b, g) in K1/V1, and the query token's split and
+    key position (i0 and 0 in a dense batch).
+
+    VARLEN (packed sequences, kernels_triton/simplicial/varlen.py): b = 0, the grid is
+    N query tokens x n_split x HK; Seq [N, 2] int32 holds each query token's key position (its
+    row in the packed keys) and its sequence's first key row. Split s of n_split takes the
+    s-th share of the token's j window (flash-decoding: a few tokens still fill the GPU); a
+    share with no j has no key blocks."""
     tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
-    b, g, i0, h0, _, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
-    j_first = tl.maximum(i0 - w1 + 1, 0)
-    kv_base = b.to(tl.int64) * N * (HK * D) + g * D
-    return b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, i0 - j_first + 1, kv_base
+    if VARLEN:
+        pid = tl.program_id(0)
+        i0 = pid % N
+        split = (pid // N) % n_split
+        g = pid // N // n_split
+        b = pid * 0
+        h0 = 0
+        kpos = tl.load(Seq + 2 * i0)
+        k_min = tl.load(Seq + 2 * i0 + 1)
+        k_lo, n_lo, n_hi, n_blocks = key_blocks(kpos, kpos, w2, 1, BLOCK_N, k_min)
+        j_lo = tl.maximum(kpos - w1 + 1, k_min)
+        share = tl.cdiv(kpos - j_lo + 1, n_split)
+        j_first = j_lo + split * share
+        n_j = tl.maximum(tl.minimum(share, kpos + 1 - j_first), 0)
+        n_blocks = tl.where(n_j > 0, n_blocks, 0)
+        kv_base = (g * D).to(tl.int64)
+    else:
+        b, g, i0, h0, _, k_lo, n_lo, n_hi, n_blocks = tile_setup(N, w2, HK, G, BLOCK_M, BLOCK_N)
+        j_first = tl.maximum(i0 - w1 + 1, 0)
+        n_j = i0 - j_first + 1
+        kv_base = b.to(tl.int64) * N * (HK * D) + g * D
+        split = 0
+        kpos = i0
+    return b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, split, kpos
 
 
 @triton.jit

@@ -39,25 +39,27 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.simplicial.common import (NUM_CONSUMERS, acc_layout, held, pass_turn, release_layout,
-                               take_turn)
+from kernels_tlx.simplicial.common import (NUM_CONSUMERS, acc_layout, held, opaque, pass_turn,
+                                           release_layout, take_turn)
 from kernels_tlx.simplicial.hadamard import build, row_tile, start_consumer, supports, token_tile
 from kernels_triton.simplicial.det import det_keys_side, det_of
 from kernels_triton.simplicial.host import entry_points
-from kernels_triton.simplicial.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores, normalized,
-                                   softmax_step, write_rows)
+from kernels_triton.simplicial.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores,
+                                              normalized, row_coords, softmax_step, write_rows)
 from altattn.simplicial.spec import ProblemSpec
 
 
 @triton.jit
 def produce_step(row, src_tile, dst_tiles, fulls, empties, c, D: tl.constexpr,
                  BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, CH: tl.constexpr,
-                 DET: tl.constexpr = 0, row_b=None, src_b=None):
+                 DET: tl.constexpr = 0, row_b=None, src_b=None, MASK_ROWS: tl.constexpr = False,
+                 n_rows=0):
     """Producer: wait for slot c % NUM_B of a ring, build row * src into it (DET: row * src +
-    row_b * src_b, hadamard.build), mark it full."""
+    row_b * src_b; MASK_ROWS: rows n_rows on zero; hadamard.build), mark it full."""
     bs = c % NUM_B
     tlx.barrier_wait(tlx.local_view(empties, bs), ((c // NUM_B) & 1) ^ 1)
-    build(row, src_tile, tlx.local_view(dst_tiles, bs), D, BLOCK_N, CH, DET, row_b, src_b)
+    build(row, src_tile, tlx.local_view(dst_tiles, bs), D, BLOCK_N, CH, DET, row_b, src_b,
+          MASK_ROWS, n_rows)
     tlx.barrier_arrive(tlx.local_view(fulls, bs), 1)
 
 
@@ -84,20 +86,35 @@ def release(empties, c, NUM_B: tl.constexpr):
 
 @triton.jit
 def scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, m_i, l_i,
-                   BLOCK_N: tl.constexpr):
-    """Mask step c's scores if its key block is an edge block; one online-softmax step."""
-    t = c // n_j
-    if t >= n_hi - n_lo:
-        kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
-        s = mask_scores(s, j_first + c - t * n_j, kb, tok, tl.arange(0, BLOCK_N), w1, w2, False,
-                        True)
+                   BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False):
+    """Mask step c's scores if its key block is an edge block; one online-softmax step.
+    VARLEN (`packed_mask`): n_j is the first masked step and k_lo the keys the last block
+    holds."""
+    if VARLEN:
+        if c >= n_j:
+            s = tl.where((tl.arange(0, BLOCK_N) < k_lo)[None, :], s, float("-inf"))
+    else:
+        t = c // n_j
+        if t >= n_hi - n_lo:
+            kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+            s = mask_scores(s, j_first + c - t * n_j, kb, tok, tl.arange(0, BLOCK_N), w1, w2,
+                            False, True)
     return softmax_step(s, m_i, l_i, qk_scale)
+
+
+@triton.jit
+def packed_mask(kpos, k_lo, n_hi, n_blocks, n_j, BLOCK_N: tl.constexpr):
+    """A packed tile's edge in two numbers (its token alone; its keys from k_lo, its j all seen):
+    the first step of the last block when that block runs past the token (else no step), and
+    the keys of that block the token sees. What `scores_softmax` takes in place of n_j and k_lo
+    with VARLEN: fewer values held over the consumers' loop, none of them reloaded."""
+    return n_hi * n_j, kpos - k_lo + 1 - (n_blocks - 1) * BLOCK_N
 
 
 @triton.jit
 def consume(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
             n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, BLOCK_N: tl.constexpr,
-            NUM_B: tl.constexpr, PROFILE: tl.constexpr):
+            NUM_B: tl.constexpr, PROFILE: tl.constexpr, VARLEN: tl.constexpr = False):
     """One consumer warp group, one step after the other: QK, softmax, PV."""
     for c in range(0, n_steps):
         enter("qk_gemm", PROFILE)
@@ -107,7 +124,7 @@ def consume(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_e
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
         p, alpha, m_i, l_i = scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
-                                            qk_scale, m_i, l_i, BLOCK_N)
+                                            qk_scale, m_i, l_i, BLOCK_N, VARLEN)
         acc = acc * alpha[:, None]
         leave("softmax", PROFILE)
         enter("pv_gemm", PROFILE)
@@ -122,7 +139,7 @@ def consume(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_e
 def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                       c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
                       cid, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, PINGPONG: tl.constexpr,
-                      PROFILE: tl.constexpr):
+                      PROFILE: tl.constexpr, VARLEN: tl.constexpr = False):
     """One consumer warp group, FlashAttention-3 style: the QK wgmma of step c and the PV wgmma
     of step c - 1 are issued together, and QK(c) is waited for first. In the compiled code the
     softmax of step c does not run under PV(c - 1): ptxas computes the new P into the registers
@@ -135,7 +152,7 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
     s = tlx.async_dot_wait(0, s)
     release(b_empties, 0, NUM_B)
     p, alpha, m_i, l_i = scores_softmax(s, 0, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
-                                        qk_scale, m_i, l_i, BLOCK_N)
+                                        qk_scale, m_i, l_i, BLOCK_N, VARLEN)
     p_prev = p.to(tl.bfloat16)
     for c in range(1, n_steps):
         enter("qk_gemm", PROFILE)
@@ -148,7 +165,7 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
         p, alpha, m_i, l_i = scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
-                                            qk_scale, m_i, l_i, BLOCK_N)
+                                            qk_scale, m_i, l_i, BLOCK_N, VARLEN)
         leave("softmax", PROFILE)
         enter("pv_gemm", PROFILE)
         acc = tlx.async_dot_wait(0, acc)
@@ -168,13 +185,16 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
 def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, j_first, n_j,
             n_blocks, k_lo, n_lo, n_hi, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_B: tl.constexpr, CH: tl.constexpr, SCOPE: tl.constexpr, PROFILE: tl.constexpr,
-            DET: tl.constexpr = 0, x2b_tile=None, q_free=None):
+            DET: tl.constexpr = 0, x2b_tile=None, q_free=None, MASK_ROWS: tl.constexpr = False,
+            Seq=None):
     """A producer warp group: per key block, TMA-load X2 (K2 or V2) into `x2_tile` (free: this
     warp group's last builds read it before), then per j build X1[j] * X2 into the ring.
     DET (the B producer of form "det"): X1, X2 are det_keys_side's packed [B, N, HK, 2, D] K1
     and K2, so a key block is two TMA loads (K2a into x2_tile, K2b into x2b_tile), a j two K1
     rows, and B_j = K1a[j] * K2a + K1b[j] * K2b. x2b_tile is the consumers' Q tiles: the first
-    load waits until both consumers hold Q in registers (`q_free`)."""
+    load waits until both consumers hold Q in registers (`q_free`). MASK_ROWS (packed
+    sequences, the C producer): the rows of keys past the token are built as zeros (its key
+    row read from Seq again at each block: held from the start, it spills)."""
     SLOTS: tl.constexpr = 2 if DET else 1  # packed rows per token and head (det_keys_side)
     if DET:
         tlx.barrier_wait(q_free, 0)
@@ -187,6 +207,9 @@ def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, 
             tlx.async_descriptor_load(X2, x2b_tile, [b, kb, (2 * g + 1) * D], full)
         tlx.barrier_wait(full, t & 1)
         leave("load_kv", PROFILE)
+        n_rows = 0
+        if MASK_ROWS:
+            n_rows = tl.load(Seq + 2 * (opaque(tl.program_id(0)) % N)) + 1 - kb
         for jj in range(0, n_j):
             # X1[j] (packed: its rows at SLOTS times the offset of an unpacked X1[j])
             x1_row = SLOTS * (kv_base + (j_first + jj).to(tl.int64) * (HK * D))
@@ -197,7 +220,7 @@ def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, 
                 row_b = row
             enter(SCOPE, PROFILE)
             produce_step(row, x2_tile, dst_tiles, fulls, empties, t * n_j + jj, D, BLOCK_N, NUM_B,
-                         CH, DET, row_b, x2b_tile)
+                         CH, DET, row_b, x2b_tile, MASK_ROWS, n_rows)
             leave(SCOPE, PROFILE)
 
 
@@ -208,11 +231,12 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                 NUM_B: tl.constexpr, CH: tl.constexpr,
                                 CONSUMER_REGS: tl.constexpr, PRODUCER_REGS: tl.constexpr,
                                 PIPELINE: tl.constexpr, PINGPONG: tl.constexpr = False,
-                                PROFILE: tl.constexpr = False, DET: tl.constexpr = 0):
+                                PROFILE: tl.constexpr = False, DET: tl.constexpr = 0,
+                                Seq=None, n_split=1, VARLEN: tl.constexpr = False):
     HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     tl.static_assert(PIPELINE or not DET, "form det: pipelined consumers only (PIPELINED_FORMS)")
-    b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base = token_tile(
-        N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N)
+    b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, _, kpos = token_tile(
+        N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N, Seq, n_split, VARLEN)
 
     if DET:  # K2b's slot shares the Q tiles' bytes (shared memory has no 32 KB more)
         q_slot = tlx.storage_alias_spec()
@@ -242,7 +266,8 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
         with tlx.async_task(num_warps=4, registers=PRODUCER_REGS):  # producer of C_j = V1[j] * V2
             produce(V1, V2, tlx.local_view(kv_tiles, 1), tlx.local_view(kv_fulls, 1), c_tiles,
                     c_fulls, c_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
-                    n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_c", PROFILE)
+                    n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_c", PROFILE, MASK_ROWS=VARLEN,
+                    Seq=Seq)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
@@ -260,23 +285,36 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
             else:
                 q = tlx.local_load(q_smem)
             n_steps = n_blocks * n_j
-            if PIPELINE:
+            empty = False
+            if VARLEN:  # a split share with no j: the empty softmax state is written
+                empty = n_steps == 0
+                n_j, k_lo = packed_mask(kpos, k_lo, n_hi, n_blocks, n_j, BLOCK_N)
+            if empty:
+                pass
+            elif PIPELINE:
                 if PINGPONG:
                     if cid == 1:
                         pass_turn(cid, PINGPONG)  # consumer 0 issues first
                 acc, m_i, l_i = consume_pipelined(
                     acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                     c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
-                    cid, BLOCK_N, NUM_B, PINGPONG, PROFILE)
+                    cid, BLOCK_N, NUM_B, PINGPONG, PROFILE, VARLEN)
             else:
                 acc, m_i, l_i = consume(
                     acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                     c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
-                    BLOCK_N, NUM_B, PROFILE)
+                    BLOCK_N, NUM_B, PROFILE, VARLEN)
             enter("epilogue", PROFILE)
             # O passes through this consumer's Q tile (free now): the layout change for the
             # store then needs no scratch, which shared memory could not spare
             tlx.local_store(q_smem, normalized(acc, l_i))
+            if VARLEN:  # split s writes the s-th [N, HQ, D] and [HQ, N] planes (token_tile);
+                # the rows' coordinates found again here (held over the loop, they spill)
+                pid = opaque(tl.program_id(0))
+                split = (pid // N) % n_split
+                Out += split.to(tl.int64) * N * HQ * D
+                Lse += split.to(tl.int64) * HQ * N
+                tok, head = row_coords(pid % N, 0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
             write_rows(Out, Lse, tlx.local_load(q_smem), m_i, l_i, b, g, tok, head, N, HQ, G, D)
             leave("epilogue", PROFILE)
 
@@ -304,7 +342,7 @@ def pipelined_entry_points(config_of):
     """host.entry_points of this kernel for the pipelined variants (`config_of`: their copy of
     this module's config), which also compute form "det"."""
     return entry_points(simplicial_fwd_ws_kv_kernel, config_of, supports, forms=PIPELINED_FORMS,
-                        det_pack=det_keys_side)
+                        det_pack=det_keys_side, packed=True)
 
 
-launch, compile_configs = entry_points(simplicial_fwd_ws_kv_kernel, config, supports)
+launch, compile_configs = entry_points(simplicial_fwd_ws_kv_kernel, config, supports, packed=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -32,8 +33,8 @@ def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
     lies outside the view), never the next batch's rows. Their scores are masked (P = 0), and
     P = 0 times a zero is 0, so no value of one batch element, not even inf or NaN, reaches
     another's output."""
-    hd = math.prod(t.shape[2:])
-    return TensorDescriptor(t, shape=[spec.B, spec.N, hd], strides=[spec.N * hd, hd, 1],
+    B, N, hd = t.shape[0], t.shape[1], math.prod(t.shape[2:])  # packed keys: N = their count
+    return TensorDescriptor(t, shape=[B, N, hd], strides=[N * hd, hd, 1],
                             block_shape=[1, block_n, spec.D])
 
 
@@ -55,13 +56,20 @@ def _constexprs(cfg: dict) -> dict:
 
 
 def launch(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool,
-           q_tma: bool = False) -> None:
+           q_tma: bool = False, packed=None) -> None:
     """Launch a forward kernel with the common signature; `cfg` holds its constexprs plus
     num_warps/num_stages. q_tma: the kernel takes Q as a TMA descriptor (q_descriptor).
-    profile=True compiles the Proton-scoped copy (profiling/trace_capture.py)."""
+    profile=True compiles the Proton-scoped copy (profiling/trace_capture.py). packed
+    (spec.varlen: altattn/simplicial/varlen.py's Packed): the query tokens' key rows and
+    sequence starts (`Seq`), out and lse with a plane per split of the j window."""
     k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
     qd = q_descriptor(q, spec, cfg["BLOCK_M"]) if q_tma else q
-    kernel[grid(spec, cfg["BLOCK_M"])](
+    if packed is not None:
+        cfg = dict(cfg, Seq=packed.seq, n_split=packed.n_split, VARLEN=True)
+        grid_ = (spec.N * packed.n_split * spec.Hk,)
+    else:
+        grid_ = grid(spec, cfg["BLOCK_M"])
+    kernel[grid_](
         qd, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
         HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **_constexprs(cfg))
@@ -78,11 +86,16 @@ def _compile_specs(forms: tuple[str, ...]):
 
 
 def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = False,
-                    forms: tuple[str, ...] = ("trilinear",)) -> list[CompileConfig]:
+                    forms: tuple[str, ...] = ("trilinear",),
+                    packed: bool = False) -> list[CompileConfig]:
     """The default configs of `kernel` at every (Hq, Hk, D) of tiling.COMPILE_SHAPES that
-    `supports` takes, for each form of `forms` (the variant's `forms`; q_tma: as in launch)."""
+    `supports` takes, for each form of `forms` (the variant's `forms`; q_tma: as in launch);
+    packed: each trilinear one packed (VARLEN) too."""
     out = []
-    for suffix, spec in _compile_specs(forms):
+    specs = list(_compile_specs(forms))
+    if packed:
+        specs += [("_packed", replace(spec, varlen=True)) for suffix, spec in specs if not suffix]
+    for suffix, spec in specs:
         hq, hk, d = spec.Hq, spec.Hk, spec.D
         if supports(spec) is not None:
             continue
@@ -92,6 +105,9 @@ def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = Fa
         sig = {"Q": q_sig, "K1": "*bf16", "K2": desc, "V1": "*bf16", "V2": desc, "Out": "*bf16",
                "Lse": "*fp32", "N": "i32", "w1": "i32", "w2": "i32", "qk_scale": "fp32"}
         consts = {"HQ": hq, "HK": hk, "G": hq // hk, "D": d, **_constexprs(cfg)}
+        if spec.varlen:
+            sig.update(Seq="*i32", n_split="i32")
+            consts["VARLEN"] = True
         sig.update({k: "constexpr" for k in consts})
         name = f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}{suffix}"
         out.append(CompileConfig(name, kernel, sig, consts, cfg["num_warps"], cfg["num_stages"]))
@@ -99,20 +115,22 @@ def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = Fa
 
 
 def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False,
-                 forms: tuple[str, ...] = ("trilinear",), det_pack: DetPack | None = None):
+                 forms: tuple[str, ...] = ("trilinear",), det_pack: DetPack | None = None,
+                 packed: bool = False):
     """A variant module's `launch` and `compile_configs` (altattn/registry.py) for
     `kernel` run with `config(spec)` (q_tma: as in launch; forms: the logits' forms it computes,
     its registry record's `forms`, each of which gets compile configs; det_pack: how form "det"
-    packs K1 and K2 for the kernel, given DET = det.det_of(spec))."""
+    packs K1 and K2 for the kernel, given DET = det.det_of(spec); packed: it takes packed
+    sequences, `launch`'s `packed`)."""
     assert ("det" in forms) == (det_pack is not None), "form 'det' needs its packing"
 
-    def launch_variant(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
-                       profile: bool = False) -> None:
+    def launch_variant(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False,
+                       packed=None) -> None:
         if spec.form == "det":
             k1, k2 = det_pack(k1, k2, det_of(spec))
-        launch(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma)
+        launch(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma, packed)
 
     def variant_compile_configs() -> list[CompileConfig]:
-        return compile_configs(kernel, config, supports, q_tma, forms)
+        return compile_configs(kernel, config, supports, q_tma, forms, packed)
 
     return launch_variant, variant_compile_configs

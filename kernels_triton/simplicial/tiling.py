@@ -78,10 +78,11 @@ def row_coords(i0, h0, offs_m, G: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def key_blocks(i0, i_hi, w2, T: tl.constexpr, BLOCK_N: tl.constexpr):
+def key_blocks(i0, i_hi, w2, T: tl.constexpr, BLOCK_N: tl.constexpr, k_min=0):
     """(k_lo, n_lo, n_hi, n_blocks): keys [k_lo, i_hi] in n_blocks blocks; blocks [n_lo, n_hi)
-    need no mask."""
-    k_lo = tl.maximum(i0 - w2 + 1, 0)
+    need no mask. k_min: the first key any row may see (its sequence's start, packed
+    sequences)."""
+    k_lo = tl.maximum(i0 - w2 + 1, k_min)
     L = i_hi - k_lo + 1
     n_blocks = tl.cdiv(L, BLOCK_N)
     n_lo = tl.cdiv(T - 1, BLOCK_N)

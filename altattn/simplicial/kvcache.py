@@ -1,0 +1,210 @@
+"""Decoding with a KV cache: `attention_with_kvcache`, FlashAttention's `flash_attn_with_kvcache`
+convention for 2-simplicial attention (forward only).
+
+A cache is [B, R, Hk, D] per sequence and tensor; the token at position p lives in slot p mod R.
+So a cache of R >= (the longest sequence) slots is a plain linear cache, and one of R >= w + T - 1
+slots (w its window, T the new tokens per call) is a ring buffer: constant memory per sequence,
+however long the context, since only the last w1 tokens of K1/V1 and the last w2 of K2/V2 are
+ever read. (Softmax attention must keep every past token.)
+
+On CUDA, at G = Hq/Hk = 128 (the variants that take packed sequences, packing.py), a call
+gathers each sequence's window (its last max(w1, w2) + T - 1 positions, in position order) into
+one packed key tensor and runs one packed forward launch over the B * T new tokens, each token's
+j window split in n_split shares so that a few tokens still fill the GPU (flash-decoding), the
+shares merged by their LSE. Elsewhere (other G, CPU) the window of each sequence runs through
+the dense forward (CPU: the fp64 reference), the queries at its last T positions.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import replace
+
+import torch
+
+from ..checks import check_group, positive_int
+from . import packing
+from .ops import _lse_dtype
+from .passes import forward as dense_forward
+from .reference import reference
+from .spec import REFERENCE_DTYPES, SUPPORTED_DTYPES, validate_shape
+
+Tensor = torch.Tensor
+CACHES = ("k1_cache", "k2_cache", "v1_cache", "v2_cache")
+NEW = ("k1", "k2", "v1", "v2")
+
+
+def _check(q, caches, cache_seqlens, new, w1, w2):
+    """Shapes, dtypes, devices; returns (B, T, R1, R2, cache_seqlens as an int32 tensor)."""
+    on_cpu = isinstance(q, Tensor) and q.device.type == "cpu"
+    dtypes = REFERENCE_DTYPES if on_cpu else SUPPORTED_DTYPES
+    check_group(("q", *CACHES), (q, *caches), 4, "[B, *, H, D]", dtypes, SUPPORTED_DTYPES)
+    B, T, Hq, D = q.shape
+    Hk = caches[0].shape[2]
+    for name, c in zip(CACHES, caches):
+        if c.shape[0] != B or c.shape[2] != Hk or c.shape[3] != D:
+            raise ValueError(f"{name} must be [B={B}, slots, Hk={Hk}, D={D}], got "
+                             f"{tuple(c.shape)}")
+    for a, b in ((0, 2), (1, 3)):
+        if caches[a].shape[1] != caches[b].shape[1]:
+            raise ValueError(f"{CACHES[a]} and {CACHES[b]} must have as many slots, got "
+                             f"{caches[a].shape[1]} and {caches[b].shape[1]}")
+    R1, R2 = caches[0].shape[1], caches[1].shape[1]
+    given = [t is not None for t in new]
+    if any(given) and not all(given):
+        raise ValueError("k1, k2, v1, v2: give all four new keys and values, or none")
+    if all(given):
+        check_group(NEW, new, 4, "[B, T, Hk, D]", (q.dtype,), SUPPORTED_DTYPES)
+        for name, t in zip(NEW, new):
+            if tuple(t.shape) != (B, T, Hk, D) or t.device != q.device:
+                raise ValueError(f"{name} must be [B, T, Hk, D] = {(B, T, Hk, D)} on {q.device}, "
+                                 f"got {tuple(t.shape)} on {t.device}")
+        for name, r in (("k1_cache", R1), ("k2_cache", R2)):
+            if r < T:
+                raise ValueError(f"{name} has {r} slots, fewer than the T = {T} new tokens")
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if not isinstance(cache_seqlens, Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError(f"cache_seqlens must be an int or an int32 tensor [B], got "
+                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+    if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
+        raise ValueError(f"cache_seqlens must be [B] = [{B}] on {q.device}, got "
+                         f"{tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+    positive_int("w1", w1, "a window of at least one token")
+    positive_int("w2", w2, "a window of at least one token")
+    return B, T, R1, R2, cache_seqlens
+
+
+def _check_lengths(lengths: Tensor, T: int, appended: bool, R1: int, R2: int, w1: int, w2: int):
+    """The values of cache_seqlens, where they may be read (`values_checkable`) and a check
+    needs them (a host sync, which a decode step that appends to ring caches does not pay: it
+    has none): >= 0 (>= T when the queries' keys are already cached), and no position past a
+    cache shorter than a ring that holds every window (R < w + T - 1)."""
+    if appended and R1 >= w1 + T - 1 and R2 >= w2 + T - 1:
+        return
+    if not packing.values_checkable(lengths) or lengths.numel() == 0:
+        return
+    lo, hi = int(lengths.min()), int(lengths.max())
+    if lo < (0 if appended else T):
+        raise ValueError(f"cache_seqlens must be >= {0 if appended else T} (the cached tokens"
+                         f"{'' if appended else ', the T queries among them'}), got {lo}")
+    end = hi + (T if appended else 0)  # one past the last position
+    for name, r, w in (("k1_cache", R1, w1), ("k2_cache", R2, w2)):
+        if r < w + T - 1 and end > r:
+            raise ValueError(
+                f"cache_seqlens runs past {name}: a sequence reaches position {end - 1}, but "
+                f"{name} has {r} slots, too short for the window w = {w} (a ring buffer needs "
+                f">= w + T - 1 = {w + T - 1} slots; a linear cache one per position)")
+
+
+def _append(caches, new, lengths, T):
+    """Write the new keys and values at positions lengths[b] + t, slot (position mod R)."""
+    B = lengths.numel()
+    rows = torch.arange(B, device=lengths.device)[:, None]
+    for c, t in zip(caches, new):
+        c[rows, (lengths.long()[:, None] + torch.arange(T, device=c.device)) % c.shape[1]] = t
+
+
+def _windows(caches, last, L: int, short: tuple[int, int], n_short: int):
+    """Each sequence's last L positions (ending at position `last`[b]) gathered from the caches
+    in position order, [B, L, Hk, D] each; of the caches `short` (the pair with the smaller
+    window) only the last n_short rows, the only ones its window reads (the rest is left
+    unwritten on the GPU)."""
+    pos = last.long()[:, None] - L + 1 + torch.arange(L, device=last.device)
+    rows = torch.arange(last.numel(), device=last.device)[:, None]
+    out = []
+    for i, c in enumerate(caches):
+        n = n_short if i in short else L
+        w = (c.new_zeros if c.device.type == "cpu" else c.new_empty)((c.shape[0], L,
+                                                                      *c.shape[2:]))
+        w[:, L - n:] = c[rows, pos[:, L - n:].clamp(min=0) % c.shape[1]]
+        out.append(w)
+    return out
+
+
+@functools.lru_cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _split(tiles: int, w_small: int, device) -> int:
+    """Shares of each token's j window: the fewest that fill the GPU's waves best (ceil(tiles *
+    S / SMs) / S least), at most the window."""
+    sms = _sm_count(torch.device(device))
+    return min(range(1, w_small + 1), key=lambda s: (math.ceil(tiles * s / sms) / s, s))
+
+
+def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seqlens, w1, w2, *,
+                           k1=None, k2=None, v1=None, v2=None, sm_scale=None,
+                           variant: str = "auto", form: str = "trilinear"):
+    """2-simplicial attention of T new tokens per sequence against KV caches (forward only).
+
+    q [B, T, Hq, D]; k1_cache, v1_cache [B, R1, Hk, D] and k2_cache, v2_cache [B, R2, Hk, D],
+    position p in slot p mod R (module docstring: linear caches and ring buffers);
+    cache_seqlens (int32 [B], or an int) the tokens each sequence has cached. With k1, k2, v1,
+    v2 ([B, T, Hk, D]) given, they are written into the caches in place first, at positions
+    cache_seqlens[b] + t, and query token t sits there; without, the queries are the last T
+    cached tokens. cache_seqlens is not advanced (FlashAttention's convention). Returns out
+    [B, T, Hq, D] and lse [B, Hq, T], as `attention` would for those tokens of the whole
+    sequence. A cache that cannot hold what the windows read raises ValueError naming it (a
+    check of cache_seqlens' values, skipped while torch.compile traces or a CUDA graph is
+    captured). Inputs that require grad are refused: this is the inference path."""
+    caches = (k1_cache, k2_cache, v1_cache, v2_cache)
+    new = (k1, k2, v1, v2)
+    B, T, R1, R2, lengths = _check(q, caches, cache_seqlens, new, w1, w2)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *new)):
+        raise ValueError("attention_with_kvcache is forward-only and its inputs require grad: "
+                         "call it under torch.no_grad() or with detached tensors")
+    appended = k1 is not None
+    _check_lengths(lengths, T, appended, R1, R2, w1, w2)
+    Hq, D, Hk = q.shape[2], q.shape[3], k1_cache.shape[2]
+    spec = validate_shape(1, max(w1, w2) + T - 1, Hq, Hk, D, w1, w2, sm_scale)
+    spec = replace(spec, form=form) if form != "trilinear" else spec
+    if appended:
+        _append(caches, new, lengths, T)
+    last = lengths + (T - 1 if appended else -1)  # each sequence's last position
+    L = spec.w2 + T - 1  # the larger window's positions any query reads
+    windows = _windows(caches, last, L, (1, 3) if spec.swapped else (0, 2), spec.w1 + T - 1)
+    v = (packing.packed_variant(spec, variant, q.device, "fwd") if q.device.type == "cuda"
+         and B * T > 0 else None)
+    if v is None:
+        return _per_sequence(q, windows, last, w1, w2, spec.sm_scale, variant, form)
+    n_split = _split(B * T * Hk, spec.w1, q.device)
+    t = torch.arange(T, device=q.device)
+    base = torch.arange(B, device=q.device)[:, None] * L
+    first = base + (L - 1 - last.long()[:, None]).clamp(min=0)
+    seq = torch.stack(((base + L - T + t).flatten(), first.expand(B, T).flatten()), 1)
+    packed = packing.Packed(seq=seq.int().contiguous(), n_split=n_split)
+    out = q.new_empty(n_split, B * T, Hq, D)
+    lse = q.new_empty(n_split, Hq, B * T, dtype=torch.float32)
+    packing.launch_forward(v, replace(spec, N=B * T), packed, q.reshape(1, B * T, Hq, D),
+                           *(w.reshape(1, B * L, Hk, D) for w in windows), out, lse)
+    if n_split > 1:  # merge the shares: softmax over their LSEs
+        total = torch.logsumexp(lse, 0)
+        weight = torch.exp(lse - total).transpose(1, 2)[..., None]  # [S, B*T, Hq, 1]
+        out, lse = (weight * out.float()).sum(0).to(q.dtype)[None], total[None]
+    return out[0].view(B, T, Hq, D), lse[0].view(Hq, B, T).transpose(0, 1)
+
+
+def _per_sequence(q, windows, last, w1, w2, sm_scale, variant, form):
+    """Each sequence's window through the dense forward (the fp64 reference on CPU), its queries
+    at the last T of its positions 0 .. last[b]."""
+    B, T, Hq, D = q.shape
+    L = windows[0].shape[1]
+    outs, lses = [], []
+    for b, p in enumerate(last.tolist()):
+        n = min(L, p + 1)  # the window's positions >= 0
+        x = [w[b, L - n:][None] for w in windows]
+        qb = q.new_zeros(1, n, Hq, D)
+        qb[0, n - T:] = q[b]
+        if q.device.type == "cpu":
+            o, lse = reference(qb, *x, w1, w2, sm_scale=sm_scale, form=form)
+            o, lse = o.to(q.dtype), lse.to(_lse_dtype(q))
+        else:
+            o, lse = dense_forward(qb, *x, w1, w2, sm_scale=sm_scale, variant=variant,
+                                   form=form)
+        outs.append(o[0, n - T:])
+        lses.append(lse[0, :, n - T:])
+    if not outs:
+        return q.new_empty(q.shape), q.new_empty(B, Hq, T, dtype=_lse_dtype(q))
+    return torch.stack(outs), torch.stack(lses)
