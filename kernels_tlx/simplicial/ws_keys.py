@@ -80,7 +80,7 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
                                   NUM_B: tl.constexpr, CH: tl.constexpr,
                                   CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
     HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
-    b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, _, _ = token_tile(
+    b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, _split, _kpos = token_tile(
         N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N)
 
     q_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)  # consumer c's rows
