@@ -1,0 +1,213 @@
+"""The device pieces of the `tlx_pairs` backward (kernels_tlx/simplicial/bwd_pairs.py, whose
+docstring states the algorithm): a program's coordinates (`pair_program`, `active_tiles`,
+`first_token`), the producer's row loads (`load_rows`), the consumers' probabilities and row
+values, the dQ share and its reduce-add (`dq_share`, `add_dq`), and the end's dK/dV sums
+(`scale_add_rows`). The kernel and its host side are in bwd_pairs.py."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS
+from kernels_triton.simplicial.bwd_common import kv_rows
+
+ROWS = tl.constexpr(64)  # rows per tile (64 heads of one token, or all G heads of 64 / G tokens)
+KEYS = 64  # keys per consumer
+BLOCK_N = NUM_CONSUMERS.value * KEYS  # keys per program
+EXECUTED_FLOPS_PER_F = 2.5  # 5 GEMMs of F / 2 each (edge waste not counted)
+
+
+@triton.constexpr_function
+def tile_tokens(G):
+    """Tokens per 64-row tile: 64 / G at G < 64 (every head of each), else 1."""
+    return max(64 // G, 1)
+
+
+@triton.constexpr_function
+def token_tiles(G):
+    """Tiles per token: G / 64 at G >= 64 (64 heads each), else 1."""
+    return max(G // 64, 1)
+
+
+@triton.constexpr_function
+def epilogue_rows(G):
+    """Rows per chunk of the end's dB/dC pass: 16, or 8 at G < 64 (16 spills 8 bytes there)."""
+    return 16 if G >= 64 else 8
+
+
+@triton.constexpr_function
+def row_width(G):
+    """Columns of the per-token LSE/Delta rows in shared memory: min(G, 64), at least 32 (128
+    bytes)."""
+    return max(min(G, 64), 32)
+
+
+@triton.constexpr_function
+def box_rows(G):
+    """Rows of one token in a tile, a TMA box: min(G, 64)."""
+    return min(G, 64)
+
+
+@triton.jit
+def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                 Seq=None, VARLEN: tl.constexpr = False):
+    """This program's batch b, KV head g, j, first key kb, kv_base (token 0 of (b, g) in a
+    [B, N, HK, D] tensor), its tile count (over the tokens j .. min(j + w1, N) - 1: token_tiles
+    tiles per token, or tile_tokens tokens per tile) and whether it has keys at all. pid is
+    tl.program_id(0), or an opaque copy of it (what is derived from it is then not held in
+    registers across a loop before). Grid: key blocks fastest, then j, then B * HK; j's keys
+    are max(j - w2 + 1, 0) .. min(j + w1 - 1, N - 1), in blocks of 128 from the first,
+    n_kb = cdiv(w1 + w2 - 1, 128) per j (`key_blocks`; a kernel argument, which ptxas reloads
+    where it is needed instead of holding it). Last: the end of j's sequence (N; VARLEN,
+    packed sequences: Seq [N, 2] int32 holds each token's sequence start and end, which bound
+    its keys and tokens as 0 and N bound a batch element's)."""
+    m = pid % n_kb
+    j = (pid // n_kb) % N
+    bg = pid // n_kb // N
+    b = bg // HK
+    g = bg % HK
+    if VARLEN:
+        t_end = tl.load(Seq + 2 * j + 1)
+        k_lo = tl.maximum(j - w2 + 1, tl.load(Seq + 2 * j))
+    else:
+        t_end = N
+        k_lo = tl.maximum(j + 1, w2) - w2
+    k_hi = tl.minimum(j + w1, t_end) - 1
+    kb = k_lo + m * (2 * 64)
+    n_tiles = tl.cdiv(tl.minimum(j + w1, t_end) - j, tile_tokens(G)) * token_tiles(G)
+    return b, g, j, kb, b.to(tl.int64) * N * (HK * D) + g * D, n_tiles, kb <= k_hi, t_end
+
+
+@triton.jit
+def active_tiles(j, k0, n_tiles, w2, G: tl.constexpr):
+    """The tiles u_lo .. u_hi - 1 (`first_token`) one of whose tokens sees one of keys
+    k0 .. k0 + 63: tokens from k0 to k0 + 62 + w2."""
+    T: tl.constexpr = tile_tokens(G)
+    u_lo = tl.minimum(tl.cdiv(tl.maximum(k0 - T + 1 - j, 0), T) * token_tiles(G), n_tiles)
+    u_hi = tl.minimum(tl.cdiv(tl.maximum(k0 + 63 + w2 - j, 0), T) * token_tiles(G), n_tiles)
+    return u_lo, u_hi
+
+
+@triton.jit
+def first_token(j, u, G: tl.constexpr):
+    """Tile u's first token (j's tiles from token j on) and its first head among the KV head's
+    G."""
+    return j + (u // token_tiles(G)) * tile_tokens(G), (u % token_tiles(G)) * 64
+
+
+@triton.jit
+def load_rows(Q, DO, Lse2, Delta, q_tiles, do_tiles, lse_tiles, delta_tiles, s, full, row0,
+              t: tl.constexpr, R: tl.constexpr, D: tl.constexpr):
+    """Producer: TMA-load the R rows of the tile's token t, Q and dO from row0 (of [B*N*HQ, D])
+    into rows t * R .. of ring slot s, its LSE and Delta into row t of the slot's [tokens, >= 32]
+    tiles (a TMA destination starts on 128 bytes); the whole slot at R = ROWS."""
+    q_tile = tlx.local_view(q_tiles, s)
+    do_tile = tlx.local_view(do_tiles, s)
+    lse_tile = tlx.local_view(lse_tiles, s)
+    delta_tile = tlx.local_view(delta_tiles, s)
+    if R < ROWS:
+        q_tile = tlx.local_slice(q_tile, [t * R, 0], [R, D])
+        do_tile = tlx.local_slice(do_tile, [t * R, 0], [R, D])
+        lse_tile = tlx.local_slice(lse_tile, [t, 0], [1, R])
+        delta_tile = tlx.local_slice(delta_tile, [t, 0], [1, R])
+    tlx.async_descriptor_load(Q, q_tile, [row0, 0], full)
+    tlx.async_descriptor_load(DO, do_tile, [row0, 0], full)
+    tlx.async_descriptor_load(Lse2, lse_tile, [row0 // R, 0], full)
+    tlx.async_descriptor_load(Delta, delta_tile, [row0 // R, 0], full)
+
+
+@triton.jit
+def row_values(tiles, s, G: tl.constexpr):
+    """Slot s's LSE or Delta of the tile's ROWS rows as a [1, ROWS] row (token-major)."""
+    if tile_tokens(G) == 1:
+        return tlx.local_load(tlx.local_view(tiles, s))
+    else:
+        x = tlx.local_load(tlx.local_slice(tlx.local_view(tiles, s), [0, 0],
+                                           [tile_tokens(G), box_rows(G)]))
+        return tl.reshape(x, [1, ROWS])
+
+
+@triton.jit
+def probabilities(st, lse2, qk_scale, kpos, i0, i_end, w2, G: tl.constexpr):
+    """P^T = exp2(S^T c log2e - LSE log2e) [64 keys, ROWS] where key kpos is in the w2 window of
+    the row's token, else 0; the row's token is one of the tile's from i0 below i_end (at G >= 64
+    one token, i0 < i_end)."""
+    if tile_tokens(G) == 1:
+        ok = ((kpos <= i0) & (kpos > i0 - w2))[:, None]
+        return tl.where(ok, tl.math.exp2(st * qk_scale - lse2), 0.0)
+    else:
+        tok = i0 + tl.arange(0, ROWS) // G
+        ok = ((kpos[:, None] <= tok[None, :]) & (kpos[:, None] > tok[None, :] - w2)
+              & (tok < i_end)[None, :])
+        return tl.where(ok, tl.math.exp2(st * qk_scale - lse2), 0.0)
+
+
+@triton.jit
+def dq_columns(ds_tiles, b_tiles, d, COL: tl.constexpr, DH: tl.constexpr):
+    """Columns COL .. COL + DH - 1 of a tile's dQ share, dS B over both consumers' keys: the
+    dS^T of ds ring slot d (one [64 keys, ROWS] tile per consumer) against the same columns of
+    each consumer's B tile. Waits for every wgmma of the warp group."""
+    dq = tl.zeros([ROWS, DH], tl.float32)
+    for c in tl.static_range(NUM_CONSUMERS):
+        dq = tlx.async_dot(tlx.local_trans(tlx.local_view(ds_tiles, d * NUM_CONSUMERS + c)),
+                           tlx.local_slice(tlx.local_view(b_tiles, c), [0, COL], [64, DH]), dq)
+    return tlx.async_dot_wait(0, dq)
+
+
+@triton.jit
+def dq_share(ds_tiles, b_tiles, ds_fulls, u, cid, DH: tl.constexpr):
+    """Consumer cid's columns of tile u's dQ share, once both consumers' dS^T of u are in ring
+    slot u % 2."""
+    d = u % 2
+    tlx.barrier_wait(tlx.local_view(ds_fulls, d), (u // 2) & 1)
+    if cid == 0:
+        dq = dq_columns(ds_tiles, b_tiles, d, 0, DH)
+    else:
+        dq = dq_columns(ds_tiles, b_tiles, d, DH, DH)
+    return dq
+
+
+@triton.jit
+def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: tl.constexpr,
+           DH: tl.constexpr):
+    """Reduce-add consumer cid's columns of tile u's dQ share into the fp32 dQ through its staging
+    tile, once the previous add has read it: one TMA box per token of the tile below i_end."""
+    R: tl.constexpr = box_rows(G)
+    i0, h0 = first_token(j, u, G)
+    stage = tlx.local_view(dq_stage, cid)
+    tlx.async_descriptor_store_wait(0)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    tlx.local_store(stage, dq)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    if tile_tokens(G) == 1:
+        tlx.async_descriptor_store(DQacc, stage, [(b * N + i0) * HQ + g * G + h0, cid * DH],
+                                   store_reduce="add")
+    else:
+        for t in tl.static_range(tile_tokens(G)):
+            if i0 + t < i_end:
+                tlx.async_descriptor_store(DQacc, tlx.local_slice(stage, [t * R, 0], [R, DH]),
+                                           [(b * N + i0 + t) * HQ + g * G, cid * DH],
+                                           store_reduce="add")
+
+
+@triton.jit
+def scale_add_rows(acc, stage, row, X, kv_base, k0, N, DST, DSUM, j_off, cid,
+                   HK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+    """One consumer's end: DST[k] += row * acc[k] for its keys k0 .. k0 + 63 (< N), and
+    DSUM[j] += sum_k X[k] * acc[k] (fp32 atomics), acc ([64, D] fp32) passing through `stage` to
+    meet X's rows in a coalesced layout, CHUNK rows at a time."""
+    tlx.local_store(stage, acc)
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    col = tl.zeros([D], tl.float32)
+    for c in tl.static_range(64 // CHUNK):
+        x = tlx.local_load(tlx.local_slice(stage, [c * CHUNK, 0], [CHUNK, D]))
+        kpos = k0 + c * CHUNK + tl.arange(0, CHUNK)
+        offs = kv_rows(kv_base, kpos, HK, D)
+        ok = (kpos < N)[:, None]
+        xk = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
+        col += tl.sum(xk * x, 0)
+        tl.atomic_add(DST + offs, x * row[None, :], mask=ok, sem="relaxed")
+    tl.atomic_add(DSUM + j_off + tl.arange(0, D), col, sem="relaxed")
+    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every chunk read: stage is free
