@@ -25,9 +25,10 @@ import torch
 from ..checks import check_group, positive_int
 from . import packing
 from .ops import _lse_dtype
+from .passes import Forward
 from .passes import forward as dense_forward
 from .reference import reference
-from .spec import REFERENCE_DTYPES, SUPPORTED_DTYPES, validate_shape
+from .spec import NAMES, REFERENCE_DTYPES, SUPPORTED_DTYPES, validate_shape
 
 Tensor = torch.Tensor
 CACHES = ("k1_cache", "k2_cache", "v1_cache", "v2_cache")
@@ -177,8 +178,9 @@ def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seql
     packed = packing.Packed(seq=seq.int().contiguous(), n_split=n_split)
     out = q.new_empty(n_split, B * T, Hq, D)
     lse = q.new_empty(n_split, Hq, B * T, dtype=torch.float32)
-    packing.launch_forward(v, replace(spec, N=B * T), packed, q.reshape(1, B * T, Hq, D),
-                           *(w.reshape(1, B * L, Hk, D) for w in windows), out, lse)
+    keys = (w.reshape(1, B * L, Hk, D) for w in windows)
+    packing.launch(Forward, v, replace(spec, N=B * T), packed,
+                   dict(zip(NAMES, (q.reshape(1, B * T, Hq, D), *keys))), {"out": out, "lse": lse})
     if n_split > 1:  # merge the shares: softmax over their LSEs
         total = torch.logsumexp(lse, 0)
         weight = torch.exp(lse - total).transpose(1, 2)[..., None]  # [S, B*T, Hq, 1]

@@ -16,7 +16,7 @@ import torch
 
 from .. import launcher
 from ..launcher import Call
-from .passes import FAMILY, Backward, Forward
+from .passes import FAMILY
 from .spec import ProblemSpec
 
 Tensor = torch.Tensor
@@ -98,25 +98,16 @@ def packed_variant(spec: ProblemSpec, variant: str, device, pass_: str,
         return None
 
 
-def launch_forward(v, spec: ProblemSpec, packed: Packed, q, k1, k2, v1, v2, out, lse) -> None:
-    """One packed forward launch of variant v: q [1, Tq, Hq, D] and keys [1, Tk, Hk, D] (in the
-    caller's pair order), out [n_split, Tq, Hq, D] bf16 and lse [n_split, Hq, Tq] fp32."""
+def launch(pass_io, v, spec: ProblemSpec, packed: Packed, tensors: dict, outs: dict) -> None:
+    """One packed launch of variant v through its pass's steps (`pass_io`: passes.Forward or
+    Backward): `tensors` and `outs` as those steps name them, B = 1 views of the packed tensors
+    (forward: q [1, Tq, Hq, D], keys [1, Tk, Hk, D], out [n_split, Tq, Hq, D] and lse
+    [n_split, Hq, Tq])."""
     spec = replace(spec, varlen=True)
-    call = Call(spec, q.device, dict(q=q, k1=k1, k2=k2, v1=v1, v2=v2))
-    args = Forward.kernel_args(call, {"out": out, "lse": lse})
+    device = tensors["q"].device
+    args = pass_io.kernel_args(Call(spec, device, tensors), outs)
     if args is not None:
-        with torch.cuda.device(q.device):
-            v.load().launch(spec, *args, packed=packed)
-
-
-def launch_backward(v, spec: ProblemSpec, packed: Packed, tensors: dict, grads: dict) -> None:
-    """One packed backward launch of variant v; `tensors` and `grads` as Backward's steps name
-    them (B = 1 views of the packed tensors)."""
-    spec = replace(spec, varlen=True)
-    call = Call(spec, tensors["q"].device, tensors)
-    args = Backward.kernel_args(call, grads)
-    if args is not None:
-        with torch.cuda.device(tensors["q"].device):
+        with torch.cuda.device(device):
             v.load().launch(spec, *args, packed=packed)
 
 

@@ -19,6 +19,7 @@ import torch
 from ..checks import check_group, validate_aux
 from . import packing
 from .ops import _lse_dtype, check_variant_names
+from .passes import Backward, Forward
 from .passes import backward as dense_backward
 from .passes import forward as dense_forward
 from .reference import reference, reference_backward
@@ -91,8 +92,9 @@ def forward_varlen(q, k1, k2, v1, v2, cu_seqlens, w1, w2, *, sm_scale=None, vari
         return torch.cat([o for o, _ in outs]), torch.cat([lse for _, lse in outs], 1)
     out = q.new_empty(1, T, spec.Hq, spec.D)
     lse = q.new_empty(1, spec.Hq, T, dtype=torch.float32)
-    packing.launch_forward(v, spec, packing.token_maps(cu_seqlens, T),
-                           *(t[None] for t in (q, k1, k2, v1, v2)), out, lse)
+    packing.launch(Forward, v, spec, packing.token_maps(cu_seqlens, T),
+                   dict(zip(NAMES, (t[None] for t in (q, k1, k2, v1, v2)))),
+                   {"out": out, "lse": lse})
     return out[0], lse[0]
 
 
@@ -152,7 +154,7 @@ def backward_varlen(dout, dlse, q, k1, k2, v1, v2, out, lse, cu_seqlens, w1, w2,
              for g, t in zip(("dq", "dk1", "dk2", "dv1", "dv2"), (q, k1, k2, v1, v2))}
     tensors = dict(zip(NAMES, (t[None] for t in (q, k1, k2, v1, v2))), out=out[None],
                    lse=lse[None], dout=dout[None], dlse=None if dlse is None else dlse[None])
-    packing.launch_backward(v, spec, packing.token_maps(cu_seqlens, T), tensors, grads)
+    packing.launch(Backward, v, spec, packing.token_maps(cu_seqlens, T), tensors, grads)
     return tuple(g[0] for g in grads.values())
 
 
