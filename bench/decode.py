@@ -2,11 +2,12 @@
 
     python -m bench.decode [--batch 64 8] [--context 4096] [--tokens 1] [--json PATH]
 
-Times one `attention_with_kvcache` call (the new keys written into ring caches of w + T - 1
-slots, the windows gathered, the split kernel, the merge), eager and replayed from a CUDA graph
-(a serving loop's way: no host work per step), for --tokens new tokens of each of
---batch sequences with --context tokens cached (Hq 128, Hk 1, D 128, w 32 x 512), and the dense
-forward ("auto") on S* (B 4, N 16384). TFLOPS: useful FLOPs (4 Hq D min(p+1, w1) min(p+1, w2)
+Times one `attention_with_kvcache` call (the new keys written into their slots, the forward
+reading the caches, the merge of its split shares: three launches), eager and replayed from a
+CUDA graph (a serving loop's way: no host work per step), for --tokens new tokens of each of
+--batch sequences with --context tokens cached (Hq 128, Hk 1, D 128, w 32 x 512), in ring
+caches of w + T - 1 slots and in linear caches, and the dense forward ("auto") on S* (B 4,
+N 16384). TFLOPS: useful FLOPs (4 Hq D min(p+1, w1) min(p+1, w2)
 per token at position p) over the median time (profiling.timing.median_ms); tokens/s: B * T
 over it.
 """
@@ -58,14 +59,19 @@ def main(argv=None) -> int:
         g = torch.Generator(device="cuda").manual_seed(B)
         q = torch.randn(B, T, HQ, D, generator=g, device="cuda").bfloat16()
         new = [torch.randn(B, T, HK, D, generator=g, device="cuda").bfloat16() for _ in range(4)]
-        caches = [torch.randn(B, w + T - 1, HK, D, generator=g, device="cuda").bfloat16()
-                  for w in (W1, W2, W1, W2)]
         lens = torch.full((B,), P, dtype=torch.int32, device="cuda")
+        paths = []
+        for cache in ("ring", "linear"):
+            caches = [torch.randn(B, w + T - 1 if cache == "ring" else P + T, HK, D, generator=g,
+                                  device="cuda").bfloat16() for w in (W1, W2, W1, W2)]
 
-        def step():
-            return attention_with_kvcache(q, *caches, lens, W1, W2, k1=new[0], k2=new[1],
-                                          v1=new[2], v2=new[3])
-        for path, fn in (("decode", step), ("decode graph", graphed(step))):
+            def step(caches=caches):
+                return attention_with_kvcache(q, *caches, lens, W1, W2, k1=new[0], k2=new[1],
+                                              v1=new[2], v2=new[3])
+            if cache == "ring":
+                paths.append(("ring eager", step))
+            paths.append((f"{cache} graph", graphed(step)))
+        for path, fn in paths:
             ms = median_ms(fn)
             tf = B * sum(per_token) / ms / 1e9
             rows.append({"path": path, "B": B, "T": T, "context": P, "ms": round(ms, 4),

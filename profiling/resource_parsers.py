@@ -2,6 +2,7 @@
 log, cuobjdump's -res-usage lines and its SASS. Text in, numbers out: no compiler, no GPU."""
 from __future__ import annotations
 
+import math
 import re
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
@@ -164,9 +165,13 @@ def parse_sass_clobbered_operands(sass: str) -> list[str]:
         if m := _INSN.match(line):
             operands = [o.strip() for o in m.group(4).split(",") if o.strip()]
             insns.append((int(m.group(1), 16), m.group(3), operands))
+    # back edges; those past the last EXIT are a barrier wait's out-of-line retry, which jumps
+    # back to the wait before anything after it has run: not a loop over the code between
+    exits = [addr for addr, op, _ in insns if op == "EXIT"]
+    end_of_code = max(exits) if exits else math.inf
     loops = [(int(ops[0], 16), addr) for addr, op, ops in insns
              if op.startswith("BRA") and ops and re.fullmatch(r"0x[0-9a-f]+", ops[0])
-             and int(ops[0], 16) < addr]
+             and int(ops[0], 16) < addr < end_of_code]
     found = []
     for i, (addr, op, ops) in enumerate(insns):
         # a chain's first HGMMA zero-initializes its accumulator ("RZ, !UPT"); A in registers

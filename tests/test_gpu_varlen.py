@@ -144,24 +144,20 @@ def test_no_value_crosses_sequences(value, poisoned):
         assert _rel(g[keep], d[keep]) < 1e-2, name
 
 
-@pytest.mark.parametrize("Hq,Hk", [(128, 1), (256, 2), (64, 1)])
-@pytest.mark.parametrize("T", [1, 3])
-@pytest.mark.parametrize("ring", [True, False], ids=["ring", "linear"])
-def test_decode_matches_one_dense_call(Hq, Hk, T, ring):
-    """Prefill (attention_varlen) then decode T tokens a call, sequences of different lengths in
-    one batch, ring buffers of w + T - 1 slots wrapping many times (or linear caches): the
-    outputs and LSE those of one dense forward over each whole sequence, within bf16
-    rounding (a split's bf16 share and the merge)."""
-    D, w1, w2 = 128, 32, 200
+def _decode_against_dense(Hq, Hk, T, slots, w1=32, w2=200, form="trilinear", seed=6, D=128):
+    """Prefill then decode T tokens a call, sequences of different lengths in one batch, caches
+    of `slots(w, T)` slots (w + T - 1: a ring wrapping many times; more: a ring whose windows
+    wrap at any slot; None: linear), every slot never written NaN: the outputs and LSE those
+    of one dense forward over each whole sequence, within bf16 rounding (a split's bf16
+    share, the merge, another key order)."""
     prefill, steps = [5, 300, 64, 211], 6
     B = len(prefill)
     n = [p + steps * T for p in prefill]
-    g = torch.Generator(device="cuda").manual_seed(6)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(B, max(n), Hq, D, generator=g, device="cuda").bfloat16()
     kv = [torch.randn(B, max(n), Hk, D, generator=g, device="cuda").bfloat16() for _ in range(4)]
-    r1, r2 = (w1 + T - 1, w2 + T - 1) if ring else (max(n), max(n))
-    caches = [torch.zeros(B, r, Hk, D, device="cuda", dtype=torch.bfloat16)
-              for r in (r1, r2, r1, r2)]
+    caches = [torch.full((B, slots(w, T) or max(n), Hk, D), math.nan, device="cuda",
+                         dtype=torch.bfloat16) for w in (w1, w2, w1, w2)]
     lens = torch.tensor(prefill, dtype=torch.int32, device="cuda")
     for b, p in enumerate(prefill):  # the prefill's keys, in their slots
         for c, t in zip(caches, kv):  # the last R positions (a ring's; one write a slot)
@@ -172,14 +168,72 @@ def test_decode_matches_one_dense_call(Hq, Hk, T, ring):
         rows = torch.arange(B, device="cuda")[:, None]
         new = [t[rows, pos] for t in kv]
         out, lse = attention_with_kvcache(q[rows, pos], *caches, lens, w1, w2, k1=new[0],
-                                          k2=new[1], v1=new[2], v2=new[3])
+                                          k2=new[1], v1=new[2], v2=new[3], form=form)
         for b in range(B):
             hi = int(pos[b, -1]) + 1
-            o, l_ = dense_forward(q[b:b + 1, :hi], *(t[b:b + 1, :hi] for t in kv), w1, w2)
+            o, l_ = dense_forward(q[b:b + 1, :hi], *(t[b:b + 1, :hi] for t in kv), w1, w2,
+                                  form=form)
             ref_o, ref_l = o[0, hi - T:], l_[0, :, hi - T:]
             assert ulps(out[b], ref_o) <= ULPS, (step, b, ulps(out[b], ref_o))
             assert (lse[b] - ref_l).abs().max() < 1e-3, (step, b)
         lens += T
+
+
+CACHES = {"ring": lambda w, T: w + T - 1, "ring+77": lambda w, T: w + T + 76,
+          "linear": lambda w, T: None}
+
+
+@pytest.mark.parametrize("Hq,Hk", [(128, 1), (256, 2), (64, 1)])
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("cache", list(CACHES))
+def test_decode_matches_one_dense_call(Hq, Hk, T, cache):
+    _decode_against_dense(Hq, Hk, T, CACHES[cache])
+
+
+@pytest.mark.parametrize("form", ["trilinear", "det"])
+def test_decode_w1_above_w2_and_det(form):
+    """The pairs exchanged (w1 > w2: the kernel reads K2's ring as its K1's), and form det
+    (gathered windows)."""
+    _decode_against_dense(128, 1, 2, CACHES["ring"], w1=200, w2=32, form=form)
+
+
+def test_decode_d64_gathers():
+    """D = 64 at G = 128 (no CACHE mode: gathered windows, the packed kernel)."""
+    _decode_against_dense(128, 1, 3, CACHES["ring+77"], D=64)
+
+
+def test_decode_ring_of_whole_blocks():
+    """Rings of 256 = 2 whole key blocks: every window read as the whole ring, no mask."""
+    _decode_against_dense(128, 1, 1, CACHES["ring"], w1=32, w2=256)
+
+
+def test_decode_step_in_a_cuda_graph():
+    """A decoding step captured in a CUDA graph and replayed: the eager step's outputs and
+    caches, bitwise (no host work in the step: append, attention, merge)."""
+    B, Hq, D, w1, w2, p = 8, 128, 128, 32, 512, 700
+    g = torch.Generator(device="cuda").manual_seed(8)
+    q = torch.randn(B, 1, Hq, D, generator=g, device="cuda").bfloat16()
+    new = [torch.randn(B, 1, 1, D, generator=g, device="cuda").bfloat16() for _ in range(4)]
+    caches = [torch.randn(B, w, 1, D, generator=g, device="cuda").bfloat16()
+              for w in (w1, w2, w1, w2)]
+    lens = torch.full((B,), p, dtype=torch.int32, device="cuda")
+    eager_caches = [c.clone() for c in caches]
+    ref = attention_with_kvcache(q, *eager_caches, lens, w1, w2, k1=new[0], k2=new[1],
+                                 v1=new[2], v2=new[3])
+
+    def step():
+        return attention_with_kvcache(q, *caches, lens, w1, w2, k1=new[0], k2=new[1],
+                                      v1=new[2], v2=new[3])
+    step()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(out, ref):
+        assert torch.equal(a, b)
+    for a, b in zip(caches, eager_caches):
+        assert torch.equal(a, b)
 
 
 def test_decode_fills_the_gpu_by_splits():

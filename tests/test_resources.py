@@ -219,6 +219,11 @@ def test_parse_sass_clobbered_operands():
     # Q's registers written by a vector load in the loop: LDS.128 R176 covers R176-R179 only
     assert parse_sass_clobbered_operands(CLOBBER_SASS.replace(
         "FFMA R180, R24, UR20, -R4", "LDS.128 R176, [R2]")) == []
+    # a barrier wait's retry past the last EXIT jumps back before the HGMMA: no loop
+    retry = CLOBBER_SASS.replace("        /*64d0*/               @P0 BRA 0x3ae0 ;", (
+        "        /*64d0*/                   EXIT ;\n"
+        "        /*6500*/                   BRA 0x3ae0 ;"))
+    assert parse_sass_clobbered_operands(retry) == []
     assert parse_sass_clobbered_operands(CLOBBER_SASS.replace(
         "FFMA R180, R24, UR20, -R4", "LDS.128 R178, [R2]")) == [
         "R180 (HGMMA at 0x3c40, written at 0x4c90)", "R181 (HGMMA at 0x3c40, written at 0x4c90)"]

@@ -7,12 +7,15 @@ slots (w its window, T the new tokens per call) is a ring buffer: constant memor
 however long the context, since only the last w1 tokens of K1/V1 and the last w2 of K2/V2 are
 ever read. (Softmax attention must keep every past token.)
 
-On CUDA, at G = Hq/Hk = 128 (the variants that take packed sequences, packing.py), a call
-gathers each sequence's window (its last max(w1, w2) + T - 1 positions, in position order) into
-one packed key tensor and runs one packed forward launch over the B * T new tokens, each token's
-j window split in n_split shares so that a few tokens still fill the GPU (flash-decoding), the
-shares merged by their LSE. Elsewhere (other G, CPU) the window of each sequence runs through
-the dense forward (CPU: the fp64 reference), the queries at its last T positions.
+On CUDA, at G = Hq/Hk = 128 (the variants that take packed sequences, packing.py), a call is
+three launches and no host work (a CUDA graph replays it): the new keys and values written into
+their slots (kernels_triton/simplicial/decode.py), one forward over the B * T new tokens that
+reads the caches where they lie (the kernel's CACHE mode, kernels_tlx/simplicial/hadamard.py:
+cache_tile), each token's j window split in n_split shares so that a few tokens still fill the
+GPU (flash-decoding), and the merge of the shares by their LSE. Form "det" (which has no CACHE
+mode) gathers each sequence's window into packed keys first. Elsewhere (other G, CPU) the
+window of each sequence runs through the dense forward (CPU: the fp64 reference), the queries at
+its last T positions.
 """
 from __future__ import annotations
 
@@ -99,7 +102,12 @@ def _check_lengths(lengths: Tensor, T: int, appended: bool, R1: int, R2: int, w1
 
 
 def _append(caches, new, lengths, T):
-    """Write the new keys and values at positions lengths[b] + t, slot (position mod R)."""
+    """Write the new keys and values at positions lengths[b] + t, slot (position mod R): one
+    kernel on CUDA (contiguous caches), indexing elsewhere."""
+    if lengths.is_cuda and all(c.is_contiguous() for c in caches):
+        from kernels_triton.simplicial.decode import append
+        append(caches, new, lengths)
+        return
     B = lengths.numel()
     rows = torch.arange(B, device=lengths.device)[:, None]
     for c, t in zip(caches, new):
@@ -164,28 +172,39 @@ def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seql
     if appended:
         _append(caches, new, lengths, T)
     last = lengths + (T - 1 if appended else -1)  # each sequence's last position
-    L = spec.w2 + T - 1  # the larger window's positions any query reads
-    windows = _windows(caches, last, L, (1, 3) if spec.swapped else (0, 2), spec.w1 + T - 1)
     v = (packing.packed_variant(spec, variant, q.device, "fwd") if q.device.type == "cuda"
          and B * T > 0 else None)
     if v is None:
-        return _per_sequence(q, windows, last, w1, w2, spec.sm_scale, variant, form)
+        return _per_sequence(q, _windows_of(caches, last, spec, T), last, w1, w2, spec.sm_scale,
+                             variant, form)
     n_split = _split(B * T * Hk, spec.w1, q.device)
-    t = torch.arange(T, device=q.device)
-    base = torch.arange(B, device=q.device)[:, None] * L
-    first = base + (L - 1 - last.long()[:, None]).clamp(min=0)
-    seq = torch.stack(((base + L - T + t).flatten(), first.expand(B, T).flatten()), 1)
-    packed = packing.Packed(seq=seq.int().contiguous(), n_split=n_split)
     out = q.new_empty(n_split, B * T, Hq, D)
     lse = q.new_empty(n_split, Hq, B * T, dtype=torch.float32)
-    keys = (w.reshape(1, B * L, Hk, D) for w in windows)
+    if form == "trilinear":  # the kernel reads the caches (its CACHE mode)
+        packed = packing.Packed(lens=lengths, tokens=T, shift=0 if appended else -T,
+                                n_split=n_split)
+        keys = caches
+    else:  # the windows gathered into packed keys, one sequence after the other
+        L = spec.w2 + T - 1
+        t = torch.arange(T, device=q.device)
+        base = torch.arange(B, device=q.device)[:, None] * L
+        first = base + (L - 1 - last.long()[:, None]).clamp(min=0)
+        seq = torch.stack(((base + L - T + t).flatten(), first.expand(B, T).flatten()), 1)
+        packed = packing.Packed(seq=seq.int().contiguous(), n_split=n_split)
+        keys = [w.reshape(1, B * L, Hk, D) for w in _windows_of(caches, last, spec, T)]
     packing.launch(Forward, v, replace(spec, N=B * T), packed,
                    dict(zip(NAMES, (q.reshape(1, B * T, Hq, D), *keys))), {"out": out, "lse": lse})
-    if n_split > 1:  # merge the shares: softmax over their LSEs
-        total = torch.logsumexp(lse, 0)
-        weight = torch.exp(lse - total).transpose(1, 2)[..., None]  # [S, B*T, Hq, 1]
-        out, lse = (weight * out.float()).sum(0).to(q.dtype)[None], total[None]
+    if n_split > 1:  # the shares merged by their LSEs
+        from kernels_triton.simplicial.decode import merge
+        return merge(out, lse, T)
     return out[0].view(B, T, Hq, D), lse[0].view(Hq, B, T).transpose(0, 1)
+
+
+def _windows_of(caches, last, spec, T: int):
+    """_windows of what a call's queries read: the larger window's positions, of the pair with
+    the smaller window only its own."""
+    return _windows(caches, last, spec.w2 + T - 1, (1, 3) if spec.swapped else (0, 2),
+                    spec.w1 + T - 1)
 
 
 def _per_sequence(q, windows, last, w1, w2, sm_scale, variant, form):

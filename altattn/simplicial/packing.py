@@ -29,6 +29,11 @@ class Packed:
     seq: Tensor | None = None      # [Tq, 2]: each query token's key row, its sequence's first
     bounds: Tensor | None = None   # [T, 2]: each token's sequence start and end (the backward)
     n_split: int = 1               # the forward's shares of each token's j window (kvcache.py)
+    # decoding (kvcache.py): the keys are caches [B, R, Hk, D]; lens [B] the cached lengths, the
+    # query token b * tokens + t at position lens[b] + shift + t
+    lens: Tensor | None = None
+    tokens: int = 1
+    shift: int = 0
 
 
 def values_checkable(t: Tensor) -> bool:

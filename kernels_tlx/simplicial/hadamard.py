@@ -86,7 +86,8 @@ def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: t
 @triton.jit
 def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Seq=None, n_split=1,
-               VARLEN: tl.constexpr = False):
+               VARLEN: tl.constexpr = False, CACHE: tl.constexpr = False, T_new=1, shift=0,
+               R1=1, R2=1):
     """This program's tile, one token's G = BLOCK_M heads: batch b, KV head g, token i0, first
     head h0, its key blocks (k_lo, n_lo, n_hi, n_blocks; see tiling.key_blocks), its w1 window
     (first j, count), kv_base, the offset of (b, g) in K1/V1, and the query token's split and
@@ -96,9 +97,17 @@ def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     N query tokens x n_split x HK; Seq [N, 2] int32 holds each query token's key position (its
     row in the packed keys) and its sequence's first key row. Split s of n_split takes the
     s-th share of the token's j window (flash-decoding: a few tokens still fill the GPU); a
-    share with no j has no key blocks."""
+    share with no j has no key blocks.
+
+    CACHE (decoding, with VARLEN): the keys are caches, `cache_tile`; k_lo, n_lo, n_hi are then
+    its a0, len1, len2 (`cache_block`), j_first a slot and b the token's sequence (0 for Q, Out
+    and Lse)."""
     tl.static_assert(G == BLOCK_M, "one token's heads fill the tile")
-    if VARLEN:
+    if CACHE:
+        b, g, i0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, split, kpos = cache_tile(
+            tl.program_id(0), N, w1, w2, HK, D, BLOCK_N, Seq, n_split, T_new, shift, R1, R2)
+        h0 = 0
+    elif VARLEN:
         pid = tl.program_id(0)
         i0 = pid % N
         split = (pid // N) % n_split
@@ -122,6 +131,54 @@ def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         split = 0
         kpos = i0
     return b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, split, kpos
+
+
+@triton.jit
+def cache_tile(pid, N, w1, w2, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, Lens,
+               n_split, T_new, shift, R1, R2):
+    """`token_tile` of a decoding launch (altattn/simplicial/kvcache.py): the grid is N = B * T_new
+    query tokens x n_split x HK, token i0 = b * T_new + t at position p = Lens[b] + shift + t of
+    sequence b, whose keys live in caches [B, R, HK, D], position x in slot x mod R (R1 slots for
+    K1/V1, R2 for K2/V2). Its k window (p - w2, p] (from 0) is a cyclic run of n_k slots of K2/V2
+    from slot s0 = first mod R2, walked in at most two runs (`cache_block`): a0 = 0 when the run
+    is the whole ring (every slot in the window: aligned blocks, none masked when R2 is a multiple
+    of BLOCK_N), else a0 = s0; the first run the len1 slots from a0 up to the ring's end, the
+    second the len2 = n_k - len1 from slot 0. The j window splits as token_tile's; its first j
+    is returned as its slot (j mod R1, the K1/V1 row the producers read; n_j <= R1). A cache
+    shorter than its window (which the host refuses where it can read cache_seqlens) is read as
+    a full ring. pid: the program id (opaque where the bounds are found again)."""
+    i0 = pid % N
+    split = (pid // N) % n_split
+    g = pid // N // n_split
+    b = i0 // T_new
+    p = tl.load(Lens + b) + shift + i0 % T_new
+    k_first = tl.maximum(p - w2 + 1, 0)
+    n_k = tl.maximum(tl.minimum(p - k_first + 1, R2), 0)
+    a0 = tl.where(n_k == R2, 0, k_first % R2)
+    len1 = tl.minimum(n_k, R2 - a0)
+    len2 = n_k - len1
+    j_lo = tl.maximum(p - w1 + 1, tl.maximum(p + 1 - R1, 0))
+    share = tl.cdiv(p - j_lo + 1, n_split)
+    j_first = j_lo + split * share
+    n_j = tl.maximum(tl.minimum(share, p + 1 - j_first), 0)
+    n_blocks = tl.where(n_j > 0, tl.cdiv(len1, BLOCK_N) + tl.cdiv(len2, BLOCK_N), 0)
+    kv_base = (b.to(tl.int64) * R1 * HK + g) * D
+    return b, g, i0, a0, len1, len2, n_blocks, j_first % R1, n_j, kv_base, split, p
+
+
+@triton.jit
+def cache_block(t, a0, len1, len2, BLOCK_N: tl.constexpr):
+    """A decoding tile's t-th key block (`cache_tile`): its first slot, and how many of its rows
+    (from the first) are in the window; the others are masked in the scores and built as zeros
+    in C_j (stale or never-written slots; past the ring's end, TMA's zeros). Order: the whole
+    blocks of run 1, those of run 2, then run 1's partial block and run 2's (the masked ones
+    last: the consumers run them apart, ws_kv.consume_masked)."""
+    f1 = len1 // BLOCK_N
+    f2 = len2 // BLOCK_N
+    in1 = (t < f1) | ((t == f1 + f2) & (len1 > f1 * BLOCK_N))
+    k = tl.where(t < f1, t, tl.where(t < f1 + f2, t - f1, tl.where(in1, f1, f2)))
+    kb = tl.where(in1, a0, 0) + k * BLOCK_N
+    return kb, tl.minimum(tl.where(in1, len1, len2) - k * BLOCK_N, BLOCK_N)
 
 
 @triton.jit

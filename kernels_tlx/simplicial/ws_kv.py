@@ -21,7 +21,9 @@ Warp groups (4 warps each):
 `PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/simplicial/pipelined_kv.py) issues the QK wgmma of a
 step together with the PV wgmma of the one before (consume_pipelined); `PINGPONG` on top of it (the
 `tlx_pipelined_pingpong` variant) makes the two consumers take turns issuing those wgmma pairs.
-Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys).
+Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys). VARLEN: one
+launch over packed sequences (`packed_mask`); CACHE (trilinear): decoding, the keys read from KV
+caches where they lie (hadamard.cache_tile; the masked blocks last, `consume_masked`).
 Rounds K1[j] * K2 and V1[j] * V2 to bf16 (tests/test_gpu.py emulates both).
 
 Form "det" (DET = +-1, the pipelined variants only: PIPELINED_FORMS) is built keys-side, since
@@ -41,7 +43,8 @@ import triton.language.extra.tlx as tlx
 
 from kernels_tlx.simplicial.common import (NUM_CONSUMERS, acc_layout, held, opaque, pass_turn,
                                            release_layout, take_turn)
-from kernels_tlx.simplicial.hadamard import build, row_tile, start_consumer, supports, token_tile
+from kernels_tlx.simplicial.hadamard import (build, cache_block, cache_tile, row_tile,
+                                             start_consumer, supports, token_tile)
 from kernels_triton.simplicial.det import det_keys_side, det_of
 from kernels_triton.simplicial.host import entry_points
 from kernels_triton.simplicial.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores,
@@ -86,14 +89,19 @@ def release(empties, c, NUM_B: tl.constexpr):
 
 @triton.jit
 def scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, m_i, l_i,
-                   BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False):
-    """Mask step c's scores if its key block is an edge block; one online-softmax step.
-    VARLEN (`packed_mask`): n_j is the first masked step and k_lo the keys the last block
-    holds."""
-    if VARLEN:
+                   BLOCK_N: tl.constexpr, EDGE: tl.constexpr = "window"):
+    """Mask step c's scores if its key block is an edge block; one online-softmax step. EDGE:
+    "window" (a dense batch's tile), "packed" (`packed_mask`: n_j is the first masked step and
+    k_lo the keys the last block holds), "cache" (`cache_block`: k_lo, n_lo, n_hi its a0, len1,
+    len2) or "none" (a decoding tile's unmasked blocks, `consume_tile`)."""
+    if EDGE == "cache":
+        n_valid = cache_block(c // n_j, k_lo, n_lo, n_hi, BLOCK_N)[1]
+        if n_valid < BLOCK_N:
+            s = tl.where((tl.arange(0, BLOCK_N) < n_valid)[None, :], s, float("-inf"))
+    elif EDGE == "packed":
         if c >= n_j:
             s = tl.where((tl.arange(0, BLOCK_N) < k_lo)[None, :], s, float("-inf"))
-    else:
+    elif EDGE == "window":
         t = c // n_j
         if t >= n_hi - n_lo:
             kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
@@ -114,9 +122,10 @@ def packed_mask(kpos, k_lo, n_hi, n_blocks, n_j, BLOCK_N: tl.constexpr):
 @triton.jit
 def consume(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
             n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, BLOCK_N: tl.constexpr,
-            NUM_B: tl.constexpr, PROFILE: tl.constexpr, VARLEN: tl.constexpr = False):
-    """One consumer warp group, one step after the other: QK, softmax, PV."""
-    for c in range(0, n_steps):
+            NUM_B: tl.constexpr, PROFILE: tl.constexpr, EDGE: tl.constexpr = "window", c0=0):
+    """One consumer warp group, one step after the other (steps c0 .. n_steps - 1): QK,
+    softmax, PV."""
+    for c in range(c0, n_steps):
         enter("qk_gemm", PROFILE)
         s = qk_issue(q, b_tiles, b_fulls, c, NUM_B)
         s = tlx.async_dot_wait(0, s)
@@ -124,7 +133,7 @@ def consume(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_e
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
         p, alpha, m_i, l_i = scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
-                                            qk_scale, m_i, l_i, BLOCK_N, VARLEN)
+                                            qk_scale, m_i, l_i, BLOCK_N, EDGE)
         acc = acc * alpha[:, None]
         leave("softmax", PROFILE)
         enter("pv_gemm", PROFILE)
@@ -139,22 +148,24 @@ def consume(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_e
 def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                       c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
                       cid, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, PINGPONG: tl.constexpr,
-                      PROFILE: tl.constexpr, VARLEN: tl.constexpr = False):
-    """One consumer warp group, FlashAttention-3 style: the QK wgmma of step c and the PV wgmma
+                      PROFILE: tl.constexpr, EDGE: tl.constexpr = "window", c0=0):
+    """One consumer warp group, FlashAttention-3 style (steps c0 .. n_steps - 1, at least one): the QK wgmma of step c and the PV wgmma
     of step c - 1 are issued together, and QK(c) is waited for first. In the compiled code the
     softmax of step c does not run under PV(c - 1): ptxas computes the new P into the registers
     PV(c - 1) reads (p_prev is loop-carried) and so waits for it first (kernels_tlx/
     pipelined_kv.py). PINGPONG: the two consumers take turns issuing those pairs (both run
     n_steps steps)."""
     take_turn(cid, PINGPONG)
-    s = qk_issue(q, b_tiles, b_fulls, 0, NUM_B)
+    s = qk_issue(q, b_tiles, b_fulls, c0, NUM_B)
     pass_turn(cid, PINGPONG)
     s = tlx.async_dot_wait(0, s)
-    release(b_empties, 0, NUM_B)
-    p, alpha, m_i, l_i = scores_softmax(s, 0, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
-                                        qk_scale, m_i, l_i, BLOCK_N, VARLEN)
+    release(b_empties, c0, NUM_B)
+    p, alpha, m_i, l_i = scores_softmax(s, c0, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
+                                        qk_scale, m_i, l_i, BLOCK_N, EDGE)
+    if EDGE == "cache":  # a decoding tile's masked steps continue a run: acc is not empty
+        acc = acc * alpha[:, None]
     p_prev = p.to(tl.bfloat16)
-    for c in range(1, n_steps):
+    for c in range(c0 + 1, n_steps):
         enter("qk_gemm", PROFILE)
         take_turn(cid, PINGPONG)
         s = qk_issue(q, b_tiles, b_fulls, c, NUM_B)
@@ -165,7 +176,7 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
         p, alpha, m_i, l_i = scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
-                                            qk_scale, m_i, l_i, BLOCK_N, VARLEN)
+                                            qk_scale, m_i, l_i, BLOCK_N, EDGE)
         leave("softmax", PROFILE)
         enter("pv_gemm", PROFILE)
         acc = tlx.async_dot_wait(0, acc)
@@ -182,11 +193,39 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
 
 
 @triton.jit
+def consume_masked(acc, m_i, l_i, q, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                   c_empties, N, w1, w2, qk_scale, cid, Lens, n_split, T_new, shift, R1, R2,
+                   HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr,
+                   PROFILE: tl.constexpr, PIPELINE: tl.constexpr):
+    """A decoding tile's masked blocks (at most two, `cache_block`'s last), after its unmasked
+    ones: the tile's bounds found again from an opaque program id, and the QK wgmma reading Q
+    from its shared-memory tile, not from registers: with Q's 32 registers free the masks fit
+    (masked in the register-Q loop, they spilled 48-64 bytes). Form "det" has no CACHE mode:
+    its Q tile is K2b's slot, and with Q in registers these steps spilled. Without PIPELINE
+    they run one after the other, Q in registers (`consume`: fewer registers held). At D = 64
+    ptxas serialized every wgmma of the pipelined kernels (C7514): CACHE is D = 128 only."""
+    _, _, _, a0, len1, len2, n_blocks, _, n_j, _, _, _ = cache_tile(
+        opaque(tl.program_id(0)), N, w1, w2, HK, D, BLOCK_N, Lens, n_split, T_new, shift, R1, R2)
+    c0 = (len1 // BLOCK_N + len2 // BLOCK_N) * n_j
+    if not PIPELINE:
+        acc, m_i, l_i = consume(
+            acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
+            n_blocks * n_j, n_j, 0, a0, len1, len2, 0, w1, w2, qk_scale, BLOCK_N, NUM_B, PROFILE,
+            "cache", c0)
+    elif c0 < n_blocks * n_j:
+        acc, m_i, l_i = consume_pipelined(
+            acc, m_i, l_i, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
+            n_blocks * n_j, n_j, 0, a0, len1, len2, 0, w1, w2, qk_scale, cid, BLOCK_N, NUM_B,
+            False, PROFILE, "cache", c0)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, j_first, n_j,
             n_blocks, k_lo, n_lo, n_hi, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_B: tl.constexpr, CH: tl.constexpr, SCOPE: tl.constexpr, PROFILE: tl.constexpr,
             DET: tl.constexpr = 0, x2b_tile=None, q_free=None, MASK_ROWS: tl.constexpr = False,
-            Seq=None):
+            Seq=None, CACHE: tl.constexpr = False, R1=1):
     """A producer warp group: per key block, TMA-load X2 (K2 or V2) into `x2_tile` (free: this
     warp group's last builds read it before), then per j build X1[j] * X2 into the ring.
     DET (the B producer of form "det"): X1, X2 are det_keys_side's packed [B, N, HK, 2, D] K1
@@ -194,12 +233,18 @@ def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, 
     rows, and B_j = K1a[j] * K2a + K1b[j] * K2b. x2b_tile is the consumers' Q tiles: the first
     load waits until both consumers hold Q in registers (`q_free`). MASK_ROWS (packed
     sequences, the C producer): the rows of keys past the token are built as zeros (its key
-    row read from Seq again at each block: held from the start, it spills)."""
+    row read from Seq again at each block: held from the start, it spills). CACHE (decoding):
+    the blocks are `cache_block`'s (k_lo, n_lo, n_hi its a0, len1, len2), rows past a block's
+    window built as zeros (MASK_ROWS), and X1[j] read at slot j mod R1."""
     SLOTS: tl.constexpr = 2 if DET else 1  # packed rows per token and head (det_keys_side)
     if DET:
         tlx.barrier_wait(q_free, 0)
     for t in range(0, n_blocks):
-        kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+        n_rows = 0
+        if CACHE:
+            kb, n_rows = cache_block(t, k_lo, n_lo, n_hi, BLOCK_N)
+        else:
+            kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
         enter("load_kv", PROFILE)
         tlx.barrier_expect_bytes(full, SLOTS * BLOCK_N * D * BF16_BYTES)
         tlx.async_descriptor_load(X2, x2_tile, [b, kb, SLOTS * g * D], full)
@@ -207,12 +252,16 @@ def produce(X1, X2, x2_tile, full, dst_tiles, fulls, empties, b, g, N, kv_base, 
             tlx.async_descriptor_load(X2, x2b_tile, [b, kb, (2 * g + 1) * D], full)
         tlx.barrier_wait(full, t & 1)
         leave("load_kv", PROFILE)
-        n_rows = 0
-        if MASK_ROWS:
+        if CACHE:
+            pass
+        elif MASK_ROWS:
             n_rows = tl.load(Seq + 2 * (opaque(tl.program_id(0)) % N)) + 1 - kb
         for jj in range(0, n_j):
             # X1[j] (packed: its rows at SLOTS times the offset of an unpacked X1[j])
-            x1_row = SLOTS * (kv_base + (j_first + jj).to(tl.int64) * (HK * D))
+            j = j_first + jj
+            if CACHE:  # j_first is a slot, n_j <= R1 (cache_tile)
+                j = tl.where(j >= R1, j - R1, j)
+            x1_row = SLOTS * (kv_base + j.to(tl.int64) * (HK * D))
             row = row_tile(X1, x1_row, D, CH)
             if DET:
                 row_b = row_tile(X1, x1_row + D, D, CH)
@@ -232,11 +281,16 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                 CONSUMER_REGS: tl.constexpr, PRODUCER_REGS: tl.constexpr,
                                 PIPELINE: tl.constexpr, PINGPONG: tl.constexpr = False,
                                 PROFILE: tl.constexpr = False, DET: tl.constexpr = 0,
-                                Seq=None, n_split=1, VARLEN: tl.constexpr = False):
+                                Seq=None, n_split=1, VARLEN: tl.constexpr = False,
+                                CACHE: tl.constexpr = False, T_new=1, shift=0, R1=1, R2=1):
     HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     tl.static_assert(PIPELINE or not DET, "form det: pipelined consumers only (PIPELINED_FORMS)")
+    tl.static_assert(not (CACHE and (DET or D != 128)), "CACHE: trilinear, D = 128 (consume_masked)")
     b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, _, kpos = token_tile(
-        N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N, Seq, n_split, VARLEN)
+        N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N, Seq, n_split, VARLEN, CACHE, T_new, shift, R1, R2)
+    b_q = b  # Q's, Out's and Lse's batch element
+    if CACHE:  # b is the caches'; the queries are [1, N, HQ, D]
+        b_q = b * 0
 
     if DET:  # K2b's slot shares the Q tiles' bytes (shared memory has no 32 KB more)
         q_slot = tlx.storage_alias_spec()
@@ -262,18 +316,19 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
         with tlx.async_task("default"):  # producer of B_j = K1[j] * K2 (K1[j] x3 K2)
             produce(K1, K2, tlx.local_view(kv_tiles, 0), tlx.local_view(kv_fulls, 0), b_tiles,
                     b_fulls, b_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
-                    n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_b", PROFILE, DET, k2b_tile, q_free)
+                    n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_b", PROFILE, DET, k2b_tile, q_free,
+                    CACHE=CACHE, R1=R1)
         with tlx.async_task(num_warps=4, registers=PRODUCER_REGS):  # producer of C_j = V1[j] * V2
             produce(V1, V2, tlx.local_view(kv_tiles, 1), tlx.local_view(kv_fulls, 1), c_tiles,
                     c_fulls, c_empties, b, g, N, kv_base, j_first, n_j, n_blocks, k_lo, n_lo,
                     n_hi, HK, D, BLOCK_N, NUM_B, CH, "build_c", PROFILE, MASK_ROWS=VARLEN,
-                    Seq=Seq)
+                    Seq=Seq, CACHE=CACHE, R1=R1)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
             q_smem = tlx.local_view(q_tiles, cid)
-            tok, head, m_i, l_i, acc = start_consumer(Q, q_smem, cid, b, g, i0, h0, N, HQ, G, D,
-                                                      BLOCK_M)
+            tok, head, m_i, l_i, acc = start_consumer(Q, q_smem, cid, b_q, g, i0, h0, N, HQ, G,
+                                                      D, BLOCK_M)
             # Q into registers once: the register operand of every QK wgmma, so a step reads only
             # B_j from shared memory (16 KB less per step, docs/history/perf-notes.md session 10)
             if DET:  # Q's tile becomes K2b's slot: Q is held in registers (`held`: never re-
@@ -286,11 +341,28 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                 q = tlx.local_load(q_smem)
             n_steps = n_blocks * n_j
             empty = False
-            if VARLEN:  # a split share with no j: the empty softmax state is written
+            if CACHE:  # cache_block's unmasked blocks first, then the masked (consume_cache)
+                n_steps = (n_lo // BLOCK_N + n_hi // BLOCK_N) * n_j
+                empty = n_steps == 0
+            elif VARLEN:  # a split share with no j: the empty softmax state is written
                 empty = n_steps == 0
                 n_j, k_lo = packed_mask(kpos, k_lo, n_hi, n_blocks, n_j, BLOCK_N)
             if empty:
                 pass
+            elif CACHE:
+                if PINGPONG:
+                    if cid == 1:
+                        pass_turn(cid, PINGPONG)  # consumer 0 issues first
+                if PIPELINE:
+                    acc, m_i, l_i = consume_pipelined(
+                        acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                        c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
+                        qk_scale, cid, BLOCK_N, NUM_B, PINGPONG, PROFILE, "none")
+                else:
+                    acc, m_i, l_i = consume(
+                        acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                        c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2,
+                        qk_scale, BLOCK_N, NUM_B, PROFILE, "none")
             elif PIPELINE:
                 if PINGPONG:
                     if cid == 1:
@@ -298,12 +370,17 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                 acc, m_i, l_i = consume_pipelined(
                     acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                     c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
-                    cid, BLOCK_N, NUM_B, PINGPONG, PROFILE, VARLEN)
+                    cid, BLOCK_N, NUM_B, PINGPONG, PROFILE, "packed" if VARLEN else "window")
             else:
                 acc, m_i, l_i = consume(
                     acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
                     c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
-                    BLOCK_N, NUM_B, PROFILE, VARLEN)
+                    BLOCK_N, NUM_B, PROFILE, "packed" if VARLEN else "window")
+            if CACHE:  # the masked blocks, their bounds found again (held, they spill)
+                acc, m_i, l_i = consume_masked(
+                    acc, m_i, l_i, q, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
+                    N, w1, w2, qk_scale, cid, Seq, n_split, T_new, shift, R1, R2, HK, D,
+                    BLOCK_N, NUM_B, PROFILE, PIPELINE)
             enter("epilogue", PROFILE)
             # O passes through this consumer's Q tile (free now): the layout change for the
             # store then needs no scratch, which shared memory could not spare
@@ -315,7 +392,8 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                 Out += split.to(tl.int64) * N * HQ * D
                 Lse += split.to(tl.int64) * HQ * N
                 tok, head = row_coords(pid % N, 0, cid * HALF + tl.arange(0, HALF), G, BLOCK_M)
-            write_rows(Out, Lse, tlx.local_load(q_smem), m_i, l_i, b, g, tok, head, N, HQ, G, D)
+            write_rows(Out, Lse, tlx.local_load(q_smem), m_i, l_i, b_q, g, tok, head, N, HQ, G,
+                       D)
             leave("epilogue", PROFILE)
 
 

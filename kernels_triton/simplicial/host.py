@@ -60,12 +60,17 @@ def launch(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, pr
     """Launch a forward kernel with the common signature; `cfg` holds its constexprs plus
     num_warps/num_stages. q_tma: the kernel takes Q as a TMA descriptor (q_descriptor).
     profile=True compiles the Proton-scoped copy (profiling/trace_capture.py). packed
-    (spec.varlen: altattn/simplicial/varlen.py's Packed): the query tokens' key rows and
-    sequence starts (`Seq`), out and lse with a plane per split of the j window."""
+    (spec.varlen: altattn/simplicial/packing.py's Packed): the query tokens' key rows and
+    sequence starts (`Seq`), out and lse with a plane per split of the j window; with
+    packed.lens (decoding), k1..v2 are the caches [B, R, Hk, D] and `Seq` the cached lengths
+    (the kernel's CACHE mode)."""
     k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
     qd = q_descriptor(q, spec, cfg["BLOCK_M"]) if q_tma else q
     if packed is not None:
         cfg = dict(cfg, Seq=packed.seq, n_split=packed.n_split, VARLEN=True)
+        if packed.lens is not None:
+            cfg.update(Seq=packed.lens, CACHE=True, T_new=packed.tokens, shift=packed.shift,
+                       R1=k1.shape[1], R2=k2.shape[1])
         grid_ = (spec.N * packed.n_split * spec.Hk,)
     else:
         grid_ = grid(spec, cfg["BLOCK_M"])
@@ -90,11 +95,12 @@ def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = Fa
                     packed: bool = False) -> list[CompileConfig]:
     """The default configs of `kernel` at every (Hq, Hk, D) of tiling.COMPILE_SHAPES that
     `supports` takes, for each form of `forms` (the variant's `forms`; q_tma: as in launch);
-    packed: each trilinear one packed (VARLEN) too."""
+    packed: each trilinear one packed (VARLEN) and decoding (CACHE: D = 128) too."""
     out = []
     specs = list(_compile_specs(forms))
     if packed:
-        specs += [("_packed", replace(spec, varlen=True)) for suffix, spec in specs if not suffix]
+        specs += [(mode, replace(spec, varlen=True)) for suffix, spec in specs if not suffix
+                  for mode in ("_packed", "_cache") if mode == "_packed" or spec.D == 128]
     for suffix, spec in specs:
         hq, hk, d = spec.Hq, spec.Hk, spec.D
         if supports(spec) is not None:
@@ -108,6 +114,9 @@ def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = Fa
         if spec.varlen:
             sig.update(Seq="*i32", n_split="i32")
             consts["VARLEN"] = True
+        if suffix == "_cache":
+            sig.update(T_new="i32", shift="i32", R1="i32", R2="i32")
+            consts["CACHE"] = True
         sig.update({k: "constexpr" for k in consts})
         name = f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}{suffix}"
         out.append(CompileConfig(name, kernel, sig, consts, cfg["num_warps"], cfg["num_stages"]))
