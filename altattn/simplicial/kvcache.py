@@ -12,8 +12,8 @@ three launches and no host work (a CUDA graph replays it): the new keys and valu
 their slots (kernels_triton/simplicial/decode.py), one forward over the B * T new tokens that
 reads the caches where they lie (the kernel's CACHE mode, kernels_tlx/simplicial/hadamard.py:
 cache_tile), each token's j window split in n_split shares so that a few tokens still fill the
-GPU (flash-decoding), and the merge of the shares by their LSE. Form "det" (which has no CACHE
-mode) gathers each sequence's window into packed keys first. Elsewhere (other G, CPU) the
+GPU (flash-decoding), and the merge of the shares by their LSE. Form "det" and D = 64 (which
+have no CACHE mode) gather each sequence's window into packed keys first. Elsewhere (other G, CPU) the
 window of each sequence runs through the dense forward (CPU: the fp64 reference), the queries at
 its last T positions.
 """
@@ -180,7 +180,7 @@ def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seql
     n_split = _split(B * T * Hk, spec.w1, q.device)
     out = q.new_empty(n_split, B * T, Hq, D)
     lse = q.new_empty(n_split, Hq, B * T, dtype=torch.float32)
-    if form == "trilinear":  # the kernel reads the caches (its CACHE mode)
+    if form == "trilinear" and D == 128:  # the kernel reads the caches (its CACHE mode)
         packed = packing.Packed(lens=lengths, tokens=T, shift=0 if appended else -T,
                                 n_split=n_split)
         keys = caches

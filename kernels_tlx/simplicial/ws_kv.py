@@ -285,7 +285,7 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                 CACHE: tl.constexpr = False, T_new=1, shift=0, R1=1, R2=1):
     HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     tl.static_assert(PIPELINE or not DET, "form det: pipelined consumers only (PIPELINED_FORMS)")
-    tl.static_assert(not (CACHE and (DET or D != 128)), "CACHE: trilinear, D = 128 (consume_masked)")
+    tl.static_assert(not (CACHE and (DET or D != 128)), "CACHE: trilinear, D = 128 only")
     b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, _, kpos = token_tile(
         N, w1, w2, HK, G, D, BLOCK_M, BLOCK_N, Seq, n_split, VARLEN, CACHE, T_new, shift, R1, R2)
     b_q = b  # Q's, Out's and Lse's batch element
