@@ -171,16 +171,17 @@ def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seql
     spec = replace(spec, form=form) if form != "trilinear" else spec
     if appended:
         _append(caches, new, lengths, T)
-    last = lengths + (T - 1 if appended else -1)  # each sequence's last position
     v = (packing.packed_variant(spec, variant, q.device, "fwd") if q.device.type == "cuda"
          and B * T > 0 else None)
+    last = None if v is not None and form == "trilinear" and D == 128 else (
+        lengths + (T - 1 if appended else -1))  # each sequence's last position (no CACHE mode)
     if v is None:
         return _per_sequence(q, _windows_of(caches, last, spec, T), last, w1, w2, spec.sm_scale,
                              variant, form)
     n_split = _split(B * T * Hk, spec.w1, q.device)
     out = q.new_empty(n_split, B * T, Hq, D)
     lse = q.new_empty(n_split, Hq, B * T, dtype=torch.float32)
-    if form == "trilinear" and D == 128:  # the kernel reads the caches (its CACHE mode)
+    if last is None:  # the kernel reads the caches (its CACHE mode)
         packed = packing.Packed(lens=lengths, tokens=T, shift=0 if appended else -T,
                                 n_split=n_split)
         keys = caches
