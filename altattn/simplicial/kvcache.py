@@ -13,9 +13,9 @@ their slots (kernels_triton/simplicial/decode.py), one forward over the B * T ne
 reads the caches where they lie (the kernel's CACHE mode, kernels_tlx/simplicial/hadamard.py:
 cache_tile), each token's j window split in n_split shares so that a few tokens still fill the
 GPU (flash-decoding), and the merge of the shares by their LSE. Form "det" and D = 64 (which
-have no CACHE mode) gather each sequence's window into packed keys first. Elsewhere (other G, CPU) the
-window of each sequence runs through the dense forward (CPU: the fp64 reference), the queries at
-its last T positions.
+have no CACHE mode) gather each sequence's window into packed keys first. Elsewhere (other G,
+CPU) the window of each sequence runs through the dense forward (CPU: the fp64 reference), the
+queries at its last T positions.
 """
 from __future__ import annotations
 

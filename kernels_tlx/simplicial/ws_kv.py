@@ -93,7 +93,7 @@ def scores_softmax(s, c, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale, 
     """Mask step c's scores if its key block is an edge block; one online-softmax step. EDGE:
     "window" (a dense batch's tile), "packed" (`packed_mask`: n_j is the first masked step and
     k_lo the keys the last block holds), "cache" (`cache_block`: k_lo, n_lo, n_hi its a0, len1,
-    len2) or "none" (a decoding tile's unmasked blocks, `consume_tile`)."""
+    len2) or "none" (a decoding tile's whole blocks, before `consume_masked`)."""
     if EDGE == "cache":
         n_valid = cache_block(c // n_j, k_lo, n_lo, n_hi, BLOCK_N)[1]
         if n_valid < BLOCK_N:
@@ -149,11 +149,11 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
                       c_empties, n_steps, n_j, j_first, k_lo, n_lo, n_hi, tok, w1, w2, qk_scale,
                       cid, BLOCK_N: tl.constexpr, NUM_B: tl.constexpr, PINGPONG: tl.constexpr,
                       PROFILE: tl.constexpr, EDGE: tl.constexpr = "window", c0=0):
-    """One consumer warp group, FlashAttention-3 style (steps c0 .. n_steps - 1, at least one): the QK wgmma of step c and the PV wgmma
-    of step c - 1 are issued together, and QK(c) is waited for first. In the compiled code the
-    softmax of step c does not run under PV(c - 1): ptxas computes the new P into the registers
-    PV(c - 1) reads (p_prev is loop-carried) and so waits for it first (kernels_tlx/
-    pipelined_kv.py). PINGPONG: the two consumers take turns issuing those pairs (both run
+    """One consumer warp group, FlashAttention-3 style (steps c0 .. n_steps - 1, at least one):
+    the QK wgmma of step c and the PV wgmma of step c - 1 are issued together, and QK(c) is
+    waited for first. In the compiled code the softmax of step c does not run under PV(c - 1):
+    ptxas computes the new P into the registers PV(c - 1) reads (p_prev is loop-carried) and so
+    waits for it first (kernels_tlx/pipelined_kv.py). PINGPONG: the two consumers take turns issuing those pairs (both run
     n_steps steps)."""
     take_turn(cid, PINGPONG)
     s = qk_issue(q, b_tiles, b_fulls, c0, NUM_B)
@@ -341,7 +341,7 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                 q = tlx.local_load(q_smem)
             n_steps = n_blocks * n_j
             empty = False
-            if CACHE:  # cache_block's unmasked blocks first, then the masked (consume_cache)
+            if CACHE:  # cache_block's whole blocks first, then the masked (consume_masked)
                 n_steps = (n_lo // BLOCK_N + n_hi // BLOCK_N) * n_j
                 empty = n_steps == 0
             elif VARLEN:  # a split share with no j: the empty softmax state is written
@@ -378,8 +378,8 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                     BLOCK_N, NUM_B, PROFILE, "packed" if VARLEN else "window")
             if CACHE:  # the masked blocks, their bounds found again (held, they spill)
                 acc, m_i, l_i = consume_masked(
-                    acc, m_i, l_i, q, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls, c_empties,
-                    N, w1, w2, qk_scale, cid, Seq, n_split, T_new, shift, R1, R2, HK, D,
+                    acc, m_i, l_i, q, q_smem, b_tiles, b_fulls, b_empties, c_tiles, c_fulls,
+                    c_empties, N, w1, w2, qk_scale, cid, Seq, n_split, T_new, shift, R1, R2, HK, D,
                     BLOCK_N, NUM_B, PROFILE, PIPELINE)
             enter("epilogue", PROFILE)
             # O passes through this consumer's Q tile (free now): the layout change for the
