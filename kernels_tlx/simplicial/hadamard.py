@@ -117,10 +117,7 @@ def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         kpos = tl.load(Seq + 2 * i0)
         k_min = tl.load(Seq + 2 * i0 + 1)
         k_lo, n_lo, n_hi, n_blocks = key_blocks(kpos, kpos, w2, 1, BLOCK_N, k_min)
-        j_lo = tl.maximum(kpos - w1 + 1, k_min)
-        share = tl.cdiv(kpos - j_lo + 1, n_split)
-        j_first = j_lo + split * share
-        n_j = tl.maximum(tl.minimum(share, kpos + 1 - j_first), 0)
+        j_first, n_j = j_share(kpos, tl.maximum(kpos - w1 + 1, k_min), split, n_split)
         n_blocks = tl.where(n_j > 0, n_blocks, 0)
         kv_base = (g * D).to(tl.int64)
     else:
@@ -131,6 +128,15 @@ def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         split = 0
         kpos = i0
     return b, g, i0, h0, k_lo, n_lo, n_hi, n_blocks, j_first, n_j, kv_base, split, kpos
+
+
+@triton.jit
+def j_share(p, j_lo, split, n_split):
+    """Share `split` of n_split of the j window j_lo .. p (flash-decoding): its first j and its
+    count (0 for a share past the window's end)."""
+    share = tl.cdiv(p - j_lo + 1, n_split)
+    j_first = j_lo + split * share
+    return j_first, tl.maximum(tl.minimum(share, p + 1 - j_first), 0)
 
 
 @triton.jit
@@ -157,10 +163,7 @@ def cache_tile(pid, N, w1, w2, HK: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.co
     a0 = tl.where(n_k == R2, 0, k_first % R2)
     len1 = tl.minimum(n_k, R2 - a0)
     len2 = n_k - len1
-    j_lo = tl.maximum(p - w1 + 1, tl.maximum(p + 1 - R1, 0))
-    share = tl.cdiv(p - j_lo + 1, n_split)
-    j_first = j_lo + split * share
-    n_j = tl.maximum(tl.minimum(share, p + 1 - j_first), 0)
+    j_first, n_j = j_share(p, tl.maximum(p - w1 + 1, tl.maximum(p + 1 - R1, 0)), split, n_split)
     n_blocks = tl.where(n_j > 0, tl.cdiv(len1, BLOCK_N) + tl.cdiv(len2, BLOCK_N), 0)
     kv_base = (b.to(tl.int64) * R1 * HK + g) * D
     return b, g, i0, a0, len1, len2, n_blocks, j_first % R1, n_j, kv_base, split, p
