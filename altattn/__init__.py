@@ -2,7 +2,8 @@
 
 Families (each a subpackage with its op, layer, reference and kernels; `families()` lists them):
     altattn.simplicial   2-simplicial attention: simplicial_attention, SimplicialAttention,
-                         simplicial_attention_varlen, simplicial_attention_with_kvcache
+                         simplicial_attention_varlen, simplicial_attention_with_kvcache,
+                         simplicial_context_parallel_attention
     altattn.spherical    spherical attention (FlashSign): spherical_attention, SphericalAttention
     altattn.triple       triple attention: triple_attention, TripleAttention
 
@@ -13,6 +14,7 @@ from .simplicial import SimplicialAttention
 from .simplicial import attention as simplicial_attention
 from .simplicial import attention_varlen as simplicial_attention_varlen
 from .simplicial import attention_with_kvcache as simplicial_attention_with_kvcache
+from .simplicial import context_parallel_attention as simplicial_context_parallel_attention
 from .spherical import SphericalAttention
 from .spherical import attention as spherical_attention
 from .triple import TripleAttention
@@ -34,6 +36,7 @@ def variants(family: str = "simplicial", pass_: str = "fwd") -> dict[str, str]:
 compile_workers.configure()  # torch.compile of a model on the GPU: see compile_workers.py
 
 __all__ = ["simplicial", "simplicial_attention", "SimplicialAttention",
-           "simplicial_attention_varlen", "simplicial_attention_with_kvcache", "spherical",
+           "simplicial_attention_varlen", "simplicial_attention_with_kvcache",
+           "simplicial_context_parallel_attention", "spherical",
            "spherical_attention", "SphericalAttention", "triple", "triple_attention",
            "TripleAttention", "families", "variants"]

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ..checks import check_layer_input, positive_int
+from .context_parallel import context_parallel_attention, process_group
 from .ops import attention, check_variant_names
 from .varlen import attention_varlen
 from .spec import SUPPORTED_HEAD_DIMS, check_form
@@ -19,7 +20,9 @@ class SimplicialAttention(nn.Module):
     On CUDA the attention runs in bf16 (the kernels' dtype): projections are cast to bf16 and the
     result back to x's dtype; on the CPU it runs the fp64 reference (slow; tests and small runs).
     form: the logits' form, "trilinear" or "det" (see `attention`). deterministic: bitwise
-    repeatable gradients (see `attention`).
+    repeatable gradients (see `attention`). cp_group: context parallelism, a ProcessGroup or a
+    1-D DeviceMesh (mesh["cp"]) over which the sequence is sharded: x is then this rank's
+    contiguous shard [B, n_r, dim] (`context_parallel_attention`); None: the whole sequence.
 
     A configuration no device can run (a size or window that is no positive int, n_heads not a
     multiple of n_kv_heads, head_dim not in {64, 128}, an unknown variant name or form) raises at
@@ -29,7 +32,7 @@ class SimplicialAttention(nn.Module):
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, w1: int, w2: int,
                  *, bias: bool = False, variant: str = "auto", bwd_variant: str = "auto",
-                 form: str = "trilinear", deterministic: bool = False):
+                 form: str = "trilinear", deterministic: bool = False, cp_group=None):
         super().__init__()
         dim, n_heads, n_kv_heads, head_dim, w1, w2 = (
             positive_int(name, v) for name, v in (
@@ -46,6 +49,7 @@ class SimplicialAttention(nn.Module):
         self.w1, self.w2 = w1, w2
         self.variant, self.bwd_variant = variant, bwd_variant
         self.deterministic = deterministic
+        self.cp_group = None if cp_group is None else process_group(cp_group)
         self.q = nn.Linear(dim, n_heads * head_dim, bias=bias)
         self.k1, self.k2, self.v1, self.v2 = (nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
                                               for _ in range(4))
@@ -55,6 +59,8 @@ class SimplicialAttention(nn.Module):
                 max_seqlen: int | None = None) -> torch.Tensor:
         """x [B, N, dim] -> [B, N, dim]; with cu_seqlens (int32 [n + 1]), x is [T, dim]: packed
         sequences whose windows end at each start (`attention_varlen`)."""
+        if cu_seqlens is not None and self.cp_group is not None:
+            raise ValueError("cu_seqlens: packed sequences are not sharded (cp_group is set)")
         if cu_seqlens is not None:  # packed: one batch element of T tokens, cut at the starts
             check_layer_input(x[None] if isinstance(x, torch.Tensor) and x.dim() == 2 else x,
                               self.dim)
@@ -72,7 +78,11 @@ class SimplicialAttention(nn.Module):
             o, _ = attention_varlen(q[0], k1[0], k2[0], v1[0], v2[0], cu_seqlens, max_seqlen,
                                     self.w1, self.w2, **opts)
             return self.out(o.reshape(N, self.n_heads * self.head_dim).to(x.dtype))
-        o, _ = attention(q, k1, k2, v1, v2, self.w1, self.w2, **opts)
+        if self.cp_group is not None:
+            o, _ = context_parallel_attention(q, k1, k2, v1, v2, self.w1, self.w2,
+                                              group=self.cp_group, **opts)
+        else:
+            o, _ = attention(q, k1, k2, v1, v2, self.w1, self.w2, **opts)
         return self.out(o.reshape(B, N, self.n_heads * self.head_dim).to(x.dtype))
 
     def extra_repr(self) -> str:

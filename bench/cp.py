@@ -1,0 +1,132 @@
+"""Context parallelism's weak scaling: one sequence of P x --tokens-per-rank tokens sharded over
+P GPUs, against each GPU running its shard alone, in the same run (docs/perf-cp.md).
+
+    torchrun --nproc_per_node P -m bench.cp [--tokens-per-rank 131072] [--pass fwd|fwd+bwd]
+                                             [--iters 5] [--backend nccl|gloo] [--json PATH]
+
+One sequence, Hq 128, Hk 1, D 128, w 32 x 512 (S*'s heads and windows); rank r holds tokens
+[r n, (r + 1) n). Three paths, each a step of --pass on every rank at once:
+    alone    `attention` on the rank's shard as if it were a whole sequence: P = 1's work
+    halo     the shard with a halo of random rows prepended, no exchange (`attend_extended`):
+             a rank's compute under context parallelism, without the messages
+    cp       `context_parallel_attention`: the halo exchanged, the gradients sent back
+A step's time is the slowest rank's (CUDA events, max over ranks), the median of --iters steps
+after two warm-up steps; the paths take turns, step by step. TFLOPS per GPU: the useful FLOPs of what the path computes
+(altattn.simplicial.flops: cp the whole sequence's, alone and halo each shard's as a sequence;
+backward 2.5x) / P / time. Efficiency: cp's TFLOPS per GPU over alone's. Peak memory: the
+largest `torch.cuda.max_memory_allocated` of one step over the ranks, inputs included.
+With --backend gloo (CUDA tensors through host memory) several ranks may share one GPU: a test
+of the script, not a measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from altattn.simplicial import attention, context_parallel_attention, flops
+from altattn.simplicial.context_parallel import attend_extended
+from altattn.simplicial.shapes import make_inputs
+from profiling.common import run_metadata
+
+HQ, HK, D, W1, W2 = 128, 1, 128, 32, 512
+
+
+def _step(path, x, halo, dout, backward):
+    q, k1, k2, v1, v2 = x
+    for t in x:
+        t.grad = None
+    if path == "cp":
+        out, _ = context_parallel_attention(q, k1, k2, v1, v2, W1, W2)
+    elif path == "halo":
+        out, _ = attend_extended(q, [torch.cat([h, t], 1) for h, t in zip(halo, x[1:])], W1, W2)
+    else:
+        out, _ = attention(q, k1, k2, v1, v2, W1, W2)
+    if backward:
+        out.backward(dout)
+
+
+def _time(steps: dict, iters: int) -> dict:
+    """path -> (median over iters of the slowest rank's ms, largest peak bytes of one step over
+    the ranks). The paths take turns, step by step, so a drift of the clocks hits them alike."""
+    for fn in steps.values():  # compile, warm
+        fn()
+        fn()
+    times, peaks = {p: [] for p in steps}, dict.fromkeys(steps, 0)
+    for _ in range(iters):
+        for path, fn in steps.items():
+            dist.barrier()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[path].append(start.elapsed_time(end))
+            peaks[path] = max(peaks[path], torch.cuda.max_memory_allocated())
+    stats = torch.tensor([*(t for p in steps for t in times[p]), *peaks.values()],
+                         dtype=torch.float64)
+    stats = stats.cuda() if dist.get_backend() == "nccl" else stats
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    stats = stats.tolist()
+    return {p: (statistics.median(stats[i * iters:(i + 1) * iters]),
+                int(stats[len(steps) * iters + i])) for i, p in enumerate(steps)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="torchrun --nproc_per_node P -m bench.cp",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--tokens-per-rank", type=int, default=131072)
+    p.add_argument("--pass", dest="pass_", choices=["fwd", "fwd+bwd"], default="fwd+bwd")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
+    p.add_argument("--json", help="write the rows (and the run's metadata) here")
+    a = p.parse_args(argv)
+    if a.tokens_per_rank < W2:
+        p.error(f"--tokens-per-rank must be >= w2 = {W2} (a halo from one rank)")
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local % torch.cuda.device_count())
+    dist.init_process_group(a.backend)
+    P, rank, n = dist.get_world_size(), dist.get_rank(), a.tokens_per_rank
+    x = [t.requires_grad_() for t in make_inputs(1, n, HQ, HK, D, seed=rank)]
+    halo = [t[:, -(W2 - 1):].detach() for t in make_inputs(1, W2, HQ, HK, D, seed=P + rank)[1:]]
+    dout = torch.randn_like(x[0])
+    backward = a.pass_ == "fwd+bwd"
+    scale = 3.5 if backward else 1.0
+    useful = {"alone": flops(1, n, HQ, D, W1, W2),
+              "halo": flops(1, n + W2 - 1, HQ, D, W1, W2) - flops(1, W2 - 1, HQ, D, W1, W2),
+              "cp": flops(1, P * n, HQ, D, W1, W2) / P}
+    paths = ("alone", "halo", "cp")
+    timed = _time({p: functools.partial(_step, p, x, halo, dout, backward) for p in paths},
+                  a.iters)
+    rows = [{"path": p, "P": P, "tokens_per_rank": n, "tokens": P * n, "pass": a.pass_,
+             "ms": round(timed[p][0], 3),
+             "tflops_per_gpu": round(scale * useful[p] / timed[p][0] / 1e9, 1),
+             "peak_gib_per_gpu": round(timed[p][1] / 2 ** 30, 2)} for p in paths]
+    for r in rows:
+        r["efficiency"] = round(r["tflops_per_gpu"] / rows[0]["tflops_per_gpu"], 3)
+    if rank == 0:
+        meta = run_metadata()
+        print(f"P {P} ({a.backend}), {n} tokens per rank ({P * n} in all), Hq {HQ} Hk {HK} "
+              f"D {D} w {W1}x{W2}, {a.pass_}, {meta['gpu']}")
+        print(f"{'path':<7}{'ms':>10}{'TFLOPS/GPU':>12}{'efficiency':>12}{'peak GiB/GPU':>14}")
+        for r in rows:
+            print(f"{r['path']:<7}{r['ms']:>10}{r['tflops_per_gpu']:>12}{r['efficiency']:>12}"
+                  f"{r['peak_gib_per_gpu']:>14}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
