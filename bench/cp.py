@@ -5,16 +5,18 @@ P GPUs, against each GPU running its shard alone, in the same run (docs/perf-cp.
                                              [--iters 5] [--backend nccl|gloo] [--json PATH]
 
 One sequence, Hq 128, Hk 1, D 128, w 32 x 512 (S*'s heads and windows); rank r holds tokens
-[r n, (r + 1) n). Three paths, each a step of --pass on every rank at once:
+[r n, (r + 1) n). Four paths, each a step of --pass on every rank at once:
     alone    `attention` on the rank's shard as if it were a whole sequence: P = 1's work
     halo     the shard with a halo of random rows prepended, no exchange (`attend_extended`):
              a rank's compute under context parallelism, without the messages
     cp       `context_parallel_attention`: the halo exchanged, the gradients sent back
+    cp_lens  the same with shard_lens given: no all-gather of the call's arguments
 A step's time is the slowest rank's (CUDA events, max over ranks), the median of --iters steps
-after two warm-up steps; the paths take turns, step by step. TFLOPS per GPU: the useful FLOPs of what the path computes
-(altattn.simplicial.flops: cp the whole sequence's, alone and halo each shard's as a sequence;
-backward 2.5x) / P / time. Efficiency: cp's TFLOPS per GPU over alone's. Peak memory: the
-largest `torch.cuda.max_memory_allocated` of one step over the ranks, inputs included.
+after two warm-up steps; the paths take turns, step by step. TFLOPS per GPU: the useful FLOPs
+(altattn.simplicial.flops; backward 2.5x) of the whole sequence for cp, of each shard as a
+sequence for alone, of the shard's queries for halo, / P / time. Efficiency: a path's TFLOPS
+per GPU over alone's. Peak memory: the largest `torch.cuda.max_memory_allocated` of one step
+over the ranks, inputs included.
 With --backend gloo (CUDA tensors through host memory) several ranks may share one GPU: a test
 of the script, not a measurement.
 """
@@ -41,8 +43,9 @@ def _step(path, x, halo, dout, backward):
     q, k1, k2, v1, v2 = x
     for t in x:
         t.grad = None
-    if path == "cp":
-        out, _ = context_parallel_attention(q, k1, k2, v1, v2, W1, W2)
+    if path.startswith("cp"):
+        lens = [q.shape[1]] * dist.get_world_size() if path == "cp_lens" else None
+        out, _ = context_parallel_attention(q, k1, k2, v1, v2, W1, W2, shard_lens=lens)
     elif path == "halo":
         out, _ = attend_extended(q, [torch.cat([h, t], 1) for h, t in zip(halo, x[1:])], W1, W2)
     else:
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
     useful = {"alone": flops(1, n, HQ, D, W1, W2),
               "halo": flops(1, n + W2 - 1, HQ, D, W1, W2) - flops(1, W2 - 1, HQ, D, W1, W2),
               "cp": flops(1, P * n, HQ, D, W1, W2) / P}
-    paths = ("alone", "halo", "cp")
+    useful["cp_lens"] = useful["cp"]
+    paths = ("alone", "halo", "cp", "cp_lens")
     timed = _time({p: functools.partial(_step, p, x, halo, dout, backward) for p in paths},
                   a.iters)
     rows = [{"path": p, "P": P, "tokens_per_rank": n, "tokens": P * n, "pass": a.pass_,
