@@ -34,7 +34,7 @@ import torch.distributed as dist
 from altattn.simplicial import attention, context_parallel_attention, flops
 from altattn.simplicial.context_parallel import attend_extended
 from altattn.simplicial.shapes import make_inputs
-from profiling.common import run_metadata
+from profiling.common import print_table, run_metadata
 
 HQ, HK, D, W1, W2 = 128, 1, 128, 32, 512
 
@@ -121,10 +121,8 @@ def main(argv=None) -> int:
         meta = run_metadata()
         print(f"P {P} ({a.backend}), {n} tokens per rank ({P * n} in all), Hq {HQ} Hk {HK} "
               f"D {D} w {W1}x{W2}, {a.pass_}, {meta['gpu']}")
-        print(f"{'path':<7}{'ms':>10}{'TFLOPS/GPU':>12}{'efficiency':>12}{'peak GiB/GPU':>14}")
-        for r in rows:
-            print(f"{r['path']:<7}{r['ms']:>10}{r['tflops_per_gpu']:>12}{r['efficiency']:>12}"
-                  f"{r['peak_gib_per_gpu']:>14}")
+        print_table(rows, [("path", "path"), ("ms", "ms"), ("tflops_per_gpu", "TFLOPS/GPU"),
+                           ("efficiency", "efficiency"), ("peak_gib_per_gpu", "peak GiB/GPU")])
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
