@@ -170,7 +170,7 @@ def _agree(group, q, described: list[float], error: Exception | None) -> list[in
     mine = torch.tensor(described, dtype=torch.float64, device=device)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)
-    rows = [t.tolist() for t in every]
+    rows = torch.stack(every).tolist()  # one copy to the host, not one per rank
     if error is not None:
         raise error
     failed = [r for r, row in enumerate(rows) if row[0] < 0]
