@@ -42,14 +42,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release
 from kernels_tlx.simplicial.hadamard import mul_bf16x2, row_tile
+from kernels_triton.launch import Desc, Kernel, sm_count
 from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, Scratch, compile_specs,
-                                                  fresh_rows, kernel_config, launch_dkv1)
-from kernels_triton.simplicial.host import kv_descriptor
-from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
+                                                  fresh_rows, kernel_config, prepare_dkv1, scalars)
+from kernels_triton.simplicial.host import kv_layout
+from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E_JIT, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
@@ -358,27 +358,29 @@ def scratch(spec: ProblemSpec, n_sm: int = 132) -> Scratch:
                    n_programs * SPLIT.value * ROWS.value * spec.D)
 
 
-def dq_descriptor(dq_acc, spec: ProblemSpec) -> TensorDescriptor:
-    """TMA view of the fp32 dQ scratch as [tiles * ROWS, D], a box per consumer's tile."""
-    return TensorDescriptor(dq_acc, shape=[dq_acc.numel() // spec.D, spec.D], strides=[spec.D, 1],
-                            block_shape=[ROWS.value, spec.D])
-
-
-def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
-              profile: bool = False) -> None:
-    """dq, and dk1/dv1 through the partials and the shared `_dkv1_kernel` (launch_dkv1)."""
-    import torch
+def prepare_dq(spec: ProblemSpec, profile: bool = False):
+    """`_dq_ws_kernel` then the shared `_dkv1_kernel` (prepare_dkv1), made once (scratch sized
+    for the current GPU): run(q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1) writes dq, and
+    dk1/dv1 through the partials (kernels_triton.simplicial.bwd.prepare_dq's signature)."""
     cfg = config(spec)
-    sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    sc = scratch(spec, sm_count())
     if sc.n_programs * SPLIT.value * ROWS.value >= 2 ** 31:  # the scratch tiles' int32 TMA rows
         raise ValueError(f"{spec}: too many row-owner programs ({sc.n_programs}) for int32 rows")
-    pk1, pv1, dq_acc = sc.buffers(q.device)
-    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
-    _dq_ws_kernel[(sc.n_programs,)](
-        q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, dq_descriptor(dq_acc, spec), pk1, pv1,
-        spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E, spec.sm_scale, sc.L, sc.n_chunks,
-        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, **cfg)
-    launch_dkv1(spec, pk1, pv1, dk1, dv1, sc.L, sc.n_chunks, SPLIT.value)
+    keys = kv_layout(spec, cfg["BLOCK_N"])
+    # the fp32 dQ scratch as [tiles * ROWS, D], a box per consumer's tile
+    tiles = Desc([sc.dq_tiles // spec.D, spec.D], [spec.D, 1], [ROWS.value, spec.D])
+    kernel = Kernel(_dq_ws_kernel, (sc.n_programs,), HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
+                    PROFILE=profile, **cfg)
+    dkv1 = prepare_dkv1(spec, sc.L, sc.n_chunks, SPLIT.value)
+    args = (*scalars(spec), sc.L, sc.n_chunks)
+
+    def run(q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1) -> None:
+        pk1, pv1, dq_acc = sc.buffers(q.device)
+        kernel(q, k1, keys(k2), v1, keys(v2), dout, lse, delta, dq, dq_acc, tiles(dq_acc), pk1,
+               pv1, *args)
+        dkv1(pk1, pv1, dk1, dv1)
+
+    return run
 
 
 def compile_configs() -> list[CompileConfig]:

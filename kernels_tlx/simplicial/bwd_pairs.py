@@ -38,11 +38,12 @@ Measured (docs/perf-bwd.md, H100): 410 useful TFLOPS at S*, against 300 for `tlx
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
@@ -66,13 +67,14 @@ from kernels_tlx.simplicial.pairs_parts import (
     scale_add_rows,
     tile_tokens,
 )
+from kernels_triton.launch import Desc, Kernel
 from kernels_triton.simplicial.bwd_common import (
     compile_specs,
     kernel_config,
-    launch_delta,
-    launch_sum_parts,
+    prepare_delta,
+    prepare_sum_parts,
 )
-from kernels_triton.simplicial.host import kv_descriptor, q_descriptor
+from kernels_triton.simplicial.host import kv_layout, q_layout
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
 
@@ -238,7 +240,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
 
 @triton.jit
 def _finish_kernel(ACC, OUT, numel, scale, BLOCK: tl.constexpr):
-    """OUT = bf16(scale * ACC), fp32 -> bf16 (dQ; dK/dV go through `launch_sum_parts`)."""
+    """OUT = bf16(scale * ACC), fp32 -> bf16 (dQ; dK/dV go through `prepare_sum_parts`)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < numel
     tl.store(OUT + i, (tl.load(ACC + i, mask=ok, other=0.0) * scale).to(tl.bfloat16), mask=ok)
@@ -271,45 +273,69 @@ def key_blocks(spec: ProblemSpec) -> int:
     return triton.cdiv(spec.w1 + spec.w2 - 1, BLOCK_N)
 
 
-def row_descriptor(t, spec: ProblemSpec) -> TensorDescriptor:
-    """TMA view of a contiguous fp32 [B, N, Hq] tensor as rows of R = min(G, 64) values, a box
-    per token of a tile (the LSE or Delta of its heads there)."""
-    r = min(spec.G, ROWS.value)
-    return TensorDescriptor(t, shape=[t.numel() // r, r], strides=[r, 1], block_shape=[1, r])
+def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False):
+    """The launches of `spec`, made once: run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1,
+    dk2, dv1, dv2) (kernels_triton.simplicial.bwd.prepare's): Delta (`prepare_delta`),
+    `_pairs_kernel` into zeroed fp32 accumulators (profile: True or "pairs" runs its
+    Proton-scoped copy), then the bf16 gradients (dQ, dK1, dK2 scaled by sm_scale) by
+    `_finish_kernel` and `_sum_parts_kernel` (prepare_sum_parts). Scratch: fp32 copies of the
+    five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies of LSE (log2)
+    and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N]).
+    packed=True (spec.varlen): run takes `bounds=` too, each token's sequence start and end
+    (altattn/simplicial/varlen.py's Packed.bounds, per call), a keyword argument of
+    `_pairs_kernel`, which then goes through Triton's JIT."""
+    if isinstance(profile, str) and profile != "pairs":
+        raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
+    delta_of = prepare_delta(spec)
+    r = min(spec.G, ROWS.value)  # a token's rows in a tile
+    rows = spec.B * spec.N * spec.Hq
+    row_values = Desc([rows // r, r], [r, 1], [1, r])  # LSE or Delta, [B, N, Hq] fp32
+    heads = q_layout(spec, ROWS.value)
+    keys = kv_layout(spec, KEYS)
+    dq_halves = Desc([rows, spec.D], [spec.D, 1], [r, spec.D // 2])  # the fp32 dQ scratch
+    grid = (spec.B * spec.Hk * spec.N * key_blocks(spec),)
+    options = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile),
+                   **config(spec))
+    pairs = None if packed else Kernel(_pairs_kernel, grid, **options)
+    n_dq = rows * spec.D
+    finish = Kernel(_finish_kernel, (triton.cdiv(n_dq, FINISH_BLOCK),), BLOCK=FINISH_BLOCK,
+                    num_warps=4)
+    # dK = sm_scale * its sum, dV its sum, in bf16: the k-owner's sum of one part
+    sum_parts = prepare_sum_parts(spec.B * spec.N * spec.Hk * spec.D, spec.sm_scale, 1)
+    args = (spec.N, spec.w1, spec.w2, key_blocks(spec), spec.sm_scale * LOG2E)
+    sm_scale = spec.sm_scale
+
+    def run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2, bounds=None
+            ) -> None:
+        delta = delta_of(out, dout, dlse)
+        lse2, delta = (t.transpose(1, 2).contiguous() for t in (lse * LOG2E, delta))
+        dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=q.device)
+        dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros((4, *dk1.shape), dtype=torch.float32,
+                                                         device=q.device)
+        launch_pairs = pairs or functools.partial(_pairs_kernel[grid], Seq=bounds, VARLEN=True,
+                                                  **options)
+        launch_pairs(heads(q), k1, keys(k2), v1, keys(v2), heads(dout), row_values(lse2),
+                     row_values(delta), k2, v2, dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc,
+                     dv2_acc, *args)
+        finish(dq_acc, dq, n_dq, sm_scale)
+        sum_parts(dk1_acc, dv1_acc, dk1, dv1)
+        sum_parts(dk2_acc, dv2_acc, dk2, dv2)
+
+    return run
+
+
+@functools.lru_cache(maxsize=64)
+def _prepared_packed(spec: ProblemSpec, profile: bool | str):
+    return prepare(spec, profile, packed=True)
 
 
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False, packed=None) -> None:
-    """Delta (`launch_delta`), `_pairs_kernel` into zeroed fp32 accumulators (profile: True or
-    "pairs" runs its Proton-scoped copy), then the bf16 gradients (dQ, dK1, dK2 scaled by
-    sm_scale) by `_finish_kernel` and `_sum_parts_kernel` (launch_sum_parts). Scratch: fp32
-    copies of the five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies
-    of LSE (log2) and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N]).
-    packed (spec.varlen, altattn/simplicial/varlen.py's Packed): its `bounds`, each token's
-    sequence start and end."""
-    if isinstance(profile, str) and profile != "pairs":
-        raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
-    delta = launch_delta(spec, out, dout, dlse)
-    lse2d, deltad = (row_descriptor(t.transpose(1, 2).contiguous(), spec)  # [B, N, Hq]
-                     for t in (lse * LOG2E, delta))
-    dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=q.device)
-    dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros((4, *dk1.shape), dtype=torch.float32,
-                                                     device=q.device)
-    k2d, v2d = (kv_descriptor(t, spec, KEYS) for t in (k2, v2))
-    qd, dod = (q_descriptor(t, spec, ROWS.value) for t in (q, dout))
-    dqd = TensorDescriptor(dq_acc, shape=[spec.B * spec.N * spec.Hq, spec.D],
-                           strides=[spec.D, 1],
-                           block_shape=[min(spec.G, ROWS.value), spec.D // 2])
-    _pairs_kernel[(spec.B * spec.Hk * spec.N * key_blocks(spec),)](
-        qd, k1, k2d, v1, v2d, dod, lse2d, deltad, k2, v2, dqd, dk1_acc, dk2_acc, dv1_acc,
-        dv2_acc, spec.N, spec.w1, spec.w2, key_blocks(spec), spec.sm_scale * LOG2E, HQ=spec.Hq,
-        HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile), **config(spec),
-        **({} if packed is None else dict(Seq=packed.bounds, VARLEN=True)))
-    _finish_kernel[(triton.cdiv(dq.numel(), FINISH_BLOCK),)](
-        dq_acc, dq, dq.numel(), spec.sm_scale, BLOCK=FINISH_BLOCK, num_warps=4)
-    for dk_acc, dv_acc, dk, dv in ((dk1_acc, dv1_acc, dk1, dv1), (dk2_acc, dv2_acc, dk2, dv2)):
-        # dK = sm_scale * its sum, dV its sum, in bf16: the k-owner's sum of one part
-        launch_sum_parts(dk_acc, dv_acc, dk, dv, spec.sm_scale, parts=1)
+    """One backward; packed (altattn/simplicial/varlen.py's Packed): packed sequences, their
+    launches made once per spec."""
+    run = prepare(spec, profile) if packed is None else _prepared_packed(spec, profile)
+    run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
+        bounds=None if packed is None else packed.bounds)
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:

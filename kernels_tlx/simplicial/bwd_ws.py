@@ -32,12 +32,12 @@ two consumers of 64 keys each instead of one 8-warp program on 128 keys, 64-row 
 32, and the per-consumer skip of edge tiles.
 Small grids (`key_block_parts`): at G = 128, when twice the key blocks fit in one wave of the
 SMs (N = 2048 at B = 4: 64 blocks on 132 SMs), each block is two programs, one per head half
-(PARTIAL), that write fp32 partials of dK2/dV2; `_sum_parts_kernel` (launch_sum_parts) adds
+(PARTIAL), that write fp32 partials of dK2/dV2; `_sum_parts_kernel` (prepare_sum_parts) adds
 the two in a fixed order. Deterministic, but not bitwise the one-program sums (a different fp32
 order).
 What this and the other TLX backwards share with `triton` (Delta, the reduce, `_sum_parts_kernel`,
 the row and key-block helpers, the compile-config helpers) is in kernels_triton/simplicial/
-bwd_common.py; `triton`'s public `launch` and `profiled_kernels` run the rest of the split.
+bwd_common.py; `triton`'s `prepare` and `profiled_kernels` run the rest of the split.
 """
 from __future__ import annotations
 
@@ -51,12 +51,13 @@ import triton.language.extra.tlx as tlx
 from kernels_tlx.simplicial import bwd_dq_ws
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release, opaque
 from kernels_tlx.simplicial.hadamard import build, row_tile
+from kernels_triton.launch import Kernel, sm_count
 from kernels_triton.simplicial import bwd as triton_bwd
 from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, compile_specs,
                                                   key_block_program, kernel_config, kv_rows,
-                                                  launch_sum_parts)
-from kernels_triton.simplicial.host import kv_descriptor, q_descriptor
-from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, LOG2E_JIT, enter, leave
+                                                  prepare_sum_parts, scalars)
+from kernels_triton.simplicial.host import kv_layout, q_layout
+from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E_JIT, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
@@ -312,26 +313,33 @@ def key_block_parts(spec: ProblemSpec, n_sm: int = 132) -> int:
     return 2 if spec.G == 128 and 2 * blocks <= n_sm else 1
 
 
-def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
-                profile: bool = False) -> None:
-    """dk2, dv2 by `_dkv2_ws_kernel`; with key_block_parts > 1 through fp32 partials (2 x parts x
-    dk2's elements x 4 bytes of scratch) summed in part order by `_sum_parts_kernel`:
-    deterministic, not bitwise equal to the one-part sums."""
+def prepare_dkv2(spec: ProblemSpec, profile: bool = False):
+    """`_dkv2_ws_kernel`'s launch of `spec` (key_block_parts of the current GPU), made once:
+    run(q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2) writes dk2, dv2 (triton_bwd.prepare_dkv2's
+    signature); with key_block_parts > 1 through fp32 partials (2 x parts x dk2's elements x 4
+    bytes of scratch) summed in part order by `_sum_parts_kernel`: deterministic, not bitwise
+    equal to the one-part sums."""
     cfg = config(spec)
-    half = cfg["BLOCK_N"] // 2
-    k2d, v2d = (kv_descriptor(t, spec, half) for t in (k2, v2))
-    qd, dod = (q_descriptor(t, spec, ROWS) for t in (q, dout))  # boxes of 64 heads of a token
-    parts = key_block_parts(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    keys = kv_layout(spec, cfg["BLOCK_N"] // 2)
+    rows = q_layout(spec, ROWS)  # boxes of 64 heads of a token
+    parts = key_block_parts(spec, sm_count())
+    blocks = triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk
+    kernel = Kernel(_dkv2_ws_kernel, (blocks, parts), HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
+                    PROFILE=profile, PARTIAL=parts > 1, **cfg)
     if parts > 1:
-        out_k, out_v = torch.empty(2, parts, *dk2.shape, dtype=torch.float32, device=q.device)
-    else:
-        out_k, out_v = dk2, dv2
-    _dkv2_ws_kernel[(triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk, parts)](
-        qd, k1, k2d, v1, v2d, dod, lse, delta, out_k, out_v, spec.N, spec.w1, spec.w2,
-        spec.sm_scale * LOG2E, spec.sm_scale, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
-        PROFILE=profile, PARTIAL=parts > 1, **cfg)
-    if parts > 1:
-        launch_sum_parts(out_k, out_v, dk2, dv2, spec.sm_scale, parts)
+        sum_parts = prepare_sum_parts(spec.B * spec.N * spec.Hk * spec.D, spec.sm_scale, parts)
+    args = scalars(spec)
+
+    def run(q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2) -> None:
+        if parts > 1:
+            out_k, out_v = torch.empty(2, parts, *dk2.shape, dtype=torch.float32, device=q.device)
+        else:
+            out_k, out_v = dk2, dv2
+        kernel(rows(q), k1, keys(k2), v1, keys(v2), rows(dout), lse, delta, out_k, out_v, *args)
+        if parts > 1:
+            sum_parts(out_k, out_v, dk2, dv2)
+
+    return run
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
@@ -345,14 +353,17 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
     return out
 
 
+def prepare(spec: ProblemSpec, profile: bool | str = False):
+    """`kernels_triton.simplicial.bwd.prepare` (its run's arguments) with this file's k-owner in
+    place of `_dkv2_kernel` and, at G in {64, 128}, kernels_tlx/simplicial/bwd_dq_ws.py's
+    row-owner in place of `_dq_kernel`."""
+    row_owner = bwd_dq_ws.prepare_dq if bwd_dq_ws.supports(spec) is None else None
+    return triton_bwd.prepare(spec, profile, k_owner=prepare_dkv2, row_owner=row_owner)
+
+
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
            profile: bool | str = False) -> None:
-    """`kernels_triton.simplicial.bwd.launch` with this file's k-owner in place of `_dkv2_kernel`
-    and, at G in {64, 128}, kernels_tlx/simplicial/bwd_dq_ws.py's row-owner in place of
-    `_dq_kernel`."""
-    triton_bwd.launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
-                      profile=profile, dkv2=launch_dkv2,
-                      dq_fn=bwd_dq_ws.launch_dq if bwd_dq_ws.supports(spec) is None else None)
+    prepare(spec, profile)(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2)
 
 
 def compile_configs() -> list[CompileConfig]:

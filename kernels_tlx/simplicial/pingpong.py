@@ -23,5 +23,5 @@ def config(spec: ProblemSpec) -> dict:
     return ws.config(spec, pingpong=True)
 
 
-launch, compile_configs = entry_points(ws.simplicial_fwd_ws_kernel, config, supports,
-                                       q_tma=True)
+prepare, launch, compile_configs = entry_points(ws.simplicial_fwd_ws_kernel, config, supports,
+                                               q_tma=True)

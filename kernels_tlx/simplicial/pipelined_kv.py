@@ -27,4 +27,4 @@ def config(spec: ProblemSpec) -> dict:
     return ws_kv.config(spec, pipelined=True)
 
 
-launch, compile_configs = ws_kv.pipelined_entry_points(config)
+prepare, launch, compile_configs = ws_kv.pipelined_entry_points(config)

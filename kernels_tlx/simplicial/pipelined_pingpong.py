@@ -24,4 +24,4 @@ def config(spec: ProblemSpec) -> dict:
     return ws_kv.config(spec, pipelined=True, pingpong=True)
 
 
-launch, compile_configs = ws_kv.pipelined_entry_points(config)
+prepare, launch, compile_configs = ws_kv.pipelined_entry_points(config)

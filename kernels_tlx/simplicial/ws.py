@@ -283,4 +283,5 @@ def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
                 PINGPONG=pingpong, num_warps=4, num_stages=1)
 
 
-launch, compile_configs = entry_points(simplicial_fwd_ws_kernel, config, supports, q_tma=True)
+prepare, launch, compile_configs = entry_points(simplicial_fwd_ws_kernel, config, supports,
+                                               q_tma=True)

@@ -165,4 +165,5 @@ def config(spec: ProblemSpec) -> dict:
                 num_stages=1)
 
 
-launch, compile_configs = entry_points(simplicial_fwd_ws_keys_kernel, config, supports)
+prepare, launch, compile_configs = entry_points(simplicial_fwd_ws_keys_kernel, config,
+                                               supports)

@@ -282,7 +282,9 @@ def simplicial_fwd_ws_kv_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale
                                 PIPELINE: tl.constexpr, PINGPONG: tl.constexpr = False,
                                 PROFILE: tl.constexpr = False, DET: tl.constexpr = 0,
                                 Seq=None, n_split=1, VARLEN: tl.constexpr = False,
-                                CACHE: tl.constexpr = False, T_new=1, shift=0, R1=1, R2=1):
+                                CACHE: tl.constexpr = False, T_new=1, shift=None, R1=1, R2=1):
+    # shift (CACHE only) defaults to None, not 0: a 0 would be a runtime argument past a dense
+    # launch's positional ones, and keep kernels_triton/launch.py's Kernel on the JIT path
     HALF: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     tl.static_assert(PIPELINE or not DET, "form det: pipelined consumers only (PIPELINED_FORMS)")
     tl.static_assert(not (CACHE and (DET or D != 128)), "CACHE: trilinear, D = 128 only")
@@ -423,4 +425,5 @@ def pipelined_entry_points(config_of):
                         det_pack=det_keys_side, packed=True)
 
 
-launch, compile_configs = entry_points(simplicial_fwd_ws_kv_kernel, config, supports, packed=True)
+prepare, launch, compile_configs = entry_points(simplicial_fwd_ws_kv_kernel, config, supports,
+                                               packed=True)

@@ -30,11 +30,11 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import tlx
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from altattn.registry import CompileConfig
 from kernels_triton.proton import BF16_BYTES, enter, leave
-from kernels_triton.spherical.bwd_common import coeff_row0
+from kernels_triton.launch import Desc, Kernel
+from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows
 
 BLOCK_N = 128         # keys per program (64 per consumer)
 BLOCK_M = 64          # query rows per streamed tile
@@ -279,49 +279,53 @@ def config(spec, with_dq: bool) -> dict:
     return {"NUM_STAGES": 2, "CONSUMER_REGS": 240, "num_warps": 4, "num_stages": 1}
 
 
-def rows_descriptor(t: torch.Tensor, rows: int, cols: int, block_rows: int,
-                    block_cols: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, rows, H, D] tensor as [B, rows, H*D] (a box [1, block_rows,
-    block_cols] at [b, row0, h*D + col0]); rows past `rows` read as zeros, stores there clip."""
-    B = t.shape[0]
-    return TensorDescriptor(t, shape=[B, rows, cols], strides=[rows * cols, cols, 1],
-                            block_shape=[1, block_rows, block_cols])
+def rows_layout(B: int, rows: int, cols: int, block_rows: int, block_cols: int) -> Desc:
+    """TMA view of a contiguous [B, rows, H, D] tensor as [B, rows, H*D = cols] (a box
+    [1, block_rows, block_cols] at [b, row0, h*D + col0]); rows past `rows` read as zeros, stores
+    there clip."""
+    return Desc([B, rows, cols], [rows * cols, cols, 1], [1, block_rows, block_cols])
 
 
 def dq_cols(D: int) -> int:
     return D // 2 if D == 128 else D
 
 
-def ratio(A: torch.Tensor, Bt: torch.Tensor) -> torch.Tensor:
-    """R = Bt / A (0 where A = 0: rows past Lq), fp32 like A; `_dkv_kernel` forms
-    dS^T = A (dP^T + R S^T) so that dP^T accumulates onto R S^T."""
-    return torch.where(A != 0, Bt / torch.where(A != 0, A, 1.0), 0.0)
-
-
-def launch_dkv(spec, q, k, v, dout, A, R, seqlens, dk, dv, dq_acc, profile: bool) -> None:
-    """dk, dv (and, with dq_acc, dQ reduce-added into the fp32 [B, N, Hq, D] dq_acc, zeroed);
-    A and R = ratio(A, Bt) fp32 [B, Hq, NP] (row_coeffs' rows, padded to 16 bytes)."""
-    cfg = config(spec, dq_acc is not None)
+def prepare_dkv(spec, with_dq: bool, profile: bool = False):
+    """The key-block kernel's launch of `spec`, made once: run(q, k, v, dout, A, R, seqlens, dk,
+    dv, dq_acc) writes dk, dv (and, with_dq, reduce-adds dQ into the fp32 [B, N, Hq, D] dq_acc,
+    zeroed); A and R = Bt / A fp32 [B, Hq, NP] (row_coeffs(..., ratio=True): rows padded to 16
+    bytes); seqlens int32 [B] or None."""
+    cfg = config(spec, with_dq)
     D = spec.D
-    qd, dod = (rows_descriptor(t, spec.N, spec.Hq * D, BLOCK_M, D) for t in (q, dout))
-    kd, vd = (rows_descriptor(t, spec.Nk, spec.Hk * D, BLOCK_N // 2, D) for t in (k, v))
-    dqd = (rows_descriptor(dq_acc, spec.N, spec.Hq * D, BLOCK_M, dq_cols(D))
-           if dq_acc is not None else A)
+    rows = rows_layout(spec.B, spec.N, spec.Hq * D, BLOCK_M, D)
+    keys = rows_layout(spec.B, spec.Nk, spec.Hk * D, BLOCK_N // 2, D)
+    dq_rows = rows_layout(spec.B, spec.N, spec.Hq * D, BLOCK_M, dq_cols(D)) if with_dq else None
+    n = spec.B * spec.Hq * padded_rows(spec.N)
+    coeffs = Desc([n], [1], [BLOCK_M])
     grid = (triton.cdiv(spec.Nk, BLOCK_N) * spec.B * spec.Hk,)
-    ad, rd = (TensorDescriptor(t.view(-1), shape=[t.numel()], strides=[1],
-                               block_shape=[BLOCK_M])
-              for t in (A, R))
-    _dkv_kernel[grid](qd, kd, vd, dod, ad, rd, seqlens if seqlens is not None else A, dk, dv, dqd,
-                      spec.N, spec.Nk, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D,
-                      CAUSAL=spec.causal, VARLEN=seqlens is not None,
-                      WITH_DQ=dq_acc is not None, PROFILE=profile, **cfg)
+    kernel = Kernel(_dkv_kernel, grid, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D,
+                    CAUSAL=spec.causal, VARLEN=spec.varlen, WITH_DQ=with_dq, PROFILE=profile,
+                    **cfg)
+    N, Nk = spec.N, spec.Nk
+
+    def run(q, k, v, dout, A, R, seqlens, dk, dv, dq_acc) -> None:
+        kernel(rows(q), keys(k), keys(v), rows(dout), coeffs(A.view(-1)), coeffs(R.view(-1)),
+               A if seqlens is None else seqlens, dk, dv, dq_rows(dq_acc) if with_dq else A,
+               N, Nk)
+
+    return run
 
 
-def launch_convert(src: torch.Tensor, dst: torch.Tensor) -> None:
-    n = src.numel()
-    if n:
-        _convert_kernel[(triton.cdiv(n, CONVERT_BLOCK),)](src, dst, n, BLOCK=CONVERT_BLOCK,
-                                                           num_warps=4)
+def prepare_convert(n: int):
+    """run(src, dst): dst = bf16(src), n elements (the dQ scratch to dq)."""
+    kernel = Kernel(_convert_kernel, (triton.cdiv(n, CONVERT_BLOCK),), BLOCK=CONVERT_BLOCK,
+                    num_warps=4)
+
+    def run(src: torch.Tensor, dst: torch.Tensor) -> None:
+        if n:
+            kernel(src, dst, n)
+
+    return run
 
 
 def compile_specs():

@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 
 from altattn.registry import CompileConfig
+from kernels_triton.spherical.bwd_common import prepare_row_coeffs
 from kernels_tlx.spherical.bwd_common import (
     compile_specs,
     dkv_compile_config,
-    launch_convert,
-    launch_dkv,
-    ratio,
+    prepare_convert,
+    prepare_dkv,
 )
 from kernels_tlx.spherical.bwd_common import supports as common_supports
 
@@ -37,17 +37,28 @@ def profiled_kernels(spec) -> dict[str, int]:
     return {"dkv": 12}
 
 
-def launch(spec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv, profile: bool | str = False
-           ) -> None:
-    """row_coeffs, `_dkv_kernel` (dk, dv, dQ into a zeroed fp32 scratch), convert to dq.
-    profile: True or "dkv" scopes the key-block kernel."""
-    from kernels_triton.spherical.bwd_common import row_coeffs
+def prepare(spec, profile: bool | str = False):
+    """row_coeffs (A and R = Bt / A), `_dkv_kernel` (dk, dv, dQ into a zeroed fp32 scratch),
+    convert to dq: run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv). profile: True or "dkv"
+    scopes the key-block kernel."""
     if isinstance(profile, str) and profile != "dkv":
         raise ValueError(f"profile={profile!r}: the scoped kernel is 'dkv'")
-    A, Bt = row_coeffs(spec, out, dout, r, dr, seqlens)
-    dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
-    launch_dkv(spec, q, k, v, dout, A, ratio(A, Bt), seqlens, dk, dv, dq_acc, bool(profile))
-    launch_convert(dq_acc, dq)
+    coeffs = prepare_row_coeffs(spec, ratio=True, zero_dq=True)
+    dkv = prepare_dkv(spec, True, bool(profile))
+    convert = prepare_convert(spec.B * spec.N * spec.Hq * spec.D)
+
+    def run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv) -> None:
+        dq_acc = torch.empty(dq.shape, dtype=torch.float32, device=dq.device)
+        A, R = coeffs(out, dout, r, dr, seqlens, dq_acc)  # zeroes dq_acc too
+        dkv(q, k, v, dout, A, R, seqlens, dk, dv, dq_acc)
+        convert(dq_acc, dq)
+
+    return run
+
+
+def launch(spec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv, profile: bool | str = False
+           ) -> None:
+    prepare(spec, profile)(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv)
 
 
 def compile_configs() -> list[CompileConfig]:

@@ -26,15 +26,15 @@ from kernels_tlx.spherical.bwd_common import (
     compile_specs,
     config,
     dkv_compile_config,
-    launch_dkv,
-    ratio,
-    rows_descriptor,
+    prepare_dkv,
+    rows_layout,
     seq_bounds,
     spec_name,
 )
 from kernels_tlx.spherical.bwd_common import supports as common_supports
 from kernels_triton.proton import BF16_BYTES, enter, leave
-from kernels_triton.spherical.bwd_common import coeff_row0
+from kernels_triton.launch import Kernel
+from kernels_triton.spherical.bwd_common import coeff_row0, prepare_row_coeffs
 
 ROWS = tl.constexpr(64)      # rows per consumer
 BLOCK_Q = 128                # rows per program
@@ -163,15 +163,22 @@ def supports(spec) -> str | None:
     return common_supports(spec)
 
 
-def launch_dq(spec, q, k, v, dout, A, R, seqlens, dq, profile: bool = False) -> None:
+def prepare_dq(spec, profile: bool = False):
+    """The row kernel's launch of `spec`: run(q, k, v, dout, A, R, seqlens, dq)."""
     cfg = config(spec, False)
     D = spec.D
-    qd, dod = (rows_descriptor(t, spec.N, spec.Hq * D, 64, D) for t in (q, dout))
-    kd, vd = (rows_descriptor(t, spec.Nk, spec.Hk * D, BLOCK_N, D) for t in (k, v))
+    rows = rows_layout(spec.B, spec.N, spec.Hq * D, 64, D)
+    keys = rows_layout(spec.B, spec.Nk, spec.Hk * D, BLOCK_N, D)
     grid = (triton.cdiv(spec.N, BLOCK_Q) * spec.B * spec.Hq,)
-    _dq_kernel[grid](qd, kd, vd, dod, A, R, seqlens if seqlens is not None else A, dq, spec.N,
-                     spec.Nk, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D, CAUSAL=spec.causal,
-                     VARLEN=seqlens is not None, PROFILE=profile, **cfg)
+    kernel = Kernel(_dq_kernel, grid, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D,
+                    CAUSAL=spec.causal, VARLEN=spec.varlen, PROFILE=profile, **cfg)
+    N, Nk = spec.N, spec.Nk
+
+    def run(q, k, v, dout, A, R, seqlens, dq) -> None:
+        kernel(rows(q), keys(k), keys(v), rows(dout), A, R, A if seqlens is None else seqlens,
+               dq, N, Nk)
+
+    return run
 
 
 def profiled_kernels(spec) -> dict[str, int]:
@@ -179,18 +186,27 @@ def profiled_kernels(spec) -> dict[str, int]:
     return {"dkv": 12, "dq": 12}
 
 
-def launch(spec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv, profile: bool | str = False
-           ) -> None:
-    """row_coeffs, then dk, dv (`_dkv_kernel`) and dq (`_dq_kernel`); profile: True (both
-    kernels scoped), False, or "dkv" / "dq"."""
-    from kernels_triton.spherical.bwd_common import row_coeffs
+def prepare(spec, profile: bool | str = False):
+    """row_coeffs (A and R = Bt / A), then dk, dv (`_dkv_kernel`) and dq (`_dq_kernel`):
+    run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv). profile: True (both kernels scoped),
+    False, or "dkv" / "dq"."""
     if isinstance(profile, str) and profile not in ("dkv", "dq"):
         raise ValueError(f"profile={profile!r}: the scoped kernels are 'dkv' and 'dq'")
-    A, Bt = row_coeffs(spec, out, dout, r, dr, seqlens)
-    R = ratio(A, Bt)
-    launch_dkv(spec, q, k, v, dout, A, R, seqlens, dk, dv, None,
-               profile is True or profile == "dkv")
-    launch_dq(spec, q, k, v, dout, A, R, seqlens, dq, profile is True or profile == "dq")
+    coeffs = prepare_row_coeffs(spec, ratio=True)
+    dkv = prepare_dkv(spec, False, profile is True or profile == "dkv")
+    dq_rows = prepare_dq(spec, profile is True or profile == "dq")
+
+    def run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv) -> None:
+        A, R = coeffs(out, dout, r, dr, seqlens)
+        dkv(q, k, v, dout, A, R, seqlens, dk, dv, None)
+        dq_rows(q, k, v, dout, A, R, seqlens, dq)
+
+    return run
+
+
+def launch(spec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv, profile: bool | str = False
+           ) -> None:
+    prepare(spec, profile)(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv)
 
 
 def compile_configs() -> list[CompileConfig]:

@@ -28,9 +28,7 @@ below Lq runs no mainloop and writes zeros.
 """
 from __future__ import annotations
 
-import functools
 
-import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
@@ -40,12 +38,13 @@ from altattn.spherical.spec import SphericalSpec
 from kernels_triton.proton import BF16_BYTES, enter, leave
 from kernels_triton.spherical.host import (
     build_compile_configs,
-    descriptor,
     descriptor_type,
     kernel_constexprs,
+    layout,
     seqlens_type,
 )
 from kernels_triton.spherical.host import supports as host_supports
+from kernels_triton.launch import Kernel, sm_count
 from kernels_tlx.consumers import NUM_CONSUMERS, pass_turn, take_turn
 
 ROWS = tl.constexpr(64)  # query rows per consumer warp group
@@ -411,30 +410,38 @@ def supports(spec: SphericalSpec) -> str | None:
     return host_supports(spec)
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def grid(spec: SphericalSpec, cfg: dict, device) -> tuple[int]:
-    """One program per tile, or min(#SMs, tiles) programs walking tiles (PERSISTENT)."""
+def grid(spec: SphericalSpec, cfg: dict) -> tuple[int]:
+    """One program per tile, or min(#SMs of the current GPU, tiles) programs walking tiles
+    (PERSISTENT)."""
     tiles = spec.B * spec.Hq * triton.cdiv(spec.N, cfg["BLOCK_M"])
     if cfg["PERSISTENT"]:
-        return (min(tiles, _num_sms(torch.device(device).index or 0)),)
+        return (min(tiles, sm_count()),)
     return (tiles,)
+
+
+def prepare_with(cfg: dict, spec: SphericalSpec, profile: bool = False):
+    """The launch of `spec` with config `cfg` (config()), made once: run(q, k, v, seqlens, out,
+    r) writes out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32 from q [B, N, Hq, D], k, v
+    [B, Nk, Hk, D] (bf16, contiguous) and seqlens (int32 [B], or None when not spec.varlen)."""
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    rows = layout(spec.B, spec.N, spec.Hq, spec.D, bm // 2)
+    keys = layout(spec.B, spec.Nk, spec.Hk, spec.D, bn)
+    kernel = Kernel(spherical_fwd_kernel, grid(spec, cfg), HQ=spec.Hq, HK=spec.Hk, G=spec.G,
+                    D=spec.D, CAUSAL=spec.causal, VARLEN=spec.varlen, PROFILE=bool(profile),
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                    **kernel_constexprs(cfg))
+    B, N, Nk, scale, eps = spec.B, spec.N, spec.Nk, spec.sm_scale, spec.eps
+
+    def run(q, k, v, seqlens, out, r) -> None:
+        kernel(rows(q), keys(k), keys(v), rows(out), r, seqlens, B, N, Nk, scale, eps)
+
+    return run
 
 
 def launch_with(cfg: dict, spec: SphericalSpec, q, k, v, seqlens, out, r,
                 profile: bool = False) -> None:
-    """out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32 from q [B, N, Hq, D], k, v [B, Nk, Hk, D]
-    (bf16, contiguous) and seqlens (int32 [B] or None), with config `cfg` (config())."""
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    spherical_fwd_kernel[grid(spec, cfg, q.device)](
-        descriptor(q, bm // 2), descriptor(k, bn), descriptor(v, bn), descriptor(out, bm // 2),
-        r, seqlens, spec.B, spec.N, spec.Nk, spec.sm_scale, spec.eps, HQ=spec.Hq, HK=spec.Hk,
-        G=spec.G, D=spec.D, CAUSAL=spec.causal, VARLEN=seqlens is not None,
-        PROFILE=bool(profile), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **kernel_constexprs(cfg))
+    """One launch with config `cfg` (tuning and tests): prepare_with's, run once."""
+    prepare_with(cfg, spec, profile)(q, k, v, seqlens, out, r)
 
 
 def _signature(spec: SphericalSpec, cfg: dict) -> dict:
@@ -445,16 +452,19 @@ def _signature(spec: SphericalSpec, cfg: dict) -> dict:
 
 
 def entry_points(pipeline: bool, pingpong: bool):
-    """A variant module's `config`, `launch` and `compile_configs` (altattn/registry.py) for the
-    shared kernel run with the variant's switches."""
+    """A variant module's `config`, `prepare`, `launch` and `compile_configs`
+    (altattn/registry.py) for the shared kernel run with the variant's switches."""
 
     def variant_config(spec: SphericalSpec, persistent: bool | None = None) -> dict:
         return config(spec, pipeline, pingpong, persistent)
 
+    def prepare(spec: SphericalSpec, profile: bool = False):
+        return prepare_with(variant_config(spec), spec, profile)
+
     def launch(spec: SphericalSpec, q, k, v, seqlens, out, r, profile: bool = False) -> None:
-        launch_with(variant_config(spec), spec, q, k, v, seqlens, out, r, profile)
+        prepare(spec, profile)(q, k, v, seqlens, out, r)
 
     def compile_configs() -> list[CompileConfig]:
         return build_compile_configs(spherical_fwd_kernel, variant_config, _signature)
 
-    return variant_config, launch, compile_configs
+    return variant_config, prepare, launch, compile_configs

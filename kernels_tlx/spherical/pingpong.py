@@ -15,4 +15,4 @@ from __future__ import annotations
 
 from kernels_tlx.spherical.fwd_common import entry_points, supports  # noqa: F401
 
-config, launch, compile_configs = entry_points(pipeline=True, pingpong=True)
+config, prepare, launch, compile_configs = entry_points(pipeline=True, pingpong=True)

@@ -17,4 +17,4 @@ from __future__ import annotations
 
 from kernels_tlx.spherical.fwd_common import entry_points, supports  # noqa: F401
 
-config, launch, compile_configs = entry_points(pipeline=False, pingpong=False)
+config, prepare, launch, compile_configs = entry_points(pipeline=False, pingpong=False)

@@ -17,15 +17,13 @@ of NUM_BUFFERS slots; two consumers (64 rows each) build, multiply, and store bf
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from altattn.registry import CompileConfig
+from kernels_triton.launch import Desc, Kernel, sm_count
 from kernels_tlx.consumers import NUM_CONSUMERS
 
 D = tl.constexpr(32)        # Dx = Dy = Do
@@ -135,37 +133,39 @@ def apply_resident_kernel(Xd, Yd, Wd, Out, N, c, w_head, tiles_per_head,
 CONFIG = {"NUM_BUFFERS": 2, "CONSUMER_REGS": 240, "num_warps": 4, "num_stages": 1}
 
 
-def takes(dx: int, dy: int, do: int, chunk: int, out_dtype) -> bool:
-    """The widths, and the non-causal bf16 output, this kernel computes."""
-    return (dx, dy, do) == (32, 32, 32) and not chunk and out_dtype == torch.bfloat16
+def takes(dx: int, dy: int, do: int, chunk: int) -> bool:
+    """The widths, and the non-causal form (one slab a head, chunk 0), this kernel computes."""
+    return (dx, dy, do) == (32, 32, 32) and not chunk
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def prepare_apply(B: int, N: int, H: int, c: float):
+    """kernels_triton.triple.host.prepare_apply's launch at Dx = Dy = Do = 32, chunk 0, made
+    once: run(x, y, w, out), w [B, H, 32, 32, 32] bf16 contiguous, out bf16. The grid: each
+    head's token tiles over min(tiles, multiprocessors of the current GPU / (B * H)) CTAs."""
+    d, bm = int(D), int(NUM_CONSUMERS) * int(ROWS)
+    tiles = triton.cdiv(N, bm)
+    per_head = max(1, min(tiles, sm_count() // max(B * H, 1)))
+    rows = Desc([B, N, H * d], [N * H * d, H * d, 1], [1, int(ROWS), d])
+    w_layout = Desc([B * H * d * d, d], [d, 1], [d, d])
+    kernel = Kernel(apply_resident_kernel, (per_head, B * H), H=H,
+                    **{k: v for k, v in CONFIG.items() if k.isupper()},
+                    num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"])
+    c = float(c)
+    empty = B * H == 0 or N == 0
 
+    def run(x, y, w, out) -> None:
+        if not empty:
+            kernel(rows(x), rows(y), w_layout(w), out, N, c, d * d, tiles)
 
-def _rows(t, rows: int) -> TensorDescriptor:
-    B, L, H, d = t.shape
-    return TensorDescriptor(t, shape=[B, L, H * d], strides=[L * H * d, H * d, 1],
-                            block_shape=[1, rows, d])
+    return run
 
 
 def apply(x, y, w, out, c: float) -> None:
-    """kernels_triton.triple.host.apply's contract at Dx = Dy = Do = 32, chunk 0, bf16 out."""
-    B, N, H, d = x.shape
+    """kernels_triton.triple.host.apply's contract at Dx = Dy = Do = 32, chunk 0, bf16 out:
+    `prepare_apply` of these tensors' shapes, run once on them (tests)."""
     assert w.is_contiguous() and w.dtype == torch.bfloat16
-    if B * H == 0 or N == 0:
-        return
-    bm = int(NUM_CONSUMERS) * int(ROWS)
-    tiles = triton.cdiv(N, bm)
-    per_head = max(1, min(tiles, _sm_count(x.device.index or 0) // (B * H)))
-    rows = w.numel() // d
-    wd = TensorDescriptor(w, shape=[rows, d], strides=[d, 1], block_shape=[d, d])
-    apply_resident_kernel[(per_head, B * H)](
-        _rows(x, int(ROWS)), _rows(y, int(ROWS)), wd, out, N, c, rows // (B * H), tiles, H=H,
-        **{k: v for k, v in CONFIG.items() if k.isupper()},
-        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"])
+    B, N, H, _ = x.shape
+    prepare_apply(B, N, H, c)(x, y, w, out)
 
 
 def compile_configs() -> list[CompileConfig]:

@@ -10,10 +10,15 @@ from kernels_tlx.triple import contractions
 from kernels_tlx.triple.contractions import profiled_kernels  # noqa: F401
 
 
+def prepare(spec, profile: bool = False):
+    """kernels_triton.triple.bwd.prepare with the TLX contractions: run(q1, q2, k1, k2, v, state,
+    dout, dstate, dq1, dq2, dk1, dk2, dv)."""
+    return triton_bwd.prepare(spec, profile, impl=contractions)
+
+
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
            profile: bool = False) -> None:
-    triton_bwd.launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
-                      profile, impl=contractions)
+    prepare(spec, profile)(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv)
 
 
 def compile_configs():

@@ -1,6 +1,8 @@
 """The two contractions (kernels_triton/triple/core.py) as the TLX variants run them: the TLX
 kernel where it takes the shape, the plain-Triton one elsewhere. The Triton passes
-(kernels_triton/triple/fwd.py, bwd.py, causal.py) take this module as their `impl`.
+(kernels_triton/triple/fwd.py, bwd.py, causal.py) take this module as their `impl`, as they take
+kernels_triton/triple/host.py: `n_splits`, and `prepare_partials` / `prepare_apply`, each a launch
+made once per shape that returns its `run`.
 
     partials   partials.py (Y 64 or 128 wide), partials_pairs.py (32); Triton otherwise
     apply      apply.py at Dx = Dy = Do = 32, non-causal; Triton otherwise
@@ -9,15 +11,16 @@ from __future__ import annotations
 
 from kernels_triton.triple import host
 from kernels_tlx.triple import apply as resident
-from kernels_tlx.triple.partials import n_splits, partials  # noqa: F401
+from kernels_tlx.triple.partials import n_splits, prepare_partials  # noqa: F401
 
 
-def apply(x, y, w, out, c: float, chunk: int = 0, profile: bool = False) -> None:
-    """kernels_triton.triple.host.apply's contract (`profile`: the Triton kernel's only)."""
-    if resident.takes(x.shape[-1], y.shape[-1], out.shape[-1], chunk, out.dtype):
-        resident.apply(x, y, w, out, c)
-    else:
-        host.apply(x, y, w, out, c, chunk=chunk, profile=profile)
+def prepare_apply(B: int, N: int, H: int, dx: int, dy: int, do: int, c: float, chunk: int = 0,
+                  profile: bool = False):
+    """kernels_triton.triple.host.prepare_apply's contract (`profile`: the Triton kernel's
+    only)."""
+    if resident.takes(dx, dy, do, chunk):
+        return resident.prepare_apply(B, N, H, c)
+    return host.prepare_apply(B, N, H, dx, dy, do, c, chunk, profile)
 
 
 def compile_configs():

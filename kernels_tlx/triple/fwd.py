@@ -10,8 +10,14 @@ from kernels_tlx.triple import contractions
 from kernels_tlx.triple.contractions import profiled_kernels  # noqa: F401
 
 
+def prepare(spec, profile: bool = False):
+    """kernels_triton.triple.fwd.prepare with the TLX contractions: run(q1, q2, k1, k2, v, out,
+    out_state)."""
+    return triton_fwd.prepare(spec, profile, impl=contractions)
+
+
 def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> None:
-    triton_fwd.launch(spec, q1, q2, k1, k2, v, out, out_state, profile, impl=contractions)
+    prepare(spec, profile)(q1, q2, k1, k2, v, out, out_state)
 
 
 def compile_configs():

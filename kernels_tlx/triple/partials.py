@@ -22,16 +22,13 @@ Extra memory: the permuted copy of X1, B * H * D1 * N bf16 (one input's size), f
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from triton.tools.tensor_descriptor import TensorDescriptor
-
 from altattn.registry import CompileConfig
+from kernels_triton.launch import Desc, Kernel, sm_count
 from kernels_triton.triple import host as triton_host
 from kernels_triton.triple.core import split_program
 from kernels_tlx.consumers import NUM_CONSUMERS
@@ -213,61 +210,82 @@ def _permute_kernel(X1, X1P, N, NP, H: tl.constexpr, D1: tl.constexpr, RUNS: tl.
     tl.store(X1P + dst, tl.trans(x), mask=p[None, :] < NP)
 
 
+def _padded(N: int) -> int:
+    """NP: N rounded up to BN (at least one run), the token axis of the permuted copy of X1."""
+    return triton.cdiv(max(N, 1), int(BN)) * int(BN)
+
+
+def prepare_permute_x1(B: int, N: int, H: int, D1: int):
+    """`permute_x1`'s launch for x1 [B, N, H, D1], made once: run(x1) -> permute_x1(x1)."""
+    bn, NP = int(BN), _padded(N)
+    runs = max(1, 8192 // (bn * D1))  # 8192 elements a program
+    kernel = Kernel(_permute_kernel, (triton.cdiv(NP // bn, runs), B * H), H=H, D1=D1, RUNS=runs,
+                    num_warps=4)
+    shape = (B, H, D1, NP)
+
+    def run(x1) -> torch.Tensor:
+        x1p = torch.empty(shape, device=x1.device, dtype=x1.dtype)
+        if B * H:
+            kernel(x1, x1p, N, NP)
+        return x1p
+
+    return run
+
+
 def permute_x1(x1):
     """X1 [B, N, H, D1] -> [B, H, D1, NP] (NP = N rounded up to BN, zero tail), each BN-token
     run permuted so that a consumer thread's 16 values (tokens 2g, 2g + 1 + 8m, m < 8, of lane
     group g = lane % 4) are 32 contiguous bytes, in the order of its A-fragment registers
     (`column_factor`). One pass over X1."""
-    B, N, H, D1 = x1.shape
-    bn = int(BN)
-    NP = triton.cdiv(max(N, 1), bn) * bn
-    x1p = torch.empty(B, H, D1, NP, device=x1.device, dtype=x1.dtype)
-    if B * H:
-        runs = max(1, 8192 // (bn * D1))  # 8192 elements a program
-        _permute_kernel[(triton.cdiv(NP // bn, runs), B * H)](x1, x1p, N, NP, H=H, D1=D1,
-                                                              RUNS=runs, num_warps=4)
-    return x1p
+    return prepare_permute_x1(*x1.shape)(x1)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def n_splits(B: int, H: int, N: int, d1: int, dy: int, d2: int, device) -> int:
-    """One CTA per multiprocessor: splits of N so that the programs just fill the GPU once
-    (2 at T2: 128 programs on 132 multiprocessors; measured 436-439 TFLOPS at 1, 2 and 4)."""
+def n_splits(B: int, N: int, H: int, d1: int, dy: int, d2: int) -> int:
+    """One CTA per multiprocessor of the current GPU: splits of N so that the programs just fill
+    it once (2 at T2: 128 programs on 132 multiprocessors; measured 436-439 TFLOPS at 1, 2 and
+    4)."""
     if not takes(dy):
-        return triton_host.n_splits(B, H, N, d1, dy, d2, device)
+        return triton_host.n_splits(B, N, H, d1, dy, d2)
     tiles = B * H * (d1 // config(d1, dy, d2)["BI"])
-    return max(1, min(_sm_count(device.index or 0) // max(tiles, 1), triton.cdiv(N, int(BN))))
+    return max(1, min(sm_count() // max(tiles, 1), triton.cdiv(N, int(BN))))
 
 
-def _descriptor(t):
-    B, L, H, D = t.shape
-    return TensorDescriptor(t, shape=[B, L, H * D], strides=[L * H * D, H * D, 1],
-                            block_shape=[1, int(BN), D])
+def _layout(B: int, L: int, H: int, D: int) -> Desc:
+    """TMA view of a contiguous [B, L, H, D] tensor as [B, L, H*D], box [1, BN, D]."""
+    return Desc([B, L, H * D], [L * H * D, H * D, 1], [1, int(BN), D])
 
 
-def partials(x1, y, x2, splits: int, split_len: int | None = None, profile: bool = False):
-    """P [B, H, splits, D1, DY, D2] fp32: kernels_triton.triple.host.partials' contract (the
-    Triton kernel where `takes` says no; `profile` is the Triton kernel's only)."""
-    B, N, H, d1 = x1.shape
-    dy, d2 = y.shape[-1], x2.shape[-1]
+def prepare_partials(B: int, N: int, H: int, d1: int, dy: int, d2: int, splits: int,
+                     split_len: int | None = None, profile: bool = False):
+    """kernels_triton.triple.host.prepare_partials' contract: run(x1, y, x2) -> P [B, H, splits,
+    D1, DY, D2] fp32 (the Triton kernel's launch where `takes` says no; `profile` is the Triton
+    kernel's only). run permutes x1 (`prepare_permute_x1`), then launches the TLX kernel."""
     if not takes(dy):
-        return triton_host.partials(x1, y, x2, splits, split_len, profile)
+        return triton_host.prepare_partials(B, N, H, d1, dy, d2, splits, split_len, profile)
     cfg = config(d1, dy, d2)
-    bn = int(BN)
+    bn, NP = int(BN), _padded(N)
     if split_len is None:
         split_len = triton.cdiv(triton.cdiv(N, splits), bn) * bn
     assert split_len % bn == 0, split_len
-    x1p = permute_x1(x1)
-    P = torch.empty(B, H, splits, d1, dy, d2, device=x1.device, dtype=torch.float32)
-    grid = (B * H * splits * (d1 // cfg["BI"]),)
-    kernel, consts = _kernel(d1, dy, d2, H)
-    kernel[grid](x1p, _descriptor(y), _descriptor(x2), P, N, x1p.shape[-1], split_len, splits,
-                 **consts, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return P
+    permute = prepare_permute_x1(B, N, H, d1)
+    y_layout, x2_layout = _layout(B, N, H, dy), _layout(B, N, H, d2)
+    fn, consts = _kernel(d1, dy, d2, H)
+    kernel = Kernel(fn, (B * H * splits * (d1 // cfg["BI"]),), **consts,
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    shape = (B, H, splits, d1, dy, d2)
+
+    def run(x1, y, x2) -> torch.Tensor:
+        x1p = permute(x1)
+        P = torch.empty(shape, device=x1.device, dtype=torch.float32)
+        kernel(x1p, y_layout(y), x2_layout(x2), P, N, NP, split_len, splits)
+        return P
+
+    return run
+
+
+def partials(x1, y, x2, splits: int, split_len: int | None = None, profile: bool = False):
+    """`prepare_partials` of these tensors' shapes, run once on them (tests)."""
+    return triton_host.partials(x1, y, x2, splits, split_len, profile, prepare_partials)
 
 
 def _kernel(d1: int, dy: int, d2: int, H: int):

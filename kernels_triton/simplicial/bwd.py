@@ -36,7 +36,7 @@ Supports every shape the forward's tiling takes: G a power of two up to 128, D i
 N, Hk, w1 <= w2 (the launcher swaps the pairs and their gradients).
 
 Form "det" (constexpr DET = +-1, kernels_triton/simplicial/det.py): both GEMM kernels build A_j as the
-forward does (two permuted Q tiles, K1's rotations packed once by `launch`, det_keys), so dK2 =
+forward does (two permuted Q tiles, K1's rotations packed once per call, det_keys), so dK2 =
 c sum dS^T A_j is unchanged. X_j = dL/dA_j is in registers with its columns in place, and the
 rotations dQ and dK1 need are applied where a sum is read back: `_dq_kernel` keeps two fp32 tiles
 (U += X_j K1a[j], W += X_j K1b[j]) and reads dQ = pi^(3-R) U - chi pi^R W through permuted
@@ -54,22 +54,21 @@ acc_tiles), and the packed K1.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
+from kernels_triton.launch import Kernel, sm_count
 from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, Scratch, compile_specs,
                                                   fresh_rows, key_block_program, kernel_config,
-                                                  kv_rows, launch_delta, launch_dkv1, profiled,
-                                                  row_stats, tile, visible, visible_t)
+                                                  kv_rows, prepare_delta, prepare_dkv1, profiled,
+                                                  row_stats, scalars, tile, visible, visible_t)
 # the Delta and reduce kernels, which tests launch through this module
 from kernels_triton.simplicial.bwd_common import (DKV1_ROWS, _delta_kernel,  # noqa: F401
                                                   _dkv1_kernel)
-from kernels_triton.simplicial.det import (det_cols, det_keys, det_of, det_specs, load_q_cols,
-                                           load_q_det)
-from kernels_triton.simplicial.host import kv_descriptor
-from kernels_triton.simplicial.tiling import (LOG2E, enter, leave, load_q, row_coords,
-                                              row_ptrs)
+from kernels_triton.simplicial.det import (det_cols, det_keys, det_of, det_specs, k1_rows,
+                                           load_q_cols, load_q_det)
+from kernels_triton.simplicial.host import kv_layout
+from kernels_triton.simplicial.tiling import enter, leave, load_q, row_coords, row_ptrs
 from kernels_triton.simplicial.tiling import supports  # noqa: F401  (this variant's registry `supports`)
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
@@ -180,17 +179,6 @@ def scratch_bytes(spec: ProblemSpec, n_sm: int = 132) -> int:
 
 
 @triton.jit
-def _k1_rows(K1, kv_base, j, offs_d, HK: tl.constexpr, D: tl.constexpr, DET: tl.constexpr):
-    """K1[j] of one (batch, KV head), columns offs_d (tl.arange(0, D)), twice; DET: (K1a[j],
-    K1b[j]) from det_keys' packed [B, N, HK, 2, D] (two contiguous rows)."""
-    if not DET:
-        k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
-        return k1j, k1j
-    row = K1 + 2 * kv_base + j.to(tl.int64) * (2 * HK * D)
-    return tl.load(row + offs_d), tl.load(row + D + offs_d)
-
-
-@triton.jit
 def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scale, sm_scale,
                  HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PROFILE: tl.constexpr = False,
@@ -221,7 +209,7 @@ def _dkv2_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_scal
             do = load_q(DO, b, g, tok, head, N, HQ, G, D)
             for j in range(tl.maximum(i0 - w1 + 1, 0), tl.minimum(i0 + T, N)):
                 enter("qk_gemm", PROFILE)
-                k1j, k1b = _k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
+                k1j, k1b = k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
                 v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
                 if not DET:
                     a = q * k1j[None, :]
@@ -334,7 +322,7 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
             if not DET:
                 k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
             else:
-                k1j, k1b = _k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
+                k1j, k1b = k1_rows(K1, kv_base, j, offs_d, HK, D, DET)
             v1j = tl.load(V1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
             rows = fresh_rows(j, BLOCK_M, FRESH_ROWS)
             tok_j, head_j = row_coords(i0, s * HPT, rows, G, BLOCK_M)
@@ -379,7 +367,7 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
                 pk1b = tl.num_programs(0).to(tl.int64) * ((L + w1 - 1) * D)
                 pv1 = tl.sum(load_q(DO, b, g, tok_j, head_j, N, HQ, G, D).to(tl.float32) * z, 0)
                 tl.store(PV1 + slot, tl.load(PV1 + slot) + pv1)
-                k1a, k1b = _k1_rows(K1, kv_base, j, fresh_rows(j + 2, D), HK, D, DET)
+                k1a, k1b = k1_rows(K1, kv_base, j, fresh_rows(j + 2, D), HK, D, DET)
                 u_tile = tile(acc, rows, D)
                 tl.store(u_tile, tl.load(u_tile) + x * k1a[None, :].to(tl.float32))
                 w_tile = tile(acc + BLOCK_M * D, rows, D)
@@ -417,14 +405,19 @@ def _dq_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, PK1, PV1, N, w1, w2
         tl.debug_barrier()  # acc is zeroed for the next tile only after every thread read it
 
 
-def launch_dkv2(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
-                profile: bool = False) -> None:
-    """`_dkv2_kernel`: dk2, dv2 from the inputs, dout, lse and Delta."""
+def prepare_dkv2(spec: ProblemSpec, profile: bool = False):
+    """`_dkv2_kernel`'s launch of `spec`, made once: run(q, k1, k2, v1, v2, dout, lse, delta,
+    dk2, dv2) writes dk2, dv2 (form "det": k1 packed by det_keys)."""
     cfg = dkv2_config(spec)
-    _dkv2_kernel[(triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk,)](
-        q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, spec.N, spec.w1, spec.w2,
-        spec.sm_scale * LOG2E, spec.sm_scale, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
-        PROFILE=profile, DET=det_of(spec), **cfg)
+    kernel = Kernel(_dkv2_kernel, (triton.cdiv(spec.N, cfg["BLOCK_N"]) * spec.B * spec.Hk,),
+                    HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile,
+                    DET=det_of(spec), **cfg)
+    args = scalars(spec)
+
+    def run(q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2) -> None:
+        kernel(q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2, *args)
+
+    return run
 
 
 def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
@@ -435,41 +428,55 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
     return {"dkv2": dkv2_config(spec)["num_warps"], "dq": dq_config(spec)["num_warps"]}
 
 
+def prepare(spec: ProblemSpec, profile: bool | str = False, k_owner=None, row_owner=None):
+    """The launches of `spec`, made once: run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1,
+    dk2, dv1, dv2) fills dq [B,N,Hq,D] and dk1, dk2, dv1, dv2 [B,N,Hk,D] (bf16) from the
+    forward's inputs, its out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32, and the incoming dout (bf16)
+    and dlse (fp32 like lse, or None); every tensor contiguous, the pairs ordered (w1 <= w2).
+    profile: True, or one kernel's name (profiled_kernels): the Proton-scoped copies.
+    k_owner, row_owner: a variant's replacement (kernels_tlx/simplicial/bwd_ws.py) for
+    prepare_dkv2 (dk2, dv2) or prepare_dq (dq, dk1, dv1), with its signature. Form "det": run
+    packs K1 (det_keys) once per call, for both."""
+    det = det_of(spec)
+    if det and (k_owner is not None or row_owner is not None):
+        raise ValueError("form 'det' runs the Triton k-owner and row-owner only")
+    delta_of = prepare_delta(spec)
+    dkv2 = (k_owner or prepare_dkv2)(spec, profiled(profile, "dkv2"))
+    dq_dkv1 = (row_owner or prepare_dq)(spec, profiled(profile, "dq"))
+
+    def run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2) -> None:
+        if det:
+            k1 = det_keys(k1, det)  # packed once for both kernels
+        delta = delta_of(out, dout, dlse)
+        dkv2(q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2)
+        dq_dkv1(q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1)
+
+    return run
+
+
 def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2,
-           profile: bool | str = False, dkv2=None, dq_fn=None) -> None:
-    """Fill dq [B,N,Hq,D] and dk1, dk2, dv1, dv2 [B,N,Hk,D] (bf16) from the forward's inputs, its
-    out [B,N,Hq,D] bf16 and lse [B,Hq,N] fp32, and the incoming dout (bf16, like out) and dlse
-    (fp32 like lse, or None). Every tensor contiguous, pairs already ordered so that w1 <= w2.
-    profile: True runs the Proton-scoped copies of the k-owner and the row-owner; "dkv2" or "dq"
-    that kernel's only (profiled_kernels).
-    dkv2, dq_fn: what fills dk2, dv2 (launch_dkv2's signature; default launch_dkv2) and dq, dk1,
-    dv1 (launch_dq's; default launch_dq), for a variant that replaces the k-owner or the
-    row-owner (kernels_tlx/simplicial/bwd_ws.py). Form "det" (spec.form): K1 is packed once here
-    (det_keys), and launch_dkv2 / launch_dq take the packed K1."""
-    if spec.form == "det":
-        if dkv2 is not None or dq_fn is not None:
-            raise ValueError("form 'det' runs the Triton k-owner and row-owner only")
-        k1 = det_keys(k1, det_of(spec))  # packed once for both kernels
-    delta = launch_delta(spec, out, dout, dlse)
-    (dkv2 or launch_dkv2)(spec, q, k1, k2, v1, v2, dout, lse, delta, dk2, dv2,
-                          profiled(profile, "dkv2"))
-    (dq_fn or launch_dq)(spec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
-                         profiled(profile, "dq"))
+           profile: bool | str = False) -> None:
+    prepare(spec, profile)(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2)
 
 
-def launch_dq(spec: ProblemSpec, q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1,
-              profile: bool = False) -> None:
-    """`_dq_kernel` then `_dkv1_kernel`: dq, dk1, dv1 from the inputs, dout, lse and Delta (form
-    "det": k1 packed by det_keys)."""
-    sc = scratch(spec, torch.cuda.get_device_properties(q.device).multi_processor_count)
+def prepare_dq(spec: ProblemSpec, profile: bool = False):
+    """`_dq_kernel` then `_dkv1_kernel`, made once (scratch sized for the current GPU): run(q,
+    k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1) writes dq, dk1, dv1 (form "det": k1 packed)."""
+    sc = scratch(spec, sm_count())
     dqc = dq_config(spec)
-    pk1, pv1, dq_acc = sc.buffers(q.device, spec.form == "det")
-    k2d, v2d = (kv_descriptor(t, spec, dqc["BLOCK_N"]) for t in (k2, v2))
-    _dq_kernel[(sc.n_programs,)](
-        q, k1, k2d, v1, v2d, dout, lse, delta, dq, dq_acc, pk1, pv1, spec.N, spec.w1, spec.w2,
-        spec.sm_scale * LOG2E, spec.sm_scale, sc.L, sc.n_chunks, HQ=spec.Hq, HK=spec.Hk, G=spec.G,
-        D=spec.D, PROFILE=profile, DET=det_of(spec), **dqc)
-    launch_dkv1(spec, pk1, pv1, dk1, dv1, sc.L, sc.n_chunks, tiling(spec)[2])
+    det = spec.form == "det"
+    keys = kv_layout(spec, dqc["BLOCK_N"])
+    kernel = Kernel(_dq_kernel, (sc.n_programs,), HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
+                    PROFILE=profile, DET=det_of(spec), **dqc)
+    dkv1 = prepare_dkv1(spec, sc.L, sc.n_chunks, tiling(spec)[2])
+    args = (*scalars(spec), sc.L, sc.n_chunks)
+
+    def run(q, k1, k2, v1, v2, dout, lse, delta, dq, dk1, dv1) -> None:
+        pk1, pv1, dq_acc = sc.buffers(q.device, det)
+        kernel(q, k1, keys(k2), v1, keys(v2), dout, lse, delta, dq, dq_acc, pk1, pv1, *args)
+        dkv1(pk1, pv1, dk1, dv1)
+
+    return run
 
 
 def _det_cfg(spec: ProblemSpec, cfg: dict) -> dict:

@@ -2,12 +2,12 @@
 TLX ones that reuse its split (kernels_tlx/simplicial/bwd_ws.py, bwd_dq_ws.py) or parts of it
 (kernels_tlx/simplicial/bwd_pairs.py).
 
-- `_delta_kernel` / `launch_delta`: Delta [B, Hq, N] fp32 = rowsum(dO * O) - dLSE, from the bf16 O
+- `_delta_kernel` / `prepare_delta`: Delta [B, Hq, N] fp32 = rowsum(dO * O) - dLSE, from the bf16 O
   the forward returned.
-- `_dkv1_kernel` / `launch_dkv1`: the reduce. dK1/dV1 = the sum, in a fixed order, of the <= 2
+- `_dkv1_kernel` / `prepare_dkv1`: the reduce. dK1/dV1 = the sum, in a fixed order, of the <= 2
   partial slices (per head split) that cover each j, as a row-owner (`_dq_kernel`,
   `_dq_ws_kernel`) wrote them; form "det" two dK1 partial buffers read through permuted columns.
-- `_sum_parts_kernel` / `launch_sum_parts`: dK = sm_scale * the sum of fp32 partials, dV theirs,
+- `_sum_parts_kernel` / `prepare_sum_parts`: dK = sm_scale * the sum of fp32 partials, dV theirs,
   in part order, in bf16 (the k-owner's head halves in bwd_ws.py; bwd_pairs.py's accumulators).
 - `Scratch`: a row-owner's grid and scratch sizes.
 - `profiled`: which of the two Proton-scoped kernels (k-owner "dkv2", row-owner "dq") a launch's
@@ -17,7 +17,10 @@ TLX ones that reuse its split (kernels_tlx/simplicial/bwd_ws.py, bwd_dq_ws.py) o
   tile's tokens, heads, LSE and Delta), `visible` / `visible_t` (the pair-window mask),
   `key_block_program` (a k-owner program's coordinates).
 - Compile configs: `compile_specs` (the backward's compile shapes), `kernel_config` (one GEMM
-  kernel's CompileConfig) with the runtime signature's common parts `SIGNATURE` and `SCALARS`.
+  kernel's CompileConfig) with the runtime signature's common parts `SIGNATURE` and `SCALARS`
+  (`scalars`: their values at a spec).
+A `prepare_*` makes its kernel's launch once per problem spec (kernels_triton/launch.py's Kernel)
+and returns the `run` that launches it.
 """
 from __future__ import annotations
 
@@ -27,8 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels_triton.launch import Kernel
 from kernels_triton.simplicial.det import det_cols, det_of, form_suffix
-from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E_JIT, row_coords
+from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E, LOG2E_JIT, row_coords
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
 
@@ -87,14 +91,28 @@ def _delta_kernel(Out, DOut, DLse, Delta, N, rows, HQ: tl.constexpr, D: tl.const
     tl.store(Delta + lse_off, delta, mask=ok)
 
 
-def launch_delta(spec: ProblemSpec, out, dout, dlse):
-    """Delta [B, Hq, N] fp32 by `_delta_kernel`: rowsum(dO * O) - dLSE (dlse may be None)."""
+def prepare_delta(spec: ProblemSpec):
+    """`_delta_kernel`'s launch of `spec`, made once: run(out, dout, dlse) -> Delta [B, Hq, N]
+    fp32, rowsum(dO * O) - dLSE, from out and dout [B, N, Hq, D] bf16 and dlse [B, Hq, N] fp32
+    or None (a Kernel of its own each way, made at its first call)."""
+    shape = (spec.B, spec.Hq, spec.N)
     rows = spec.B * spec.N * spec.Hq
-    delta = torch.empty(spec.B, spec.Hq, spec.N, dtype=torch.float32, device=out.device)
-    _delta_kernel[(triton.cdiv(rows, DELTA_ROWS),)](
-        out, dout, dlse if dlse is not None else delta, delta, spec.N, rows, HQ=spec.Hq, D=spec.D,
-        ROWS=DELTA_ROWS, HAS_DLSE=dlse is not None, num_warps=4)
-    return delta
+    grid = (triton.cdiv(rows, DELTA_ROWS),)
+    kernels = {}  # HAS_DLSE -> its Kernel
+    N = spec.N
+
+    def kernel(has_dlse: bool) -> Kernel:
+        if has_dlse not in kernels:
+            kernels[has_dlse] = Kernel(_delta_kernel, grid, HQ=spec.Hq, D=spec.D, ROWS=DELTA_ROWS,
+                                       HAS_DLSE=has_dlse, num_warps=4)
+        return kernels[has_dlse]
+
+    def run(out, dout, dlse) -> torch.Tensor:
+        delta = torch.empty(shape, dtype=torch.float32, device=out.device)
+        kernel(dlse is not None)(out, dout, delta if dlse is None else dlse, delta, N, rows)
+        return delta
+
+    return run
 
 
 @triton.jit
@@ -197,14 +215,21 @@ def _dkv1_kernel(PK1, PK1b, PV1, DK1, DV1, N, w1, sm_scale, L, n_chunks, HK: tl.
     tl.store(DV1 + out, acc_v.to(tl.bfloat16), mask=(j < N)[:, None])
 
 
-def launch_dkv1(spec: ProblemSpec, pk1, pv1, dk1, dv1, L: int, n_chunks: int, split: int) -> None:
-    """`_dkv1_kernel`: dk1, dv1 from the partial slices (split head splits, n_chunks chunks of L
-    tokens) that a row-owner wrote; form "det": pk1 holds the Qa partials, then the Qb ones."""
+def prepare_dkv1(spec: ProblemSpec, L: int, n_chunks: int, split: int):
+    """`_dkv1_kernel`'s launch of `spec`, made once: run(pk1, pv1, dk1, dv1) writes dk1, dv1
+    [B, N, Hk, D] bf16 from the fp32 partial slices (split head splits, n_chunks chunks of L
+    tokens) that a row-owner wrote (Scratch.buffers); form "det": pk1 holds the Qa partials,
+    then the Qb ones."""
     det = det_of(spec)
-    pk1b = pk1[pk1.numel() // 2:] if det else pk1
-    _dkv1_kernel[(triton.cdiv(spec.N, DKV1_ROWS) * spec.B * spec.Hk,)](
-        pk1, pk1b, pv1, dk1, dv1, spec.N, spec.w1, spec.sm_scale, L, n_chunks, HK=spec.Hk,
-        D=spec.D, SPLIT=split, ROWS=DKV1_ROWS, DET=det, num_warps=4)
+    kernel = Kernel(_dkv1_kernel, (triton.cdiv(spec.N, DKV1_ROWS) * spec.B * spec.Hk,),
+                    HK=spec.Hk, D=spec.D, SPLIT=split, ROWS=DKV1_ROWS, DET=det, num_warps=4)
+    N, w1, sm_scale = spec.N, spec.w1, spec.sm_scale
+
+    def run(pk1, pv1, dk1, dv1) -> None:
+        pk1b = pk1[pk1.numel() // 2:] if det else pk1
+        kernel(pk1, pk1b, pv1, dk1, dv1, N, w1, sm_scale, L, n_chunks)
+
+    return run
 
 
 @triton.jit
@@ -223,12 +248,17 @@ def _sum_parts_kernel(DK2P, DV2P, DK2, DV2, numel, sm_scale, PARTS: tl.constexpr
     tl.store(DV2 + i, dv.to(tl.bfloat16), mask=ok)
 
 
-def launch_sum_parts(dk_parts, dv_parts, dk, dv, sm_scale: float, parts: int) -> None:
-    """`_sum_parts_kernel`: dk = bf16(sm_scale * the sum of dk_parts' `parts` fp32 partials of
-    dk's elements each), dv the same of dv_parts, unscaled."""
-    _sum_parts_kernel[(triton.cdiv(dk.numel(), SUM_BLOCK),)](
-        dk_parts, dv_parts, dk, dv, dk.numel(), sm_scale, PARTS=parts, BLOCK=SUM_BLOCK,
-        num_warps=4)
+def prepare_sum_parts(numel: int, sm_scale: float, parts: int):
+    """`_sum_parts_kernel`'s launch, made once: run(dk_parts, dv_parts, dk, dv) writes dk =
+    bf16(sm_scale * the sum of dk_parts' `parts` fp32 partials of `numel` elements each) and dv
+    the same of dv_parts, unscaled."""
+    kernel = Kernel(_sum_parts_kernel, (triton.cdiv(numel, SUM_BLOCK),), PARTS=parts,
+                    BLOCK=SUM_BLOCK, num_warps=4)
+
+    def run(dk_parts, dv_parts, dk, dv) -> None:
+        kernel(dk_parts, dv_parts, dk, dv, numel, sm_scale)
+
+    return run
 
 
 # The forward's compile shapes, with G = 1 taken at Hk = 2: at Hq = Hk = 1 `_dq_kernel` spills
@@ -238,6 +268,11 @@ COMPILE_SHAPES_BWD = tuple((2, 2, d) if (hq, hk) == (1, 1) else (hq, hk, d)
 SIGNATURE = dict(Q="*bf16", K1="*bf16", K2="*bf16", V1="*bf16", V2="*bf16", DO="*bf16",
                  Lse="*fp32", Delta="*fp32")  # the GEMM kernels' first arguments, in order
 SCALARS = dict(N="i32", w1="i32", w2="i32", qk_scale="fp32", sm_scale="fp32")
+
+
+def scalars(spec: ProblemSpec) -> tuple:
+    """The GEMM kernels' SCALARS at `spec`: N, w1, w2, qk_scale, sm_scale."""
+    return spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E, spec.sm_scale
 
 
 def compile_specs() -> list[ProblemSpec]:

@@ -10,7 +10,7 @@ columns in place (altattn/simplicial/reference.py states the form). A kernel bui
 negation on the chunk columns for R = 2: the launcher passes DET = +1 (R = 1), or DET = -1 (R = 2)
 when it has exchanged the pairs, since that negates every determinant (the leftover trilinear
 term keeps its sign). Q's two rotations are permuted-column loads of Q (`load_q_det`); K1's are
-packed by the host (`det_keys`), two contiguous rows per j.
+packed by the host (`det_keys`), two contiguous rows per j (the backward's `k1_rows`).
 
 The backward differentiates that same A (kernels_triton/simplicial/bwd.py), so the sign takes care of itself:
 with X = dL/dA_j,
@@ -92,6 +92,18 @@ def load_q_det(Q, b, g, tok, head, N, c, HQ: tl.constexpr, G: tl.constexpr, D: t
     qa = load_q_cols(Q, b, g, tok, head, N, cols_a, c >= 0, HQ, G, D)
     qb = -load_q_cols(Q, b, g, tok, head, N, cols_b, in_chunk, HQ, G, D)
     return qa, qb
+
+
+@triton.jit
+def k1_rows(K1, kv_base, j, offs_d, HK: tl.constexpr, D: tl.constexpr, DET: tl.constexpr):
+    """K1[j] of one (batch, KV head) whose token 0 is at kv_base, columns offs_d
+    (tl.arange(0, D)), twice; DET: (K1a[j], K1b[j]) from det_keys' packed [B, N, HK, 2, D] (two
+    contiguous rows). The backward's K1 loads (kernels_triton/simplicial/bwd.py)."""
+    if not DET:
+        k1j = tl.load(K1 + kv_base + j.to(tl.int64) * (HK * D) + offs_d)
+        return k1j, k1j
+    row = K1 + 2 * kv_base + j.to(tl.int64) * (2 * HK * D)
+    return tl.load(row + offs_d), tl.load(row + D + offs_d)
 
 
 def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:

@@ -137,5 +137,6 @@ def _config(spec: ProblemSpec) -> dict:
     return cfg
 
 
-launch, compile_configs = entry_points(simplicial_fwd_kernel, _config, supports, forms=FORMS,
-                                      det_pack=lambda k1, k2, det: (det_keys(k1, det), k2))
+prepare, launch, compile_configs = entry_points(
+    simplicial_fwd_kernel, _config, supports, forms=FORMS,
+    det_pack=lambda k1, k2, det: (det_keys(k1, det), k2))

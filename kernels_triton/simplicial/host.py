@@ -1,9 +1,9 @@
-"""The host side every forward kernel module shares (Triton and TLX): the TMA descriptors of K2/V2
+"""The host side every forward kernel module shares (Triton and TLX): the TMA layouts of K2/V2
 and Q, the launch of a kernel with the common signature, and its compile configs.
 
 The common signature: kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale, HQ, HK, G, D,
-<the config's constexprs>, PROFILE). A variant module gets its `launch` and `compile_configs`
-(altattn/registry.py) from `entry_points(kernel, config, supports)`.
+<the config's constexprs>, PROFILE). A variant module gets its `prepare`, `launch` and
+`compile_configs` (altattn/registry.py) from `entry_points(kernel, config, supports)`.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels_triton.launch import Desc, Kernel
 from kernels_triton.simplicial.det import det_of, det_specs, form_suffix
 from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E, grid
 from altattn.registry import CompileConfig
@@ -25,17 +26,24 @@ Supports = Callable[[ProblemSpec], str | None]
 DetPack = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
-def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, Hk, D] K2 or V2 as [B, N, Hk*D] (or of form "det"'s packed
-    [B, N, Hk, 2, D] K2 as [B, N, Hk*2*D]); a block is one head's [1, block_n, D] token run, at
-    coordinates [b, first token, g*D] (of the packed K2: 2g*D and (2g + 1)*D).
+def kv_layout(spec: ProblemSpec, block_n: int, shape=None) -> Desc:
+    """TMA layout of a contiguous K2 or V2 of `shape` [B, N, ...] (default the spec's
+    [B, N, Hk, D]; form "det"'s packed [B, N, Hk, 2, D] K2; a packed launch's keys or caches)
+    viewed as [B, N, the rest]; a block is one head's [1, block_n, D] token run, at coordinates
+    [b, first token, g*D] (of the packed K2: 2g*D and (2g + 1)*D).
     Rows past N: a block that runs past a batch's last token reads zeros there (TMA fills what
     lies outside the view), never the next batch's rows. Their scores are masked (P = 0), and
     P = 0 times a zero is 0, so no value of one batch element, not even inf or NaN, reaches
     another's output."""
-    B, N, hd = t.shape[0], t.shape[1], math.prod(t.shape[2:])  # packed keys: N = their count
-    return TensorDescriptor(t, shape=[B, N, hd], strides=[N * hd, hd, 1],
-                            block_shape=[1, block_n, spec.D])
+    B, N, *rest = shape if shape is not None else (spec.B, spec.N, spec.Hk, spec.D)
+    hd = math.prod(rest)
+    return Desc([B, N, hd], [N * hd, hd, 1], [1, block_n, spec.D])
+
+
+def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
+    """kv_layout's descriptor of t in t's own shape (a packed launch: its keys' count, its
+    caches' slots)."""
+    return kv_layout(spec, block_n, t.shape)(t)
 
 
 def q_rows(G: int, block_m: int) -> int:
@@ -43,43 +51,68 @@ def q_rows(G: int, block_m: int) -> int:
     return min(G, block_m)
 
 
-def q_descriptor(q, spec: ProblemSpec, block_m: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, Hq, D] Q as [B*N*Hq, D]; a box is the q_rows heads of one
-    token. Rows of a token past N are the next batch's (or zero past the end): they only reach
-    output rows that are never stored."""
-    return TensorDescriptor(q, shape=[spec.B * spec.N * spec.Hq, spec.D], strides=[spec.D, 1],
-                            block_shape=[q_rows(spec.G, block_m), spec.D])
+def q_layout(spec: ProblemSpec, block_m: int) -> Desc:
+    """TMA layout of a contiguous [B, N, Hq, D] Q as [B*N*Hq, D]; a box is the q_rows heads of
+    one token. Rows of a token past N are the next batch's (or zero past the end): they only
+    reach output rows that are never stored."""
+    return Desc([spec.B * spec.N * spec.Hq, spec.D], [spec.D, 1],
+                [q_rows(spec.G, block_m), spec.D])
 
 
 def _constexprs(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
 
 
-def launch(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool,
-           q_tma: bool = False, packed=None) -> None:
-    """Launch a forward kernel with the common signature; `cfg` holds its constexprs plus
-    num_warps/num_stages. q_tma: the kernel takes Q as a TMA descriptor (q_descriptor).
-    profile=True compiles the Proton-scoped copy (profiling/trace_capture.py). packed
-    (spec.varlen: altattn/simplicial/packing.py's Packed): the query tokens' key rows and
-    sequence starts (`Seq`), out and lse with a plane per split of the j window; with
-    packed.lens (decoding), k1..v2 are the caches [B, R, Hk, D] and `Seq` the cached lengths
-    (the kernel's CACHE mode)."""
+def _options(spec: ProblemSpec, cfg: dict, profile: bool) -> dict:
+    """A launch's constexprs and num_warps / num_stages: the common ones and `cfg`'s."""
+    return dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile), **cfg)
+
+
+def prepare(kernel, cfg: dict, spec: ProblemSpec, profile: bool = False, q_tma: bool = False,
+            det_pack: DetPack | None = None):
+    """The launch of a forward kernel with the common signature at `spec`, made once: run(q, k1,
+    k2, v1, v2, out, lse) writes out [B, N, Hq, D] bf16 and lse [B, Hq, N] fp32 from q
+    [B, N, Hq, D] and k1, k2, v1, v2 [B, N, Hk, D] (bf16, contiguous). `cfg` holds the kernel's
+    constexprs plus num_warps/num_stages. q_tma: the kernel takes Q as a TMA descriptor
+    (q_layout). profile=True compiles the Proton-scoped copy (profiling/trace_capture.py).
+    det_pack (form "det"): how K1 and K2 are packed for the kernel, per call; the packed K2's
+    layout comes from det_pack run once on meta tensors (shapes, no data)."""
+    det = det_of(spec)
+    k2_shape = None
+    if det:
+        meta = torch.empty(spec.B, spec.N, spec.Hk, spec.D, dtype=torch.bfloat16, device="meta")
+        k2_shape = det_pack(meta, meta, det)[1].shape
+    k2_layout = kv_layout(spec, cfg["BLOCK_N"], k2_shape)
+    v2_layout = kv_layout(spec, cfg["BLOCK_N"])
+    rows = q_layout(spec, cfg["BLOCK_M"]) if q_tma else None
+    launch_kernel = Kernel(kernel, grid(spec, cfg["BLOCK_M"]), **_options(spec, cfg, profile))
+    N, w1, w2, qk_scale = spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E
+
+    def run(q, k1, k2, v1, v2, out, lse) -> None:
+        if det:
+            k1, k2 = det_pack(k1, k2, det)
+        launch_kernel(rows(q) if q_tma else q, k1, k2_layout(k2), v1, v2_layout(v2), out, lse,
+                      N, w1, w2, qk_scale)
+
+    return run
+
+
+def launch_packed(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
+                  profile: bool, q_tma: bool, packed) -> None:
+    """One launch over packed sequences (spec.varlen: altattn/simplicial/packing.py's Packed),
+    through Triton's JIT (its split count, lengths and shift vary per call): the query tokens'
+    key rows and sequence starts (`Seq`), out and lse with a plane per split of the j window;
+    with packed.lens (decoding), k1..v2 are the caches [B, R, Hk, D] and `Seq` the cached
+    lengths (the kernel's CACHE mode). Otherwise as `prepare`'s run."""
     k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
-    qd = q_descriptor(q, spec, cfg["BLOCK_M"]) if q_tma else q
-    if packed is not None:
-        cfg = dict(cfg, Seq=packed.seq, n_split=packed.n_split, VARLEN=True)
-        if packed.lens is not None:
-            cfg.update(Seq=packed.lens, CACHE=True, T_new=packed.tokens, shift=packed.shift,
-                       R1=k1.shape[1], R2=k2.shape[1])
-        grid_ = (spec.N * packed.n_split * spec.Hk,)
-    else:
-        grid_ = grid(spec, cfg["BLOCK_M"])
-    kernel[grid_](
+    qd = q_layout(spec, cfg["BLOCK_M"])(q) if q_tma else q
+    cfg = dict(cfg, Seq=packed.seq, n_split=packed.n_split, VARLEN=True)
+    if packed.lens is not None:
+        cfg.update(Seq=packed.lens, CACHE=True, T_new=packed.tokens, shift=packed.shift,
+                   R1=k1.shape[1], R2=k2.shape[1])
+    kernel[(spec.N * packed.n_split * spec.Hk,)](
         qd, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
-        HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=profile, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **_constexprs(cfg))
-
-
+        **_options(spec, cfg, profile))
 def _compile_specs(forms: tuple[str, ...]):
     """(name suffix, spec) at every (Hq, Hk, D) of tiling.COMPILE_SHAPES for each of `forms`
     (form "det": det.det_specs, the pairs also exchanged at G = 128, Hk = 1)."""
@@ -126,20 +159,27 @@ def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = Fa
 def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False,
                  forms: tuple[str, ...] = ("trilinear",), det_pack: DetPack | None = None,
                  packed: bool = False):
-    """A variant module's `launch` and `compile_configs` (altattn/registry.py) for
-    `kernel` run with `config(spec)` (q_tma: as in launch; forms: the logits' forms it computes,
-    its registry record's `forms`, each of which gets compile configs; det_pack: how form "det"
-    packs K1 and K2 for the kernel, given DET = det.det_of(spec); packed: it takes packed
-    sequences, `launch`'s `packed`)."""
+    """A variant module's `prepare`, `launch` and `compile_configs` (altattn/registry.py) for
+    `kernel` run with `config(spec)` (q_tma: as in prepare; forms: the logits' forms it
+    computes, its registry record's `forms`, each of which gets compile configs; det_pack: how
+    form "det" packs K1 and K2 for the kernel, given DET = det.det_of(spec); packed: it takes
+    packed sequences, `launch`'s `packed`, launch_packed)."""
     assert ("det" in forms) == (det_pack is not None), "form 'det' needs its packing"
+
+    def prepare_variant(spec: ProblemSpec, profile: bool = False):
+        return prepare(kernel, config(spec), spec, profile, q_tma, det_pack)
 
     def launch_variant(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False,
                        packed=None) -> None:
+        if packed is None:
+            prepare_variant(spec, profile)(q, k1, k2, v1, v2, out, lse)
+            return
         if spec.form == "det":
             k1, k2 = det_pack(k1, k2, det_of(spec))
-        launch(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma, packed)
+        launch_packed(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma,
+                      packed)
 
     def variant_compile_configs() -> list[CompileConfig]:
         return compile_configs(kernel, config, supports, q_tma, forms, packed)
 
-    return launch_variant, variant_compile_configs
+    return prepare_variant, launch_variant, variant_compile_configs

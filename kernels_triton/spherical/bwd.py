@@ -28,13 +28,14 @@ import triton.language as tl
 
 from altattn.registry import CompileConfig
 from altattn.spherical.spec import SphericalSpec
+from kernels_triton.launch import Kernel
 from kernels_triton.proton import enter, leave
-from kernels_triton.spherical.bwd_common import coeff_row0, row_coeffs
+from kernels_triton.spherical.bwd_common import coeff_row0, prepare_row_coeffs
 from kernels_triton.spherical.host import (
     build_compile_configs,
-    descriptor,
     descriptor_type,
     kernel_constexprs,
+    layout,
     key_blocks,
     key_grid,
     key_tile,
@@ -208,29 +209,40 @@ def _profiled(profile: bool | str, kernel: str) -> bool:
     return bool(profile)
 
 
-def launch(spec: SphericalSpec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv,
-           profile: bool | str = False, cfg: dict | None = None) -> None:
-    """dq [B, N, Hq, D], dk, dv [B, Nk, Hk, D] (bf16) from the forward's inputs and outputs and
-    dout (bf16 [B, N, Hq, D]), dr (fp32 [B, Hq, N] or None), seqlens (int32 [B] or None).
+def prepare(spec: SphericalSpec, profile: bool | str = False, cfg: dict | None = None):
+    """The launches of `spec`, made once: run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv)
+    writes dq [B, N, Hq, D], dk, dv [B, Nk, Hk, D] (bf16) from the forward's inputs and outputs
+    and dout (bf16 [B, N, Hq, D]), dr (fp32 [B, Hq, N] or None), seqlens (int32 [B] or None).
     profile: True (both kernels' scoped copies), "dkdv" or "dq" (that one). cfg: tuning."""
     cfg = cfg or config(spec)
-    A, Bt = row_coeffs(spec, out, dout, r, dr, seqlens)
+    coeffs = prepare_row_coeffs(spec)
     common = {"HQ": spec.Hq, "HK": spec.Hk, "G": spec.G, "D": spec.D, "CAUSAL": spec.causal,
-                  "VARLEN": seqlens is not None}
-    c = cfg["dkdv"]
-    bm, bn = c["BLOCK_M"], c["BLOCK_N"]
-    _dkdv_kernel[key_grid(spec, bn)](
-        descriptor(q, bm), descriptor(k, bn), descriptor(v, bn), descriptor(dout, bm),
-        descriptor(dk, bn), descriptor(dv, bn), A, Bt, seqlens, spec.N, spec.Nk, **common,
-        PROFILE=_profiled(profile, "dkdv"), num_warps=c["num_warps"],
-        num_stages=c["num_stages"], **kernel_constexprs(c))
-    c = cfg["dq"]
-    bm, bn = c["BLOCK_M"], c["BLOCK_N"]
-    _dq_kernel[row_grid(spec, bm)](
-        descriptor(q, bm), descriptor(k, bn), descriptor(v, bn), descriptor(dout, bm),
-        descriptor(dq, bm), A, Bt, seqlens, spec.N, spec.Nk, **common,
-        PROFILE=_profiled(profile, "dq"), num_warps=c["num_warps"], num_stages=c["num_stages"],
-        **kernel_constexprs(c))
+              "VARLEN": spec.varlen}
+    kernels, descs = {}, {}
+    for name, fn, grid in (("dkdv", _dkdv_kernel, key_grid), ("dq", _dq_kernel, row_grid)):
+        c = cfg[name]
+        bm, bn = c["BLOCK_M"], c["BLOCK_N"]
+        descs[name] = (layout(spec.B, spec.N, spec.Hq, spec.D, bm),
+                       layout(spec.B, spec.Nk, spec.Hk, spec.D, bn))
+        kernels[name] = Kernel(fn, grid(spec, bn if name == "dkdv" else bm), **common,
+                               PROFILE=_profiled(profile, name), num_warps=c["num_warps"],
+                               num_stages=c["num_stages"], **kernel_constexprs(c))
+    N, Nk = spec.N, spec.Nk
+
+    def run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv) -> None:
+        A, Bt = coeffs(out, dout, r, dr, seqlens)
+        rows, keys = descs["dkdv"]
+        kernels["dkdv"](rows(q), keys(k), keys(v), rows(dout), keys(dk), keys(dv), A, Bt,
+                        seqlens, N, Nk)
+        rows, keys = descs["dq"]
+        kernels["dq"](rows(q), keys(k), keys(v), rows(dout), rows(dq), A, Bt, seqlens, N, Nk)
+
+    return run
+
+
+def launch(spec: SphericalSpec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv,
+           profile: bool | str = False, cfg: dict | None = None) -> None:
+    prepare(spec, profile, cfg)(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv)
 
 
 def _signature(kernel: str):

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels_triton.launch import Kernel
+
 ROWS = 64  # rows of one program
 ALIGN = 4  # elements per 16 bytes of fp32: each (b, h) row of A and Bt starts on 16 bytes
 
@@ -31,9 +33,9 @@ def coeff_row0(b, h, N, HQ: tl.constexpr):
 
 
 @triton.jit
-def _row_coeffs_kernel(Out, dOut, R, dR, Seqlens, A, Bt, N, c, eps, HQ: tl.constexpr,
+def _row_coeffs_kernel(Out, dOut, R, dR, Seqlens, A, Bt, DQ0, N, c, eps, HQ: tl.constexpr,
                        D: tl.constexpr, HAS_DR: tl.constexpr, VARLEN: tl.constexpr,
-                       ROWS: tl.constexpr):
+                       ROWS: tl.constexpr, RATIO: tl.constexpr, ZERO_DQ: tl.constexpr):
     bh = tl.program_id(0)  # b * HQ + h: axis 0 has no 65535 limit
     b = bh // HQ
     h = bh % HQ
@@ -55,19 +57,42 @@ def _row_coeffs_kernel(Out, dOut, R, dR, Seqlens, A, Bt, N, c, eps, HQ: tl.const
         g += tl.load(dR + bh.to(tl.int64) * N + y, mask=live, other=0.0)
     bt = tl.where(r > 0, (c * c) * g / tl.where(r > 0, r, 1.0), 0.0)
     at = coeff_row0(b, h, N, HQ) + y  # [B, HQ, NP]: rows N .. NP - 1 get zeros
-    tl.store(A + at, tl.where(live, c * a, 0.0), mask=y < (N + 3) // 4 * 4)
-    tl.store(Bt + at, tl.where(live, bt, 0.0), mask=y < (N + 3) // 4 * 4)
+    a = tl.where(live, c * a, 0.0)
+    bt = tl.where(live, bt, 0.0)
+    if RATIO:  # Bt / A, 0 where A = 0, rounded as torch divides (the TLX backwards' R)
+        bt = tl.where(a != 0, tl.div_rn(bt, tl.where(a != 0, a, 1.0)), 0.0)
+    tl.store(A + at, a, mask=y < (N + 3) // 4 * 4)
+    tl.store(Bt + at, bt, mask=y < (N + 3) // 4 * 4)
+    if ZERO_DQ:  # the fp32 dQ scratch [B, N, HQ, D] a backward reduce-adds into, zeroed here
+        tl.store(DQ0 + ptr, tl.zeros([ROWS, D], tl.float32), mask=(y < N)[:, None])
 
 
-def row_coeffs(spec, out, dout, r, dr, seqlens) -> tuple[torch.Tensor, torch.Tensor]:
-    """(A, Bt): fp32 [B, Hq, NP] (module docstring) from out and dout [B, N, Hq, D] bf16
-    (contiguous), r and dr [B, Hq, N] fp32 (dr may be None) and seqlens int32 [B] or None."""
-    A = torch.empty(spec.B, spec.Hq, padded_rows(spec.N), dtype=torch.float32, device=out.device)
-    Bt = torch.empty_like(A)
-    if A.numel():
-        grid = (spec.B * spec.Hq, triton.cdiv(spec.N, ROWS))
-        _row_coeffs_kernel[grid](out, dout, r, r if dr is None else dr,
-                                 r if seqlens is None else seqlens, A, Bt, spec.N, spec.sm_scale,
-                                 spec.eps, HQ=spec.Hq, D=spec.D, HAS_DR=dr is not None,
-                                 VARLEN=seqlens is not None, ROWS=ROWS, num_warps=4)
-    return A, Bt
+def prepare_row_coeffs(spec, ratio: bool = False, zero_dq: bool = False):
+    """The row-coefficient launch of `spec`, made once: run(out, dout, r, dr, seqlens, dq0=None)
+    -> (A, Bt), fp32 [B, Hq, NP] (module docstring; two planes of one allocation), from out and
+    dout [B, N, Hq, D] bf16 (contiguous), r and dr [B, Hq, N] fp32 (dr may be None) and seqlens
+    int32 [B] (None unless spec.varlen). ratio=True: (A, R) with R = Bt / A (0 where A = 0), what
+    the TLX backwards read. zero_dq=True: the same launch zeroes dq0, fp32 [B, N, Hq, D] (a dQ
+    scratch; no memset launch of its own)."""
+    shape = (2, spec.B, spec.Hq, padded_rows(spec.N))
+    grid = (spec.B * spec.Hq, triton.cdiv(spec.N, ROWS))
+    kernels = {}  # HAS_DR -> its Kernel
+    N, c, eps = spec.N, spec.sm_scale, spec.eps
+
+    def kernel(has_dr: bool) -> Kernel:
+        if has_dr not in kernels:
+            kernels[has_dr] = Kernel(_row_coeffs_kernel, grid, HQ=spec.Hq, D=spec.D,
+                                     HAS_DR=has_dr, VARLEN=spec.varlen, ROWS=ROWS, RATIO=ratio,
+                                     ZERO_DQ=zero_dq, num_warps=4)
+        return kernels[has_dr]
+
+    def run(out, dout, r, dr, seqlens, dq0=None) -> tuple[torch.Tensor, torch.Tensor]:
+        A, Bt = torch.empty(shape, dtype=torch.float32, device=out.device).unbind(0)
+        if A.numel():
+            kernel(dr is not None)(out, dout, r, r if dr is None else dr,
+                                   r if seqlens is None else seqlens, A, Bt,
+                                   dq0 if zero_dq else A, N, c, eps)
+        return A, Bt
+
+    return run
+

@@ -23,12 +23,13 @@ import triton.language as tl
 
 from altattn.registry import CompileConfig
 from altattn.spherical.spec import SphericalSpec
+from kernels_triton.launch import Kernel
 from kernels_triton.proton import enter, leave
 from kernels_triton.spherical.host import (
     build_compile_configs,
-    descriptor,
     descriptor_type,
     kernel_constexprs,
+    layout,
     key_blocks,
     row_grid,
     row_tile,
@@ -101,17 +102,29 @@ def config(spec: SphericalSpec) -> dict:
     return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3 if spec.D == 128 else 4}
 
 
-def launch(spec: SphericalSpec, q, k, v, seqlens, out, r, profile: bool = False,
-           cfg: dict | None = None) -> None:
-    """out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32 from q [B, N, Hq, D], k, v [B, Nk, Hk, D]
-    (bf16, contiguous) and seqlens (int32 [B] or None). cfg: another tile config (tuning)."""
+def prepare(spec: SphericalSpec, profile: bool = False, cfg: dict | None = None):
+    """The launch of `spec`, made once: run(q, k, v, seqlens, out, r) writes out [B, N, Hq, D]
+    bf16 and r [B, Hq, N] fp32 from q [B, N, Hq, D], k, v [B, Nk, Hk, D] (bf16, contiguous) and
+    seqlens (int32 [B], or None unless spec.varlen). cfg: another tile config (tuning)."""
     cfg = cfg or config(spec)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    spherical_fwd_kernel[row_grid(spec, bm)](
-        descriptor(q, bm), descriptor(k, bn), descriptor(v, bn), descriptor(out, bm), r, seqlens,
-        spec.N, spec.Nk, spec.sm_scale, spec.eps, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
-        CAUSAL=spec.causal, VARLEN=seqlens is not None, PROFILE=bool(profile),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **kernel_constexprs(cfg))
+    rows = layout(spec.B, spec.N, spec.Hq, spec.D, bm)
+    keys = layout(spec.B, spec.Nk, spec.Hk, spec.D, bn)
+    kernel = Kernel(spherical_fwd_kernel, row_grid(spec, bm), HQ=spec.Hq, HK=spec.Hk, G=spec.G,
+                    D=spec.D, CAUSAL=spec.causal, VARLEN=spec.varlen, PROFILE=bool(profile),
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                    **kernel_constexprs(cfg))
+    N, Nk, scale, eps = spec.N, spec.Nk, spec.sm_scale, spec.eps
+
+    def run(q, k, v, seqlens, out, r) -> None:
+        kernel(rows(q), keys(k), keys(v), rows(out), r, seqlens, N, Nk, scale, eps)
+
+    return run
+
+
+def launch(spec: SphericalSpec, q, k, v, seqlens, out, r, profile: bool = False,
+           cfg: dict | None = None) -> None:
+    prepare(spec, profile, cfg)(q, k, v, seqlens, out, r)
 
 
 def _signature(spec: SphericalSpec, cfg: dict) -> dict:

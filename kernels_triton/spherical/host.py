@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from altattn.registry import CompileConfig
+from kernels_triton.launch import Desc
 from altattn.spherical.spec import SphericalSpec
 
 SUPPORTED_D = (64, 128)
@@ -38,12 +38,10 @@ def supports(spec: SphericalSpec) -> str | None:
     return None
 
 
-def descriptor(t, block_rows: int) -> TensorDescriptor:
+def layout(B: int, L: int, H: int, D: int, block_rows: int) -> Desc:
     """TMA view of a contiguous [B, L, H, D] bf16 tensor as [B, L, H*D], box [1, block_rows, D]
-    (module docstring)."""
-    B, L, H, D = t.shape
-    return TensorDescriptor(t, shape=[B, L, H * D], strides=[L * H * D, H * D, 1],
-                            block_shape=[1, block_rows, D])
+    (module docstring); `layout(...)(t)` is t's descriptor."""
+    return Desc([B, L, H * D], [L * H * D, H * D, 1], [1, block_rows, D])
 
 
 def descriptor_type(block_rows: int, D: int) -> str:

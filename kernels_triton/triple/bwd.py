@@ -18,41 +18,53 @@ from kernels_triton.triple import host
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
 
 
-def grad_state(spec, q1, q2, dout, dstate, profile: bool = False, impl=host):
-    """dS [B, H, Dq, Dv, Dq] fp32 = sum_n Q1[n] (x) dO[n] (x) Q2[n] (+ dstate); impl as in
-    fwd.state."""
-    splits = impl.n_splits(spec.B, spec.H, spec.N, spec.Dq, spec.Dv, spec.Dq, q1.device)
-    dS = impl.partials(q1, dout, q2, splits, profile=profile).sum(2)
-    return dS if dstate is None else dS.add_(dstate)
-
-
-def gradients(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads, c_S: float, c_dS: float,
-              chunk: int = 0, profile: bool = False, impl=host) -> None:
-    """The five applies above into grads (dq1, dq2, dk1, dk2, dv). S_slab(order) and
+def prepare_gradients(spec, c_S: float, c_dS: float, chunk: int = 0, profile: bool = False,
+                      impl=host):
+    """The five applies above, made once: run(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads)
+    writes grads (dq1, dq2, dk1, dk2, dv: bf16, or fp32 with chunk > 0). S_slab(order) and
     dS_slab(order) give the bf16 slabs (host.slab) of S and dS, made one at a time as each apply
     needs them; c_S and c_dS scale the applies that read them; chunk > 0: one slab per chunk
-    (causal.py)."""
-    dq1, dq2, dk1, dk2, dv = grads
-    for x, y, w, order, g, scale in ((q2, dout, S_slab, "jki", dq1, c_S),
-                                     (dout, q1, S_slab, "ijk", dq2, c_S),
-                                     (k2, v, dS_slab, "jki", dk1, c_dS),
-                                     (v, k1, dS_slab, "ijk", dk2, c_dS),
-                                     (k2, k1, dS_slab, "ikj", dv, c_dS)):
-        impl.apply(x, y, w(order), g, scale, chunk=chunk, profile=profile)
+    (causal.py). impl as in fwd.prepare."""
+    B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
+    applies = [impl.prepare_apply(B, N, H, dx, dy, do, c, chunk, profile)
+               for dx, dy, do, c in ((Dq, Dv, Dq, c_S), (Dv, Dq, Dq, c_S), (Dq, Dv, Dq, c_dS),
+                                     (Dv, Dq, Dq, c_dS), (Dq, Dq, Dv, c_dS))]
+
+    def run(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads) -> None:
+        for apply, x, y, w, order, g in zip(applies, (q2, dout, k2, v, k2), (dout, q1, v, k1, k1),
+                                            (S_slab, S_slab, dS_slab, dS_slab, dS_slab),
+                                            ("jki", "ijk", "jki", "ijk", "ikj"), grads):
+            apply(x, y, w(order), g)
+
+    return run
+
+
+def prepare(spec, profile: bool = False, impl=host):
+    """The launches of `spec`, made once: run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2,
+    dk1, dk2, dv) writes the five input gradients (bf16, the inputs' shapes) given the forward's
+    state and the incoming dout (and dstate, or None). dS = sum_n Q1[n] (x) dO[n] (x) Q2[n]
+    (+ dstate); impl as in fwd.prepare."""
+    if spec.causal:
+        from kernels_triton.triple import causal
+        return causal.prepare_backward(spec, profile, impl)
+    B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
+    splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
+    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
+    gradients = prepare_gradients(spec, 1.0, spec.scale, profile=profile, impl=impl)
+
+    def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv) -> None:
+        dS = partials(q1, dout, q2).sum(2)
+        if dstate is not None:
+            dS.add_(dstate)
+        gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(state, o),
+                  lambda o: host.slab(dS, o), (dq1, dq2, dk1, dk2, dv))
+
+    return run
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
-           profile: bool = False, impl=host) -> None:
-    """The five input gradients (bf16, the inputs' shapes) given the forward's state and the
-    incoming dout (and dstate, or None); impl as in fwd.state."""
-    grads = (dq1, dq2, dk1, dk2, dv)
-    if spec.causal:
-        from kernels_triton.triple import causal
-        causal.backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile, impl)
-        return
-    dS = grad_state(spec, q1, q2, dout, dstate, profile, impl)
-    gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(state, o), lambda o: host.slab(dS, o),
-              grads, 1.0, spec.scale, profile=profile, impl=impl)
+           profile: bool = False) -> None:
+    prepare(spec, profile)(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv)
 
 
 def compile_configs():

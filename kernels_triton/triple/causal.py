@@ -34,34 +34,52 @@ def _suffix(P, dstate):
     return P if dstate is None else P.add_(dstate[:, :, None])
 
 
-def _chunk_states(x1, y, x2, N: int, chunk: int, impl):
-    """Each chunk's sum (`partials` with one split per chunk; impl as in fwd.state)."""
-    return impl.partials(x1, y, x2, max(1, -(-N // chunk)), split_len=chunk)
+def _prepare_chunk_states(spec, impl):
+    """run(x1, y, x2) -> each chunk's sum, [B, H, chunks, Dq, Dv, Dq] fp32 (`partials` with one
+    split per chunk; impl as in fwd.prepare): (K1, V, K2) and (Q1, dO, Q2) alike."""
+    return impl.prepare_partials(spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.Dq,
+                                 max(1, -(-spec.N // CHUNK)), split_len=CHUNK)
 
 
-def forward(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False, impl=host) -> None:
-    C = CHUNK
-    P = _chunk_states(k1, v, k2, spec.N, C, impl)
-    out_state.copy_(P.sum(2)).mul_(spec.scale)
-    W = host.slab(P.cumsum_(2), "ikj", shift=1)  # exclusive prefix sums; apply scales by c
-    del P
-    inter = torch.empty(out.shape, device=out.device, dtype=torch.float32)
-    impl.apply(q2, q1, W, inter, spec.scale, chunk=C, profile=profile)
-    intra.intra_forward(q1, q2, k1, k2, v, inter, out, C, spec.scale)
+def prepare_forward(spec, profile: bool = False, impl=host):
+    """fwd.prepare's launches for a causal `spec`: run(q1, q2, k1, k2, v, out, out_state), its
+    run's arguments."""
+    B, N, H, Dq, Dv, c = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
+    chunk_states = _prepare_chunk_states(spec, impl)
+    apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, c, chunk=CHUNK, profile=profile)
+    intra_forward = intra.prepare_forward(B, N, H, Dq, Dv, CHUNK, c)
+
+    def run(q1, q2, k1, k2, v, out, out_state) -> None:
+        P = chunk_states(k1, v, k2)
+        torch.sum(P, 2, out=out_state).mul_(c)
+        W = host.slab(P.cumsum_(2), "ikj", shift=1)  # exclusive prefix sums; apply scales by c
+        del P
+        inter = torch.empty(out.shape, device=out.device, dtype=torch.float32)
+        apply(q2, q1, W, inter)
+        intra_forward(q1, q2, k1, k2, v, inter, out)
+
+    return run
 
 
-def backward(spec, q1, q2, k1, k2, v, dout, dstate, grads, profile: bool = False,
-             impl=host) -> None:
-    """FAMILIES.md's gradients (bwd.gradients) with S the prefix states (unscaled here, so the dQ
-    applies take c) and dS the suffix ones, then intra.py's pairs inside each chunk."""
-    from kernels_triton.triple.bwd import gradients
-    c, C = spec.scale, CHUNK
-    P = _chunk_states(k1, v, k2, spec.N, C, impl).cumsum_(2)
-    dS = _suffix(_chunk_states(q1, dout, q2, spec.N, C, impl), dstate)
-    inter = [torch.empty(g.shape, device=g.device, dtype=torch.float32) for g in grads]
-    gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(P, o, shift=1),
-              lambda o: host.slab(dS, o), inter, c, c, chunk=C, profile=profile, impl=impl)
-    P = dS = None  # free the chunk states before the intra kernels
-    names = ("dq1", "dq2", "dk1", "dk2", "dv")
-    intra.intra_backward(q1, q2, k1, k2, v, dout, dict(zip(names, inter)),
-                         dict(zip(names, grads)), C, c)
+def prepare_backward(spec, profile: bool = False, impl=host):
+    """bwd.prepare's launches for a causal `spec`: run(q1, q2, k1, k2, v, state, dout, dstate,
+    dq1, dq2, dk1, dk2, dv), its run's arguments (state unused: the chunk states are made again).
+    FAMILIES.md's gradients (bwd.prepare_gradients) with S the prefix states (unscaled here, so
+    the dQ applies take c) and dS the suffix ones, then intra.py's pairs inside each chunk."""
+    from kernels_triton.triple.bwd import prepare_gradients
+    B, N, H, Dq, Dv, c = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
+    chunk_states = _prepare_chunk_states(spec, impl)
+    gradients = prepare_gradients(spec, c, c, CHUNK, profile, impl)
+    intra_backward = intra.prepare_backward(B, N, H, Dq, Dv, CHUNK, c)
+
+    def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv) -> None:
+        grads = (dq1, dq2, dk1, dk2, dv)
+        P = chunk_states(k1, v, k2).cumsum_(2)
+        dS = _suffix(chunk_states(q1, dout, q2), dstate)
+        inter = [torch.empty(g.shape, device=g.device, dtype=torch.float32) for g in grads]
+        gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(P, o, shift=1),
+                  lambda o: host.slab(dS, o), inter)
+        P = dS = None  # free the chunk states before the intra kernels
+        intra_backward(q1, q2, k1, k2, v, dout, inter, grads)
+
+    return run

@@ -10,28 +10,35 @@ quadratic form).
 """
 from __future__ import annotations
 
+import torch
+
 from kernels_triton.triple import host
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
 
 
-def state(spec, k1, k2, v, out_state, profile: bool = False, impl=host) -> None:
-    """out_state [B, H, Dq, Dv, Dq] fp32 = scale * sum_n K1[n] (x) V[n] (x) K2[n]. impl: the
-    module whose `partials`, `n_splits` and `apply` compute the contractions (host: plain
-    Triton; the TLX variants pass kernels_tlx.triple.contractions)."""
-    splits = impl.n_splits(spec.B, spec.H, spec.N, spec.Dq, spec.Dv, spec.Dq, k1.device)
-    P = impl.partials(k1, v, k2, splits, profile=profile)
-    out_state.copy_(P.sum(2)).mul_(spec.scale)
-
-
-def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False, impl=host) -> None:
-    """out [B, N, H, Dv] bf16 and out_state [B, H, Dq, Dv, Dq] fp32 from the five inputs (bf16,
-    contiguous); impl as in `state`."""
+def prepare(spec, profile: bool = False, impl=host):
+    """The launches of `spec`, made once: run(q1, q2, k1, k2, v, out, out_state) writes out
+    [B, N, H, Dv] bf16 and out_state [B, H, Dq, Dv, Dq] fp32 = scale * sum_n K1[n] (x) V[n] (x)
+    K2[n] from the five inputs (bf16, contiguous). impl: the module whose `n_splits`,
+    `prepare_partials` and `prepare_apply` make the contractions (host: plain Triton; the TLX
+    variants pass kernels_tlx.triple.contractions)."""
     if spec.causal:
         from kernels_triton.triple import causal
-        causal.forward(spec, q1, q2, k1, k2, v, out, out_state, profile, impl)
-        return
-    state(spec, k1, k2, v, out_state, profile, impl)
-    impl.apply(q2, q1, host.slab(out_state, "ikj"), out, 1.0, profile=profile)
+        return causal.prepare_forward(spec, profile, impl)
+    B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
+    splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
+    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
+    apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, 1.0, profile=profile)
+
+    def run(q1, q2, k1, k2, v, out, out_state) -> None:
+        torch.sum(partials(k1, v, k2), 2, out=out_state).mul_(scale)
+        apply(q2, q1, host.slab(out_state, "ikj"), out)
+
+    return run
+
+
+def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> None:
+    prepare(spec, profile)(q1, q2, k1, k2, v, out, out_state)
 
 
 def compile_configs():

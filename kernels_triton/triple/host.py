@@ -1,6 +1,7 @@
 """The host side of the plain-Triton triple-attention kernels: `supports`, the tile configs, the two
-launches of core.py (`partials`, `apply`), the state built from partials, and the compile configs
-profiling.resources compiles for sm_90a.
+launches of core.py (`prepare_partials`, `prepare_apply`: made once per shape, run per call; the
+passes take them from an `impl`, this module or kernels_tlx/triple/contractions.py), the bf16
+state slabs `apply` reads, and the compile configs profiling.resources compiles for sm_90a.
 
 Extra memory (beyond inputs and outputs): the split-N partials, n_splits * B * H * Dq^2 * Dv fp32
 (n_splits fills the GPU: 4 at T2), and bf16 copies of the state in the layouts `apply` reads,
@@ -8,13 +9,11 @@ B * H * Dq^2 * Dv each. Causal passes keep one state per chunk instead (causal.p
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from altattn.registry import CompileConfig
+from kernels_triton.launch import Desc, Kernel, sm_count
 from kernels_triton.triple.core import apply_kernel, partials_kernel
 
 SUPPORTED_DIMS = (32, 64, 128)
@@ -45,52 +44,74 @@ def apply_config(dx: int, dy: int, do: int) -> dict:
     return {"BM": BLOCK_M, "num_warps": 8 if dx * do > 64 * 128 else 4, "num_stages": 2}
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def n_splits(B: int, H: int, N: int, d1: int, dy: int, d2: int, device) -> int:
-    """Splits of N for `partials`: about WAVES programs per multiprocessor, each at least one
-    BLOCK_N step. A function of the shape and the device only (results are bitwise repeatable)."""
+def n_splits(B: int, N: int, H: int, d1: int, dy: int, d2: int) -> int:
+    """Splits of N for `partials`: about WAVES programs per multiprocessor of the current GPU, each
+    at least one BLOCK_N step. A function of the shape and the device only (results are bitwise
+    repeatable)."""
     tiles = B * H * (d1 // partials_config(d1, dy, d2)["BI"])
-    want = triton.cdiv(WAVES * _sm_count(device.index or 0), max(tiles, 1))
+    want = triton.cdiv(WAVES * sm_count(), max(tiles, 1))
     return max(1, min(want, triton.cdiv(N, BLOCK_N)))
 
 
-def partials(x1, y, x2, splits: int, split_len: int | None = None, profile: bool = False):
-    """P [B, H, splits, D1, DY, D2] fp32: P[..., s, i, j, k] = sum over split s of
-    x1[n, i] y[n, j] x2[n, k] (core.py). split_len: tokens per split (a multiple of BLOCK_N;
-    default N / splits rounded up)."""
-    B, N, H, d1 = x1.shape
-    dy, d2 = y.shape[-1], x2.shape[-1]
+def prepare_partials(B: int, N: int, H: int, d1: int, dy: int, d2: int, splits: int,
+                     split_len: int | None = None, profile: bool = False):
+    """The `partials` launch of these shapes, made once: run(x1, y, x2) -> P [B, H, splits, D1,
+    DY, D2] fp32, P[..., s, i, j, k] = sum over split s of x1[n, i] y[n, j] x2[n, k] (core.py),
+    from x1 [B, N, H, D1], y [B, N, H, DY], x2 [B, N, H, D2] bf16 (contiguous). split_len: tokens
+    per split (a multiple of BLOCK_N; default N / splits rounded up)."""
     cfg = partials_config(d1, dy, d2)
     if split_len is None:
         split_len = triton.cdiv(triton.cdiv(N, splits), BLOCK_N) * BLOCK_N
-    P = torch.empty(B, H, splits, d1, dy, d2, device=x1.device, dtype=torch.float32)
-    grid = (B * H * splits * (d1 // cfg["BI"]),)
-    partials_kernel[grid](x1, y, x2, P, N, split_len, splits, H=H, D1=d1, DY=dy, D2=d2,
-                          BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
-                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return P
+    shape = (B, H, splits, d1, dy, d2)
+    kernel = Kernel(partials_kernel, (B * H * splits * (d1 // cfg["BI"]),), H=H, D1=d1, DY=dy,
+                    D2=d2, BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    def run(x1, y, x2) -> torch.Tensor:
+        P = torch.empty(shape, device=x1.device, dtype=torch.float32)
+        kernel(x1, y, x2, P, N, split_len, splits)
+        return P
+
+    return run
+
+
+def partials(x1, y, x2, splits: int, split_len: int | None = None, profile: bool = False,
+             prepare=None):
+    """`prepare_partials` (or `prepare`, an impl's) of these tensors' shapes, run once on them
+    (tests)."""
+    B, N, H, d1 = x1.shape
+    return (prepare or prepare_partials)(B, N, H, d1, y.shape[-1], x2.shape[-1], splits,
+                                         split_len, profile)(x1, y, x2)
+
+
+def prepare_apply(B: int, N: int, H: int, dx: int, dy: int, do: int, c: float, chunk: int = 0,
+                  profile: bool = False):
+    """The `apply` launch of these shapes, made once: run(x, y, w, out) writes
+    out[n, o] = c sum_p sum_x x[n, x] y[n, p] w[p, x, o] (core.py) from x [B, N, H, DX] and
+    y [B, N, H, DY] bf16 into out [B, N, H, DO] (bf16, or fp32: the first call's dtype is every
+    call's); w [B, H, DY, DX, DO] bf16 contiguous, or with chunk > 0 [B, H, chunks, DY, DX, DO],
+    one slab per `chunk` tokens (chunks = cdiv(N, chunk), at least 1)."""
+    cfg = apply_config(dx, dy, do)
+    if chunk:
+        assert chunk % cfg["BM"] == 0, (chunk, cfg["BM"])
+    head_rows = (max(1, triton.cdiv(N, chunk)) if chunk else 1) * dy * dx
+    w_layout = Desc([B * H * head_rows, do], [do, 1], [dx, do])
+    kernel = Kernel(apply_kernel, (B * H * triton.cdiv(N, cfg["BM"]),), H=H, DX=dx, DY=dy, DO=do,
+                    BM=cfg["BM"], CHUNK=chunk, PROFILE=bool(profile),
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    c = float(c)
+
+    def run(x, y, w, out) -> None:
+        kernel(x, y, w_layout(w), out, N, c, head_rows, dy * dx)
+
+    return run
 
 
 def apply(x, y, w, out, c: float, chunk: int = 0, profile: bool = False) -> None:
-    """out[n, o] = c sum_p sum_x x[n, x] y[n, p] w[p, x, o] (core.py): w [B, H, DY, DX, DO] bf16
-    contiguous, or [B, H, chunks, DY, DX, DO] with one slab per `chunk` tokens."""
-    B, N, H, dx = x.shape
-    dy, do = y.shape[-1], out.shape[-1]
-    cfg = apply_config(dx, dy, do)
+    """`prepare_apply` of these tensors' shapes, run once on them (tests)."""
     assert w.is_contiguous() and w.dtype == torch.bfloat16
-    if chunk:
-        assert chunk % cfg["BM"] == 0, (chunk, cfg["BM"])
-    rows = w.numel() // do
-    desc = TensorDescriptor(w, shape=[rows, do], strides=[do, 1], block_shape=[dx, do])
-    head_rows = rows // max(B * H, 1)
-    grid = (B * H * triton.cdiv(N, cfg["BM"]),)
-    apply_kernel[grid](x, y, desc, out, N, c, head_rows, dy * dx, H=H, DX=dx, DY=dy, DO=do,
-                       BM=cfg["BM"], CHUNK=chunk, PROFILE=bool(profile),
-                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    B, N, H, dx = x.shape
+    prepare_apply(B, N, H, dx, y.shape[-1], out.shape[-1], c, chunk, profile)(x, y, w, out)
 
 
 def slab(state, order: str, shift: int = 0) -> torch.Tensor:

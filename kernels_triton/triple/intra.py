@@ -41,24 +41,23 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from altattn.registry import CompileConfig
+from kernels_triton.launch import Desc, Kernel
 
 SUPPORTED_D = (32, 64, 128)
 GRADS = ("dq1", "dq2", "dk1", "dk2", "dv")
 _TYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """TMA view of a contiguous [B, N, H, D] tensor as [B, N, H*D], box [1, rows, D]."""
-    B, N, H, D = t.shape
-    return TensorDescriptor(t, shape=[B, N, H * D], strides=[N * H * D, H * D, 1],
-                            block_shape=[1, rows, D])
+def layout(B: int, N: int, H: int, D: int, rows: int) -> Desc:
+    """TMA view of a contiguous [B, N, H, D] tensor as [B, N, H*D], box [1, rows, D];
+    `layout(...)(t)` is t's descriptor (one layout a tensor argument: a Desc is of one dtype)."""
+    return Desc([B, N, H * D], [N * H * D, H * D, 1], [1, rows, D])
 
 
 def descriptor_type(dtype: torch.dtype, rows: int, D: int) -> str:
-    """`descriptor`'s Triton signature type (compile configs)."""
+    """A `layout` descriptor's Triton signature type (compile configs)."""
     return f"tensordesc<{_TYPES[dtype]}[1,{rows},{D}]>"
 
 
@@ -243,16 +242,20 @@ def config(Dq: int, Dv: int) -> dict:
             for k, (m, n) in tiles.items()}
 
 
-def _check(tensors: dict, dims: dict, chunk: int, cfg: dict) -> None:
+def _check_tensors(tensors: dict) -> None:
     """Raise ValueError unless tensors (name -> (tensor, dtype, last dim)) are contiguous
-    [B, N, H, last dim] tensors of that dtype with one (B, N, H), dims are supported and chunk
-    is a multiple of cfg's tiles (so tiles never straddle chunks)."""
+    [B, N, H, last dim] tensors of that dtype with one (B, N, H)."""
     B, N, H, _ = next(iter(tensors.values()))[0].shape
     for name, (t, dtype, d) in tensors.items():
         if t.dtype != dtype or tuple(t.shape) != (B, N, H, d) or not t.is_contiguous():
             raise ValueError(f"{name}: want contiguous {dtype} [{B}, {N}, {H}, {d}], got "
                              f"{t.dtype} {list(t.shape)} (contiguous: {t.is_contiguous()})")
-    for k, d in dims.items():
+
+
+def _check_config(Dq: int, Dv: int, chunk: int, cfg: dict) -> None:
+    """Raise ValueError unless Dq and Dv are supported and chunk is a multiple of cfg's tiles (so
+    tiles never straddle chunks)."""
+    for k, d in (("Dq", Dq), ("Dv", Dv)):
         if d not in SUPPORTED_D:
             raise ValueError(f"{k} = {d} not in {SUPPORTED_D}")
     blocks = sorted({c[k] for c in cfg.values() for k in ("BLOCK_M", "BLOCK_N")})
@@ -261,9 +264,42 @@ def _check(tensors: dict, dims: dict, chunk: int, cfg: dict) -> None:
                          f"two >= 128 suits every default config)")
 
 
+def _prepared(fn, B: int, N: int, H: int, Dq: int, Dv: int, tiles: dict, grid_rows: int,
+              widths: str):
+    """(the Kernel of fn with tile config `tiles`, one grid program per grid_rows tokens of a
+    (b, h); the layouts of its descriptor arguments, in order): widths has a letter per
+    descriptor, q or v (width Dq or Dv), lower case for a tile of BLOCK_M query rows, upper case
+    for one of BLOCK_N keys."""
+    kernel = Kernel(fn, (B * H * triton.cdiv(N, grid_rows),), DQ=Dq, DV=Dv, **_launch_args(tiles))
+    descs = [layout(B, N, H, Dq if w in "qQ" else Dv,
+                    tiles["BLOCK_M"] if w.islower() else tiles["BLOCK_N"]) for w in widths]
+    return kernel, descs
+
+
 def _launch_args(c: dict) -> dict:
     return {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"], "num_warps": c["num_warps"],
             "num_stages": c["num_stages"]}
+
+
+def prepare_forward(B: int, N: int, H: int, Dq: int, Dv: int, chunk: int, c: float,
+                    cfg: dict | None = None):
+    """The forward's launch of these shapes, made once: run(q1, q2, k1, k2, v, inter, out)
+    writes out = inter + c sum_{m in chunk(n), m <= n} (q1[n].k1[m]) (q2[n].k2[m]) v[m]
+    (tensors as intra_forward's, not checked). cfg: config(Dq, Dv) or another tile config."""
+    cfg = cfg or config(Dq, Dv)
+    _check_config(Dq, Dv, chunk, {"fwd": cfg["fwd"]})
+    f = cfg["fwd"]
+    # Q1, Q2, K1, K2, V, Inter, Out
+    kernel, descs = _prepared(_fwd_kernel, B, N, H, Dq, Dv, f, f["BLOCK_M"], "qqQQVvv")
+    c = float(c)
+    empty = B * N * H == 0
+
+    def run(q1, q2, k1, k2, v, inter, out) -> None:
+        if not empty:
+            kernel(*[d(t) for d, t in zip(descs, (q1, q2, k1, k2, v, inter, out))],
+                   N, H, chunk, c)
+
+    return run
 
 
 def intra_forward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
@@ -272,23 +308,46 @@ def intra_forward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torc
     """out = inter + c sum_{m in chunk(n), m <= n} (q1[n].k1[m]) (q2[n].k2[m]) v[m].
     q1, q2, k1, k2 [B, N, H, Dq], v [B, N, H, Dv] bf16; inter fp32 [B, N, H, Dv] (read only);
     out bf16 [B, N, H, Dv] (written); all contiguous, on one GPU. Returns out.
-    cfg: config(Dq, Dv) or another tile config (tuning)."""
+    cfg: config(Dq, Dv) or another tile config (tuning). Checks the tensors, then runs
+    `prepare_forward`'s launch once."""
     Dq, Dv = q1.shape[-1], v.shape[-1]
-    cfg = cfg or config(Dq, Dv)
     bf, f32 = torch.bfloat16, torch.float32
-    _check({"q1": (q1, bf, Dq), "q2": (q2, bf, Dq), "k1": (k1, bf, Dq), "k2": (k2, bf, Dq),
-            "v": (v, bf, Dv), "inter": (inter, f32, Dv), "out": (out, bf, Dv)},
-           {"Dq": Dq, "Dv": Dv}, chunk, {"fwd": cfg["fwd"]})
+    _check_tensors({"q1": (q1, bf, Dq), "q2": (q2, bf, Dq), "k1": (k1, bf, Dq),
+                    "k2": (k2, bf, Dq), "v": (v, bf, Dv), "inter": (inter, f32, Dv),
+                    "out": (out, bf, Dv)})
     B, N, H, _ = q1.shape
-    if out.numel() == 0:
-        return out
-    f = cfg["fwd"]
-    bm, bn = f["BLOCK_M"], f["BLOCK_N"]
-    _fwd_kernel[(B * H * triton.cdiv(N, bm),)](
-        descriptor(q1, bm), descriptor(q2, bm), descriptor(k1, bn), descriptor(k2, bn),
-        descriptor(v, bn), descriptor(inter, bm), descriptor(out, bm), N, H, chunk, float(c),
-        DQ=Dq, DV=Dv, **_launch_args(f))
+    prepare_forward(B, N, H, Dq, Dv, chunk, c, cfg)(q1, q2, k1, k2, v, inter, out)
     return out
+
+
+def prepare_backward(B: int, N: int, H: int, Dq: int, Dv: int, chunk: int, c: float,
+                     cfg: dict | None = None):
+    """The backward's two launches of these shapes, made once: run(q1, q2, k1, k2, v, dout,
+    inter_grads, grads) with inter_grads and grads sequences of the five gradients in GRADS
+    order (fp32 read, bf16 written) adds the intra-chunk part (tensors as intra_backward's, not
+    checked). cfg as prepare_forward's."""
+    cfg = cfg or config(Dq, Dv)
+    _check_config(Dq, Dv, chunk, {k: cfg[k] for k in ("dq", "dkdv")})
+    f = cfg["dkdv"]
+    # Q1, Q2, K1, K2, V, DO, IDK1, IDK2, IDV, DK1, DK2, DV_
+    dkdv, dkdv_descs = _prepared(_dkdv_kernel, B, N, H, Dq, Dv, f, f["BLOCK_N"], "qqQQVvQQVQQV")
+    f = cfg["dq"]
+    # Q1, Q2, K1, K2, V, DO, IDQ1, IDQ2, DQ1, DQ2
+    dq, dq_descs = _prepared(_dq_kernel, B, N, H, Dq, Dv, f, f["BLOCK_M"], "qqQQVvqqqq")
+    c = float(c)
+    empty = B * N * H == 0
+
+    def run(q1, q2, k1, k2, v, dout, inter_grads, grads) -> None:
+        if empty:
+            return
+        idq1, idq2, idk1, idk2, idv = inter_grads
+        dq1, dq2, dk1, dk2, dv = grads
+        x = (q1, q2, k1, k2, v, dout)
+        dkdv(*[d(t) for d, t in zip(dkdv_descs, (*x, idk1, idk2, idv, dk1, dk2, dv))],
+             N, H, chunk, c)
+        dq(*[d(t) for d, t in zip(dq_descs, (*x, idq1, idq2, dq1, dq2))], N, H, chunk, c)
+
+    return run
 
 
 def intra_backward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
@@ -297,9 +356,9 @@ def intra_backward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: tor
     """grads[g] = inter_grads[g] + the intra-chunk part of g, for g in dq1, dq2, dk1, dk2, dv
     (the module docstring's formulas). Inputs as intra_forward's, dout bf16 [B, N, H, Dv];
     inter_grads: fp32 tensors of the inputs' shapes (read only); grads: bf16 tensors of the same
-    shapes (written). Returns grads."""
+    shapes (written). Returns grads. Checks the tensors, then runs `prepare_backward`'s launches
+    once."""
     Dq, Dv = q1.shape[-1], v.shape[-1]
-    cfg = cfg or config(Dq, Dv)
     bf, f32 = torch.bfloat16, torch.float32
     dims = {"dq1": Dq, "dq2": Dq, "dk1": Dq, "dk2": Dq, "dv": Dv}
     if set(inter_grads) != set(GRADS) or set(grads) != set(GRADS):
@@ -309,26 +368,10 @@ def intra_backward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: tor
                "v": (v, bf, Dv), "dout": (dout, bf, Dv)}
     tensors.update({f"inter_grads[{g}]": (inter_grads[g], f32, d) for g, d in dims.items()})
     tensors.update({f"grads[{g}]": (grads[g], bf, d) for g, d in dims.items()})
-    _check(tensors, {"Dq": Dq, "Dv": Dv}, chunk, {k: cfg[k] for k in ("dq", "dkdv")})
+    _check_tensors(tensors)
     B, N, H, _ = q1.shape
-    if q1.numel() == 0:
-        return grads
-    ig, g = inter_grads, grads
-    f = cfg["dkdv"]
-    bm, bn = f["BLOCK_M"], f["BLOCK_N"]
-    _dkdv_kernel[(B * H * triton.cdiv(N, bn),)](
-        descriptor(q1, bm), descriptor(q2, bm), descriptor(k1, bn), descriptor(k2, bn),
-        descriptor(v, bn), descriptor(dout, bm), descriptor(ig["dk1"], bn),
-        descriptor(ig["dk2"], bn), descriptor(ig["dv"], bn), descriptor(g["dk1"], bn),
-        descriptor(g["dk2"], bn), descriptor(g["dv"], bn), N, H, chunk, float(c),
-        DQ=Dq, DV=Dv, **_launch_args(f))
-    f = cfg["dq"]
-    bm, bn = f["BLOCK_M"], f["BLOCK_N"]
-    _dq_kernel[(B * H * triton.cdiv(N, bm),)](
-        descriptor(q1, bm), descriptor(q2, bm), descriptor(k1, bn), descriptor(k2, bn),
-        descriptor(v, bn), descriptor(dout, bm), descriptor(ig["dq1"], bm),
-        descriptor(ig["dq2"], bm), descriptor(g["dq1"], bm), descriptor(g["dq2"], bm),
-        N, H, chunk, float(c), DQ=Dq, DV=Dv, **_launch_args(f))
+    prepare_backward(B, N, H, Dq, Dv, chunk, c, cfg)(
+        q1, q2, k1, k2, v, dout, [inter_grads[g] for g in GRADS], [grads[g] for g in GRADS])
     return grads
 
 

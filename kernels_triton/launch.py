@@ -1,0 +1,145 @@
+"""A thin launch: a kernel whose grid and constexprs a launch plan fixed, called with its runtime
+arguments only, and TMA descriptors whose layout was checked once.
+
+`Kernel(fn, grid, **options)` is `fn[grid](*args, **options)`, where `options` are the kernel's
+constexprs and num_warps / num_stages. Its first call goes through Triton's JIT (specialize, find
+or compile, launch) and keeps the compiled kernel; every later call hands the runtime arguments
+straight to the compiled kernel's C dispatcher (fbtriton's `_TritonDispatcher`: cuLaunchKernelEx,
+TMA descriptors encoded in C), skipping the JIT's binder, cache key and Python launcher (measured
+on an H100: 34.2 us a launch through `fn[grid]`, 5.9 us through the dispatcher; docs/perf-call.md).
+
+What makes this exact: Triton specializes a launch on each argument's type, on integers equal to 1
+or divisible by 16, and on pointers 16-byte aligned. A plan is made per problem spec, so every
+integer a kernel gets is a function of the spec; tensors reach kernels dense and 16-byte aligned
+(the launcher's `dense_aligned`, `output`); an argument that may be None (an unused incoming
+gradient) is part of the plan's key. So the first call's compiled kernel is every later call's.
+`ALTATTN_CHECK_LAUNCH=1` checks that on every call (the GPU tests set it): the JIT's own lookup
+must find the kept kernel, else AssertionError.
+
+Launch hooks (Proton's, a debugger's) see only launches through the JIT: while one is set, and for
+Proton-scoped kernels (`PROFILE`), every call takes the JIT path. A thread's first launch makes
+the device's CUDA context current there (`_context_current`).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+CHECK = os.environ.get("ALTATTN_CHECK_LAUNCH", "0") == "1"
+_RUNTIME = triton.knobs.runtime
+# the current device and its current stream (what Triton launches on); absent from CPU builds of
+# torch, where no kernel launches
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_THREAD = threading.local()  # .ready: this thread has a current CUDA context
+
+
+def _context_current() -> None:
+    """Make the current device's primary CUDA context current on this thread (once a thread).
+    Triton's launches call the driver API, which needs one, and a thread that has made no CUDA
+    runtime call has none (a fresh thread, possibly the autograd engine's): the TMA descriptor
+    encoding fails there with "invalid device context". cuCtxSetCurrent is legal while a stream
+    captures a graph."""
+    triton.runtime.driver.active.utils.set_current_device(_get_device())
+    _THREAD.ready = True
+
+
+def _dispatcher(compiled):
+    """(dispatcher, indices of the runtime arguments among the kernel's parameters), or None
+    where this Triton has no C dispatcher for the kernel."""
+    try:
+        from triton.backends.nvidia.triton_dispatcher_factory import make_triton_dispatcher
+        schema = json.loads(compiled.asm["launch_metadata"])
+        compiled._init_handles()
+        disp = make_triton_dispatcher(schema, compiled.function)
+    except (ImportError, KeyError, TypeError, ValueError, RuntimeError):
+        return None
+    if disp is None or schema.get("profile_scratch_size", 0):
+        return None
+    return disp, tuple(a["index"] for a in schema["args"])
+
+
+class Kernel:
+    """`fn[grid](*args, **options)`, args positional and in the kernel's parameter order; the grid
+    and options fixed (module docstring)."""
+
+    __slots__ = ("fn", "grid", "options", "compiled", "_disp", "_idx", "_all", "_g")
+
+    def __init__(self, fn, grid, **options):
+        self.fn, self.grid, self.options = fn, tuple(grid), options
+        self._g = (*self.grid, 1, 1)[:3]
+        self.compiled = self._disp = self._idx = None
+        self._all = False
+
+    def __call__(self, *args) -> None:
+        if not getattr(_THREAD, "ready", False):
+            _context_current()
+        disp = self._disp
+        if disp is None or _RUNTIME.launch_enter_hook or _RUNTIME.launch_exit_hook:
+            self._jit(args)
+            return
+        if CHECK:
+            self._check(args)
+        g0, g1, g2 = self._g
+        stream = _get_stream(_get_device())
+        if self._all:
+            disp(g0, g1, g2, stream, *args)
+        else:
+            disp(g0, g1, g2, stream, *[args[i] for i in self._idx])
+
+    def _jit(self, args) -> None:
+        """The JIT's launch; the first one keeps the compiled kernel and its dispatcher."""
+        compiled = self.fn[self.grid](*args, **self.options)
+        if self.compiled is None and not self.options.get("PROFILE"):
+            self.compiled = compiled
+            found = _dispatcher(compiled)
+            if found is not None and all(i < len(args) for i in found[1]):
+                self._disp, self._idx = found
+                self._all = self._idx == tuple(range(len(args)))
+
+    def _check(self, args) -> None:
+        found = self.fn.warmup(*args, grid=self.grid, **self.options)
+        assert found is self.compiled, (
+            f"{self.fn.__name__}: these arguments specialize another compiled kernel than the "
+            f"plan's first call (an integer or a pointer's alignment changed within one plan)")
+
+
+@functools.cache
+def sm_count(device_index: int | None = None) -> int:
+    """Multiprocessors of the GPU `device_index` (None: the current one)."""
+    if device_index is None:
+        device_index = torch.cuda.current_device()
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+class Desc:
+    """The TMA layout of a tensor (shape, strides, block shape), checked by Triton's
+    TensorDescriptor on the first call; `desc(t)` is a descriptor of `t` in that layout (t of
+    the first call's dtype, contiguous, 16-byte aligned: what the launcher hands kernels)."""
+
+    __slots__ = ("shape", "strides", "block_shape", "_checked")
+
+    def __init__(self, shape, strides, block_shape):
+        self.shape, self.strides = [int(s) for s in shape], [int(s) for s in strides]
+        self.block_shape = [int(b) for b in block_shape]
+        self._checked = False
+
+    def __call__(self, t: torch.Tensor) -> TensorDescriptor:
+        if not self._checked:
+            self._checked = True
+            return TensorDescriptor(t, self.shape, self.strides, self.block_shape)
+        return _Checked(t, self.shape, self.strides, self.block_shape)
+
+
+class _Checked(TensorDescriptor):
+    """A TensorDescriptor whose layout Desc checked before (no __post_init__ checks)."""
+
+    def __init__(self, base, shape, strides, block_shape):  # noqa: D107 (dataclass fields)
+        self.base, self.shape, self.strides, self.block_shape = base, shape, strides, block_shape
+        self.padding, self.round_f32_to_tf32 = "zero", False
