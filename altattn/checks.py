@@ -3,6 +3,7 @@ shape or device, devices no kernel runs on. Each raises TypeError or ValueError 
 argument, before any device work (so CI exercises them on CPU tensors)."""
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
@@ -155,3 +156,40 @@ def check_layer_input(x, dim: int) -> None:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3 or x.shape[-1] != dim:
         raise ValueError(f"x must be [B, N, dim] with dim = {dim}, got shape {tuple(x.shape)}")
+
+
+MAX_REMEMBERED = 4096  # specs a cached_validate keeps (a spec holds no tensor)
+
+
+def _on_cuda(x) -> bool:
+    return type(x) is torch.Tensor and x.is_cuda
+
+
+def cached_validate(validate, remember=_on_cuda):
+    """`validate` remembered for calls whose first argument `remember` takes (CUDA tensors):
+    what it checks (types, ranks, shapes, dtypes, devices, the other arguments' types and
+    values) is a function of each tensor's (shape, dtype, device) and the other arguments, so a
+    call that matches an earlier valid one on all of them is valid and has its spec. Other calls
+    (CPU: the reference path, the tests; tensor subclasses such as fake tensors) and any call
+    with an unhashable argument always run `validate`, so every error is still raised, with its
+    message, before any launch."""
+    cache: dict = {}
+
+    @functools.wraps(validate)
+    def cached(*args, **kwargs):
+        if not (args and remember(args[0])):
+            return validate(*args, **kwargs)
+        try:
+            key = (*[(a.shape, a.dtype, a.device) if type(a) is torch.Tensor else (type(a), a)
+                     for a in args], *[(k, type(v), v) for k, v in kwargs.items()])
+            spec = cache.get(key)
+        except TypeError:  # an unhashable argument: validate names what is wrong with it
+            return validate(*args, **kwargs)
+        if spec is None:
+            spec = validate(*args, **kwargs)
+            if len(cache) < MAX_REMEMBERED:
+                cache[key] = spec
+        return spec
+
+    cached.cache_clear = cache.clear
+    return cached

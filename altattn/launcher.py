@@ -14,6 +14,8 @@ launching whether a variant can run (a benchmark row's note, a command line's er
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -113,12 +115,115 @@ def check_variant_names(family: str, variant, bwd_variant, deterministic=False) 
         registry.refuse_nondeterministic(registry.get(bwd_variant, "bwd", family), "bwd_variant")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What one problem needs decided once: the variant, its pass's steps and the prepared launch
+    (the module's `prepare(spec)`: config, grid, constexprs, compiled kernels; `launch`'s
+    arguments after the spec). `execute(call)` is steps 3 to 5 of `run`."""
+
+    variant: registry.Variant
+    io: object
+    launch: Callable
+    device: torch.device
+
+    def execute(self, call: Call, outputs: dict | None = None) -> tuple:
+        """Allocate (or check `outputs`), launch, and return the pass's outputs for `call` (its
+        spec this plan's)."""
+        io = self.io
+        outs = io.allocate(call, outputs or {})
+        kernel_args = io.kernel_args(call, outs)
+        if kernel_args is not None:
+            if self.device.index is not None and self.device.index != _current_device():
+                with torch.cuda.device(self.device):
+                    self.launch(*kernel_args)
+            else:
+                self.launch(*kernel_args)
+        return io.result(call, outs)
+
+
+_PLANS: dict[tuple, Plan] = {}
+MAX_PLANS = 4096  # problems kept; the oldest go first (a plan holds no tensor)
+
+
+def _current_device() -> int:
+    return torch.cuda.current_device()
+
+
+def _prepared(module, spec, profile: bool | str) -> Callable:
+    """The module's launch of `spec` made once: `prepare(spec, profile)` where it has one, else
+    its `launch` with the spec bound."""
+    if hasattr(module, "prepare"):
+        return module.prepare(spec, profile=profile)
+    return functools.partial(module.launch, spec, profile=profile)
+
+
+def plan(family: str, pass_: str, spec, variant: str = "auto", deterministic: bool = False,
+         device: torch.device | str = "cuda", optional: tuple = ()) -> Plan:
+    """The launch plan of (family, pass_, spec, variant, deterministic, device): `select`'s
+    variant (every check that `select` makes, made once) and its module's prepared launch,
+    cached on these arguments for CUDA devices. `optional`: which optional tensors of the pass
+    are None (they change what kernels are compiled)."""
+    key = (family, pass_, spec, variant, deterministic, device, optional)
+    found = _PLANS.get(key)
+    if found is not None:
+        return found
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", _current_device())
+    v = choose(spec, variant, device, pass_, deterministic, family)
+    io = registry.get_family(family).passes[pass_]
+    on_gpu = device.type == "cuda"
+    with torch.cuda.device(device) if on_gpu else contextlib.nullcontext():  # prepare may ask it
+        made = Plan(v, io, _prepared(v.load(), spec, False), device)
+    if on_gpu:  # CPU plans only run in tests that stub the device out
+        if len(_PLANS) >= MAX_PLANS:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = made
+    return made
+
+
+def clear_plans() -> None:
+    """Forget every cached plan and choice (tests that replace a kernel module's functions)."""
+    _PLANS.clear()
+    _CHOSEN.clear()
+
+
+_CHOSEN: dict[tuple, registry.Variant] = {}
+
+
+def choose(spec, variant: str, device: torch.device, pass_: str = "fwd",
+           deterministic: bool = False, family: str = registry.DEFAULT_FAMILY
+           ) -> registry.Variant:
+    """`select`, remembered for CUDA devices (an op checks its backward's variant at every
+    forward with grad: once per problem)."""
+    key = (family, pass_, spec, variant, deterministic, device)
+    found = _CHOSEN.get(key)
+    if found is None:
+        found = select(spec, variant, device, pass_, deterministic, family)
+        if device.type == "cuda" and len(_CHOSEN) < MAX_PLANS:
+            _CHOSEN[key] = found
+    return found
+
+
+def run_call(family: str, pass_: str, call: Call, variant: str = "auto",
+             deterministic: bool = False, outputs: dict | None = None, io=None) -> tuple:
+    """Steps 2 to 5 of `run` for a call already validated (or bound from a validated spec):
+    the plan of its spec and the None-ness of the pass's optional tensors, executed. `io`: the
+    pass's record, where the caller has it."""
+    io = io or registry.get_family(family).passes[pass_]
+    optional = getattr(io, "optional", ())
+    missing = tuple(call.tensors[n] is None for n in optional) if optional else ()
+    return plan(family, pass_, call.spec, variant, deterministic, call.device,
+                missing).execute(call, outputs)
+
+
 def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bool = False,
         profile: bool | str = False, outputs: dict | None = None, **options) -> tuple:
     """Run pass `pass_` of `family` on `args` (the pass's own arguments, `options` its keyword
-    ones): validate, pick `variant` ("auto": the fastest that takes the shape; deterministic=True:
-    only bitwise-repeatable ones), allocate (or check `outputs`, {name: tensor}), launch (profile:
-    the Proton-scoped kernels, profiling/trace_capture.py), and return the pass's outputs."""
+    ones): validate, plan (pick `variant`, "auto": the fastest that takes the shape;
+    deterministic=True: only bitwise-repeatable ones), allocate (or check `outputs`, {name:
+    tensor}), launch (profile: the Proton-scoped kernels, profiling/trace_capture.py, not
+    cached), and return the pass's outputs."""
     check_str("variant", variant)
     check_bool("deterministic", deterministic)
     fam = registry.get_family(family)
@@ -126,11 +231,7 @@ def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bo
         raise ValueError(f"{fam.title} has no pass {pass_!r}; passes: {', '.join(fam.passes)}")
     io = fam.passes[pass_]
     call = io.validate(*args, **options)
+    if not profile:
+        return run_call(family, pass_, call, variant, deterministic, outputs, io)
     v = select(call.spec, variant, call.device, pass_, deterministic, family)
-    outs = io.allocate(call, outputs or {})
-    kernel_args = io.kernel_args(call, outs)
-    if kernel_args is not None:
-        on_gpu = call.device.type == "cuda"
-        with torch.cuda.device(call.device) if on_gpu else contextlib.nullcontext():
-            v.load().launch(call.spec, *kernel_args, profile=profile)
-    return io.result(call, outs)
+    return Plan(v, io, _prepared(v.load(), call.spec, profile), call.device).execute(call, outputs)

@@ -62,6 +62,12 @@ def _launched(*args, **kwargs):
     raise Launched("launched")
 
 
+def _launch_of(module, spec, profile):
+    """The launcher's prepared launch, made of the module's `launch` (which these tests replace)
+    rather than its `prepare`: on the CPU plans are not cached, so each call sees the stub."""
+    return lambda *args: module.launch(spec, *args, profile=profile)
+
+
 def cpu_inputs(fam, pass_: str, shape, form) -> tuple:
     """One call's arguments on the CPU (cached per family, pass, shape and form; never mutated).
     The forward a backward's inputs need runs through the launcher with the device check passed
@@ -70,6 +76,7 @@ def cpu_inputs(fam, pass_: str, shape, form) -> tuple:
     if key not in _INPUTS:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(launcher, "check_device", _no_op)
+            mp.setattr(launcher, "_prepared", _launch_of)
             mp.setattr(torch.cuda, "device", _no_cuda_device)
             for v in fam.variants:
                 mp.setattr(v.load(), "launch", _no_op)
@@ -110,6 +117,7 @@ class Case:
         # the launch of the variant raises; the device check (CPU tensors) passes
         monkeypatch.setattr(v.load(), "launch", self._launched)
         monkeypatch.setattr(launcher, "check_device", _no_op)
+        monkeypatch.setattr(launcher, "_prepared", _launch_of)
         monkeypatch.setattr(torch.cuda, "device", _no_cuda_device)
 
     def _launched(self, *args, **kwargs):
@@ -298,6 +306,7 @@ def test_unknown_variant_lists_the_known_ones(family, pass_, monkeypatch):
     for v in fam.variants:
         monkeypatch.setattr(v.load(), "launch", _launched)
     monkeypatch.setattr(launcher, "check_device", _no_op)
+    monkeypatch.setattr(launcher, "_prepared", _launch_of)
     monkeypatch.setattr(torch.cuda, "device", _no_cuda_device)
     v0 = next(v for v in fam.variants if v.pass_ == pass_)
     form = tuple(v0.accepted("form"))[0] if "form" in fam.accepts else None

@@ -38,7 +38,12 @@ class Forward:
             raise ValueError("altattn.simplicial.forward is forward-only and the inputs require "
                              "grad: use altattn.simplicial_attention (differentiable), or call "
                              "forward under torch.no_grad() or with detached tensors")
-        return Call(spec, q.device, dict(zip(NAMES, (q, k1, k2, v1, v2))))
+        return Forward.bind(spec, q, k1, k2, v1, v2, w1, w2, sm_scale, form)
+
+    @staticmethod
+    def bind(spec, q, k1, k2, v1, v2, w1, w2, sm_scale=None, form="trilinear") -> Call:
+        """The call of arguments `spec` was validated from (no checks)."""
+        return Call(spec, q.device, {"q": q, "k1": k1, "k2": k2, "v1": v1, "v2": v2})
 
     @staticmethod
     def allocate(call: Call, given: dict) -> dict:
@@ -63,6 +68,7 @@ class Backward:
     form="trilinear") -> (dq, dk1, dk2, dv1, dv2), bf16, the inputs' shapes."""
 
     outputs = GRADS
+    optional = ("dlse",)  # None: lse unused (plans differ)
 
     @staticmethod
     def validate(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale=None,
@@ -75,8 +81,15 @@ class Backward:
             aux.append(("dlse", dlse, lses, "[B, Hq, N]"))
         for name, t, shape, layout in aux:
             validate_aux(name, t, shape, layout, q.device)
-        return Call(spec, q.device, dict(zip(NAMES, (q, k1, k2, v1, v2)), out=out, lse=lse,
-                                         dout=dout, dlse=dlse))
+        return Backward.bind(spec, dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale,
+                             form)
+
+    @staticmethod
+    def bind(spec, dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale=None,
+             form="trilinear") -> Call:
+        """The call of arguments `spec` was validated from (no checks)."""
+        return Call(spec, q.device, {"q": q, "k1": k1, "k2": k2, "v1": v1, "v2": v2, "out": out,
+                                     "lse": lse, "dout": dout, "dlse": dlse})
 
     @staticmethod
     def allocate(call: Call, given: dict) -> dict:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_group, positive_float, positive_int
+from ..checks import cached_validate, check_group, positive_float, positive_int
 
 SUPPORTED_DTYPES = (torch.bfloat16,)
 # the plain-PyTorch reference (and the op on CPU tensors, which runs it) also takes these
@@ -70,6 +70,7 @@ def check_form(form) -> str:
     return form
 
 
+@cached_validate
 def validate(q, k1, k2, v1, v2, w1, w2, sm_scale=None, form="trilinear", *,
              dtypes: tuple | None = None, cpu_reference: bool = False) -> ProblemSpec:
     """Check arguments, dtypes and shapes (that the tensors share one device, not which: see

@@ -30,7 +30,12 @@ class Forward:
             raise ValueError("altattn.spherical.forward is forward-only and the inputs require "
                              "grad: use altattn.spherical_attention (differentiable), or call "
                              "forward under torch.no_grad() or with detached tensors")
-        return Call(spec, q.device, dict(zip(NAMES, (q, k, v)), seqlens=seqlens))
+        return Forward.bind(spec, q, k, v, causal, sm_scale, eps, seqlens)
+
+    @staticmethod
+    def bind(spec, q, k, v, causal=False, sm_scale=None, eps=DEFAULT_EPS, seqlens=None) -> Call:
+        """The call of arguments `spec` was validated from (no checks)."""
+        return Call(spec, q.device, {"q": q, "k": k, "v": v, "seqlens": seqlens})
 
     @staticmethod
     def allocate(call: Call, given: dict) -> dict:
@@ -59,6 +64,7 @@ class Backward:
     -> (dq, dk, dv), bf16, the inputs' shapes."""
 
     outputs = GRADS
+    optional = ("dr",)  # None: r unused (plans differ)
 
     @staticmethod
     def validate(dout, dr, q, k, v, out, r, causal=False, sm_scale=None, eps=DEFAULT_EPS,
@@ -71,8 +77,14 @@ class Backward:
             aux.append(("dr", dr, norms, "[B, Hq, N]"))
         for name, t, shape, layout in aux:
             validate_aux(name, t, shape, layout, q.device)
-        return Call(spec, q.device, dict(zip(NAMES, (q, k, v)), out=out, r=r, dout=dout, dr=dr,
-                                         seqlens=seqlens))
+        return Backward.bind(spec, dout, dr, q, k, v, out, r, causal, sm_scale, eps, seqlens)
+
+    @staticmethod
+    def bind(spec, dout, dr, q, k, v, out, r, causal=False, sm_scale=None, eps=DEFAULT_EPS,
+             seqlens=None) -> Call:
+        """The call of arguments `spec` was validated from (no checks)."""
+        return Call(spec, q.device, {"q": q, "k": k, "v": v, "out": out, "r": r, "dout": dout,
+                                     "dr": dr, "seqlens": seqlens})
 
     @staticmethod
     def allocate(call: Call, given: dict) -> dict:

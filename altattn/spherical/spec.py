@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_bool, check_group, positive_float
+from ..checks import cached_validate, check_bool, check_group, positive_float
 
 NAMES = ("q", "k", "v")
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -74,6 +74,7 @@ def check_seqlens(seqlens, B: int, device: torch.device) -> torch.Tensor | None:
     return seqlens.to(torch.int32).contiguous()
 
 
+@cached_validate
 def validate(q, k, v, causal=False, sm_scale=None, eps=DEFAULT_EPS, seqlens=None, *,
              cpu_reference: bool = False) -> SphericalSpec:
     """Check arguments, dtypes and shapes (that the tensors share one device, not which: see

@@ -46,7 +46,12 @@ class Forward:
             raise ValueError("altattn.triple.forward is forward-only and the inputs require "
                              "grad: use altattn.triple_attention (differentiable), or call "
                              "forward under torch.no_grad() or with detached tensors")
-        return Call(spec, q1.device, dict(zip(NAMES, x)))
+        return Forward.bind(spec, *x, scale, causal)
+
+    @staticmethod
+    def bind(spec, q1, q2, k1, k2, v, scale=None, causal=False) -> Call:
+        """The call of arguments `spec` was validated from (no checks)."""
+        return Call(spec, q1.device, {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "v": v})
 
     @staticmethod
     def allocate(call: Call, given: dict) -> dict:
@@ -77,6 +82,7 @@ class Backward:
     -> (dq1, dq2, dk1, dk2, dv), bf16, the inputs' shapes."""
 
     outputs = GRADS
+    optional = ("dstate",)  # None: the state unused (plans differ)
 
     @staticmethod
     def validate(dout, dstate, q1, q2, k1, k2, v, state, scale=None, causal=False) -> Call:
@@ -88,8 +94,13 @@ class Backward:
             aux.append(("dstate", dstate, _state_shape(spec), STATE_LAYOUT))
         for name, t, shape, layout in aux:
             validate_aux(name, t, shape, layout, q1.device, inputs)
-        return Call(spec, q1.device, dict(zip(NAMES, (q1, q2, k1, k2, v)), state=state,
-                                          dout=dout, dstate=dstate))
+        return Backward.bind(spec, dout, dstate, q1, q2, k1, k2, v, state, scale, causal)
+
+    @staticmethod
+    def bind(spec, dout, dstate, q1, q2, k1, k2, v, state, scale=None, causal=False) -> Call:
+        """The call of arguments `spec` was validated from (no checks)."""
+        return Call(spec, q1.device, {"q1": q1, "q2": q2, "k1": k1, "k2": k2, "v": v,
+                                      "state": state, "dout": dout, "dstate": dstate})
 
     @staticmethod
     def allocate(call: Call, given: dict) -> dict:

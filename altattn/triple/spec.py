@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_bool, check_group, positive_float
+from ..checks import cached_validate, check_bool, check_group, positive_float
 
 NAMES = ("q1", "q2", "k1", "k2", "v")
 SUPPORTED_DTYPES = (torch.bfloat16,)
@@ -53,6 +53,7 @@ def check_dims(Dq: int, Dv: int, q_where: str = "", v_where: str = "") -> None:
                              f"supported; supported: {SUPPORTED_DIMS}")
 
 
+@cached_validate
 def validate(q1, q2, k1, k2, v, scale=None, causal=False, *,
              cpu_reference: bool = False) -> TripleSpec:
     """Check arguments, dtypes and shapes (that the tensors share one device, not which: see
