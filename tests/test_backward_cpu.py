@@ -55,11 +55,11 @@ def test_gradcheck_op(form, gen):
 def test_opcheck(form, gen):
     x = fp64_inputs(gen, 1, 5, 2, 1, 64)
     torch.library.opcheck(torch.ops.altattn.simplicial_fwd.default,
-                          (*x, 2, 3, 0.125, "auto", "auto", form, False))
+                          (*x, 2, 3, 0.125, form, "auto", "auto", False))
     out, lse = sa.attention(*[t.detach() for t in x], 2, 3, form=form)
     torch.library.opcheck(torch.ops.altattn.simplicial_bwd.default,
                           (torch.randn_like(out), torch.randn_like(lse), *[t.detach() for t in x],
-                           out, lse, 2, 3, 0.125, "auto", form, False))
+                           out, lse, 2, 3, 0.125, form, "auto", False))
 
 
 def test_requires_grad_on_some_inputs(gen):

@@ -91,11 +91,11 @@ def test_the_op_gradchecks_and_opchecks(gen):
     seqlens = torch.tensor([3, 2], dtype=torch.int32)
     assert torch.autograd.gradcheck(
         lambda *x: altattn.spherical_attention(*x, causal=True, seqlens=seqlens), (q, k, v))
-    args = (q.detach(), k.detach(), v.detach(), seqlens, True, 0.125, 1e-6, "auto", "auto", False)
+    args = (q.detach(), k.detach(), v.detach(), True, 0.125, 1e-6, seqlens, "auto", "auto", False)
     torch.library.opcheck(torch.ops.altattn.spherical_fwd.default, args)
     out, r = reference(*args[:3], True, 0.125, 1e-6, seqlens)
-    bwd_args = (torch.randn_like(out), torch.randn_like(r), *args[:3], out, r, seqlens, True,
-                0.125, 1e-6, "auto", False)
+    bwd_args = (torch.randn_like(out), torch.randn_like(r), *args[:3], out, r, True, 0.125, 1e-6,
+                seqlens, "auto", False)
     torch.library.opcheck(torch.ops.altattn.spherical_bwd.default, bwd_args)
 
 

@@ -92,11 +92,11 @@ def test_gradients_at_the_kernels_dims_are_the_closed_form(gen):
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_ops_opcheck(causal, gen, tiny_dims):
     x = _x(gen, B=1, N=5, H=2, Dq=2, Dv=3)
-    args = (*x, causal, 0.3, "auto", "auto", False)
+    args = (*x, 0.3, causal, "auto", "auto", False)
     torch.library.opcheck(torch.ops.altattn.triple_fwd.default, args)
     out, state = reference(*x, 0.3, causal)
     for dstate in (None, torch.randn_like(state)):
-        bwd_args = (torch.randn_like(out), dstate, *x, state, causal, 0.3, "auto", False)
+        bwd_args = (torch.randn_like(out), dstate, *x, state, 0.3, causal, "auto", False)
         torch.library.opcheck(torch.ops.altattn.triple_bwd.default, bwd_args)
 
 

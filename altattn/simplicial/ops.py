@@ -1,15 +1,16 @@
 """The differentiable op: `attention(q, k1, k2, v1, v2, w1, w2) -> (out, lse)` with gradients.
 
-Two `torch.library.custom_op`s, `altattn::simplicial_fwd` and `altattn::simplicial_bwd`, each
-with a fake (meta) implementation, joined by `register_autograd`, so `torch.compile(fullgraph=True)`
-traces a training step through them with no graph break and `torch.library.opcheck` passes.
+Its torch.library ops `altattn::simplicial_fwd` and `altattn::simplicial_bwd` (fake
+implementations, autograd; `torch.compile(fullgraph=True)` traces a training step through them
+with no graph break, `torch.library.opcheck` passes) and its eager path are generated from the
+declaration below (altattn/ops.py).
 
-On CUDA tensors (bf16) they run the kernels: the forward variant `variant`, the backward variant
+On CUDA tensors (bf16) the kernels run: the forward variant `variant`, the backward variant
 `bwd_variant` ("auto": the fastest registered backward that takes the shape). On CPU tensors
-(bf16, fp16, fp32 or fp64) they run the plain-PyTorch reference in fp64 and its closed-form
-backward (`reference_backward`): slow, exact, so CI can check gradients, opcheck and compile
-without a GPU. Form "det" runs the `triton` forward and backward on CUDA (the only variants
-that compute it: "auto" takes them, a named TLX variant refuses the form with ValueError).
+(bf16, fp16, fp32 or fp64) the plain-PyTorch reference in fp64 and its closed-form backward
+(`reference_backward`): slow, exact, so CI can check gradients, opcheck and compile without a
+GPU. Form "det" runs the `triton` forward and backward on CUDA (the only variants that compute
+it: "auto" takes them, a named TLX variant refuses the form with ValueError).
 
 Saved for backward: q, k1, k2, v1, v2, out and lse (as FlashAttention saves q, k, v, out, lse).
 """
@@ -17,86 +18,42 @@ from __future__ import annotations
 
 import torch
 
-from .. import launcher
+from ..ops import OpDecl, make_op
 from .passes import FAMILY
-from .passes import backward as _kernel_backward
-from .passes import forward as _kernel_forward
 from .reference import reference, reference_backward
 from .spec import validate
 
-Tensor = torch.Tensor
 
-
-def _lse_dtype(q: Tensor) -> torch.dtype:
+def _lse_dtype(q: torch.Tensor) -> torch.dtype:
     """fp32, or fp64 for fp64 inputs (the reference path: gradcheck needs it)."""
     return torch.promote_types(q.dtype, torch.float32)
 
 
-@torch.library.custom_op("altattn::simplicial_fwd", mutates_args=())
-def _fwd(q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor, v2: Tensor, w1: int, w2: int,
-         sm_scale: float, variant: str, bwd_variant: str, form: str,
-         deterministic: bool) -> tuple[Tensor, Tensor]:
-    """The forward; `bwd_variant` and `deterministic` are only kept for the backward (see
-    `_setup_context`)."""
-    if q.device.type == "cpu":
-        out, lse = reference(q, k1, k2, v1, v2, w1, w2, sm_scale=sm_scale, form=form)
-        return out.to(q.dtype), lse.to(_lse_dtype(q))
-    with torch.no_grad():
-        return _kernel_forward(q, k1, k2, v1, v2, w1, w2, variant=variant, sm_scale=sm_scale,
-                               form=form)
-
-
-@_fwd.register_fake
-def _(q, k1, k2, v1, v2, w1, w2, sm_scale, variant, bwd_variant, form, deterministic):
+def _fake(q, k1, k2, v1, v2, w1, w2, sm_scale, form):
+    """out [B, N, Hq, D] in q's dtype, lse [B, Hq, N] (_lse_dtype)."""
     B, N, Hq, D = q.shape
     return q.new_empty(B, N, Hq, D), q.new_empty(B, Hq, N, dtype=_lse_dtype(q))
 
 
-@torch.library.custom_op("altattn::simplicial_bwd", mutates_args=())
-def _bwd_op(dout: Tensor, dlse: Tensor | None, q: Tensor, k1: Tensor, k2: Tensor, v1: Tensor,
-            v2: Tensor, out: Tensor, lse: Tensor, w1: int, w2: int, sm_scale: float,
-            variant: str, form: str,
-            deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    if q.device.type == "cpu":
-        return _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale, form)
-    return _kernel_backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale=sm_scale,
-                         variant=variant, form=form, deterministic=deterministic)
+def _cpu_forward(q, k1, k2, v1, v2, w1, w2, sm_scale, form):
+    return reference(q, k1, k2, v1, v2, w1, w2, sm_scale=sm_scale, form=form)
 
 
-@_bwd_op.register_fake
-def _(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale, variant, form, deterministic):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
-                 for t in (q, k1, k2, v1, v2))
+def _cpu_backward(grads, x, params):
+    w1, w2, sm_scale, form = params
+    return reference_backward(*x, w1, w2, *grads, sm_scale=sm_scale, form=form)
 
 
-def _reference_grads(dout, dlse, q, k1, k2, v1, v2, w1, w2, sm_scale, form):
-    """Gradients of the fp64 reference, cast to the inputs' dtype."""
-    grads = reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse, sm_scale=sm_scale,
-                               form=form)
-    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k1, k2, v1, v2)))
-
-
-def _setup_context(ctx, inputs, output):
-    q, k1, k2, v1, v2, w1, w2, sm_scale, _variant, bwd_variant, form, deterministic = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k1, k2, v1, v2, out, lse)
-    ctx.args = (w1, w2, sm_scale, bwd_variant, form, deterministic)
-
-
-def _backward(ctx, dout, dlse):
-    q, k1, k2, v1, v2, out, lse = ctx.saved_tensors
-    w1, w2, sm_scale, bwd_variant, form, deterministic = ctx.args
-    grads = torch.ops.altattn.simplicial_bwd(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2,
-                                          sm_scale, bwd_variant, form, deterministic)
-    return (*grads, None, None, None, None, None, None, None)
-
-
-_fwd.register_autograd(_backward, setup_context=_setup_context)
+OP = make_op(OpDecl(
+    family=FAMILY, inputs=("q", "k1", "k2", "v1", "v2"),
+    params=(("w1", "int"), ("w2", "int"), ("sm_scale", "float"), ("form", "str")),
+    outputs=("out", "lse"), saved=("out", "lse"), fake=_fake, cpu_forward=_cpu_forward,
+    cpu_backward=_cpu_backward))
 
 
 def check_variant_names(variant, bwd_variant, deterministic=False) -> None:
-    """launcher.check_variant_names for this family (`attention` and the layer call it)."""
-    launcher.check_variant_names(FAMILY, variant, bwd_variant, deterministic)
+    """The names `attention` and the layer take, checked (altattn.launcher.check_variant_names)."""
+    OP.check_names(variant, bwd_variant, deterministic)
 
 
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",
@@ -122,10 +79,8 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
     """
     check_variant_names(variant, bwd_variant, deterministic)
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form, cpu_reference=True)
-    if q.device.type == "cuda" and not torch.compiler.is_compiling():  # errors now, not at backward
-        launcher.pick(spec, bwd_variant, True, "bwd", deterministic, FAMILY)
     # the op takes int64 windows: pass the spec's, clamped to N (the same function, and 10**40
     # fits), in the caller's order
     w1, w2 = (spec.w2, spec.w1) if spec.swapped else (spec.w1, spec.w2)
-    return torch.ops.altattn.simplicial_fwd(q, k1, k2, v1, v2, w1, w2, spec.sm_scale, variant,
-                                         bwd_variant, spec.form, deterministic)
+    return OP(spec, q, k1, k2, v1, v2, w1, w2, spec.sm_scale, spec.form, variant=variant,
+              bwd_variant=bwd_variant, deterministic=deterministic)

@@ -1,0 +1,79 @@
+"""The call path's host-side pieces on the CPU: the remembered validation (checks.cached_validate)
+and the generated op declarations (altattn/ops.py). The GPU side (plans, the thin launch, CUDA
+graphs) is tests/test_gpu_call.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from altattn import checks, ops
+from altattn.spherical import ops as spherical_ops
+from altattn.simplicial import ops as simplicial_ops
+from altattn.triple import ops as triple_ops
+
+
+def _counted_validate():
+    calls = []
+
+    def validate(x, flag=False, scale=None):
+        calls.append(1)
+        checks.check_floating("x", x)
+        checks.check_bool("flag", flag)
+        return (tuple(x.shape), flag, scale)
+    return calls, checks.cached_validate(validate, remember=lambda x: True)
+
+
+def test_a_remembered_call_skips_the_checks_and_gives_the_spec(gen):
+    calls, validate = _counted_validate()
+    x = torch.randn(2, 3, generator=gen)
+    assert validate(x, True, 0.5) == ((2, 3), True, 0.5)
+    assert validate(torch.randn(2, 3, generator=gen), True, 0.5) == ((2, 3), True, 0.5)
+    assert len(calls) == 1
+    assert validate(torch.randn(2, 4, generator=gen), True, 0.5) == ((2, 4), True, 0.5)
+    assert len(calls) == 2
+
+
+def test_a_remembered_call_still_refuses_what_differs_only_in_type(gen):
+    """True == 1 and hash alike: the key holds each argument's type, so flag=1 is checked."""
+    _, validate = _counted_validate()
+    x = torch.randn(2, 3, generator=gen)
+    validate(x, True)
+    with pytest.raises(TypeError, match="flag must be a bool"):
+        validate(x, 1)
+    with pytest.raises(TypeError, match="x must be a floating-point"):
+        validate(x.to(torch.int32), True)
+    with pytest.raises(TypeError, match="flag must be a bool"):  # unhashable: checked
+        validate(x, [True])
+
+
+def test_cpu_tensors_are_never_remembered(gen):
+    calls = []
+
+    def validate(x):
+        calls.append(1)
+        return x.shape
+    cached = checks.cached_validate(validate)
+    x = torch.randn(3, generator=gen)
+    cached(x)
+    cached(x)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("op", [spherical_ops.OP, simplicial_ops.OP, triple_ops.OP],
+                         ids=["spherical", "simplicial", "triple"])
+def test_each_op_matches_its_passes(op):
+    """The declaration's order is the passes': the forward's validate takes (inputs, params),
+    the backward's (one gradient per output, inputs, saved outputs, params)."""
+    import inspect
+    d = op.decl
+    fwd = list(inspect.signature(op.fwd_io.validate).parameters)
+    bwd = list(inspect.signature(op.bwd_io.validate).parameters)
+    params = [n for n, _ in d.params]
+    assert fwd == [*d.inputs, *params]
+    assert len(bwd) == len(d.outputs) + len(d.inputs) + len(d.saved) + len(params)
+    assert bwd[len(d.outputs):] == [*d.inputs, *d.saved, *params]
+    assert set(d.saved) <= set(d.outputs)
+    fwd_schema, bwd_schema = ops._schema(d)
+    assert str(op.fwd_op._opoverload._schema).count("Tensor") >= len(d.inputs)
+    assert fwd_schema.endswith(f"-> ({', '.join('Tensor' for _ in d.outputs)})")
+    assert bwd_schema.endswith(f"-> ({', '.join('Tensor' for _ in d.inputs)})")
