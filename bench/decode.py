@@ -21,23 +21,9 @@ import torch
 from altattn.simplicial import attention_with_kvcache, flops, forward
 from altattn.simplicial.kvcache import _split
 from altattn.simplicial.shapes import make_inputs
-from profiling.timing import median_ms
+from profiling.timing import graphed, median_ms
 
 HQ, HK, D, W1, W2 = 128, 1, 128, 32, 512
-
-
-def graphed(fn):
-    """fn captured in a CUDA graph (what a serving loop replays: no host work per step)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def main(argv=None) -> int:

@@ -51,3 +51,25 @@ def tflops(flop_count: float, ms: float) -> float:
 def pct_of_peak(tf: float) -> float:
     """`tf` TFLOP/s as a percentage of H100_SXM_BF16_DENSE_TFLOPS."""
     return 100.0 * tf / H100_SXM_BF16_DENSE_TFLOPS
+
+
+def captured(fn: Callable[[], object]):
+    """(graph, outputs): `fn` warmed up on a side stream, then captured in a CUDA graph;
+    graph.replay() reruns it, writing into the same outputs (no host work per replay)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """`fn` captured in a CUDA graph (`captured`); the returned function replays it."""
+    return captured(fn)[0].replay

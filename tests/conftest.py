@@ -48,6 +48,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(requires_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _checked_launches(request, monkeypatch):
+    """GPU tests check every thin launch against the JIT's own lookup (kernels_triton/launch.py:
+    a later call of a plan must specialize like its first)."""
+    if request.node.get_closest_marker("gpu") is not None:
+        from kernels_triton import launch
+        monkeypatch.setattr(launch, "CHECK", True)
+
+
 def seed_for(nodeid: str) -> int:
     """A 31-bit seed from the test id (and the optional salt): stable across runs and machines."""
     salt = os.environ.get("ALTATTN_TEST_SALT", "")

@@ -17,15 +17,18 @@ pytestmark = pytest.mark.gpu
 PROBE = os.path.join(ROOT, "tests", "compiled_model_probe.py")
 
 
-def run_probe(**env: str) -> subprocess.CompletedProcess:
+def run_probe(*args: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items()
              if k not in ("TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_WORKER_START")}
-    return subprocess.run([sys.executable, PROBE], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={**clean, **env})
+    return subprocess.run([sys.executable, PROBE, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**clean, **env})
 
 
-def test_compiled_model_trains_like_eager():
-    p = run_probe()
+@pytest.mark.parametrize("args", [(), ("--mode", "reduce-overhead", "--all-families")],
+                         ids=["default", "reduce-overhead-all-families"])
+def test_compiled_model_trains_like_eager(args):
+    """reduce-overhead: inductor's CUDA graphs capture every family's forward and backward."""
+    p = run_probe(*args)
     assert p.returncode == 0, p.stderr[-4000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert len(r["compiled"]) == len(r["eager"]) == 3
@@ -34,3 +37,5 @@ def test_compiled_model_trains_like_eager():
     for a, b in zip(r["eager"], r["compiled"]):
         assert abs(a - b) <= 0.05 * abs(a), r
     assert r["compiled"][-1] < r["compiled"][0], r
+    if "reduce-overhead" in args:  # the graphs were captured, not skipped
+        assert r["cudagraph_skips"] == 0, r

@@ -1,0 +1,180 @@
+"""Everyday shapes through the op, the way a training step calls it, beside SDPA in the same run.
+
+    python -m bench.everyday [--family spherical triple simplicial] [--json PATH] [--plot PNG]
+
+The grid: B*N in {16384, 32768} tokens x N in {1024, 2048, 4096}; spherical at H 16 (Hq = Hk),
+D 64 and 128, non-causal; triple at H 16, Dq = Dv = 64; 2-simplicial at Hq 64, Hk 1, D 128,
+w 32 x 256. Each call is timed three ways, each as calls issued back to back between two CUDA
+events (no cache flush: a model's step does not flush either), ms per call the median of 5 rounds:
+- "op": the op called eagerly (`altattn.<family>_attention`), forward under no_grad, and forward
+  + backward (`torch.autograd.grad` of the output against a fixed incoming gradient);
+- "graph": the same call captured in a CUDA graph and replayed: what the GPU spends, no host cost
+  (kernel-only; op / graph is what the call path costs);
+- "sdpa" (spherical only): F.scaled_dot_product_attention on the same B, H, N, D called eagerly.
+TFLOPS: useful FLOPs (spherical 4 B H N^2 D forward, 2.5x backward; triple 4 B H N Dq^2 Dv, 2x;
+2-simplicial `altattn.simplicial.flops`, 2.5x) over the time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from profiling.timing import graphed
+
+TOKENS = (16384, 32768)
+LENGTHS = (1024, 2048, 4096)
+
+
+def per_call_ms(fn, rounds: int = 5, min_ms: float = 20.0) -> float:
+    """Median over `rounds` of (event time of k back-to-back calls) / k, k for >= min_ms."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    k = max(5, int(min_ms / max(start.elapsed_time(end), 1e-3)))
+    times = []
+    for _ in range(rounds):
+        start.record()
+        for _ in range(k):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / k)
+    return statistics.median(times)
+
+
+def _rand(gen, *shape, grad=False):
+    return torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(grad)
+
+
+def problems(family: str, gen):
+    """(shape words, useful forward FLOPs, backward / forward FLOP ratio, op(grad) -> (call,
+    inputs needing grad, incoming gradient), sdpa or None) over the grid."""
+    import altattn
+    from altattn.simplicial import flops as simplicial_flops
+
+    for tokens in TOKENS:
+        for n in LENGTHS:
+            b = tokens // n
+            if family == "spherical":
+                for d in (64, 128):
+                    x = [_rand(gen, b, n, 16, d, grad=True) for _ in range(3)]
+                    yield (dict(B=b, N=n, H=16, D=d), 4 * b * 16 * n * n * d, 2.5,
+                           lambda x=x: altattn.spherical_attention(*x)[0], x,
+                           [t.detach().transpose(1, 2).requires_grad_() for t in x])
+            elif family == "triple":
+                x = [_rand(gen, b, n, 16, 64, grad=True) for _ in range(5)]
+                yield (dict(B=b, N=n, H=16, D=64), 4 * b * 16 * n * 64 ** 3, 2.0,
+                       lambda x=x: altattn.triple_attention(*x)[0], x, None)
+            else:
+                x = [_rand(gen, b, n, 64, 128, grad=True)]
+                x += [_rand(gen, b, n, 1, 128, grad=True) for _ in range(4)]
+                yield (dict(B=b, N=n, Hq=64, Hk=1, D=128, w="32x256"),
+                       simplicial_flops(b, n, 64, 128, 32, 256), 2.5,
+                       lambda x=x: altattn.simplicial_attention(*x, 32, 256)[0], x, None)
+
+
+def fwd_bwd(call, inputs, grad_out):
+    """A training step's attention: forward, then the input gradients of `grad_out`."""
+    def step():
+        out = call()
+        return torch.autograd.grad(out, inputs, grad_out)
+    return step
+
+
+def time_family(family: str, gen) -> list[dict]:
+    rows = []
+    for shape, flops, bwd_ratio, call, inputs, sdpa_in in problems(family, gen):
+        with torch.no_grad():
+            out = call()
+        dout = torch.randn_like(out)
+        passes = {"fwd": (flops, torch.no_grad, call),
+                  "fwd+bwd": (flops * (1 + bwd_ratio), torch.enable_grad,
+                              fwd_bwd(call, inputs, dout))}
+        for pass_, (f, mode, fn) in passes.items():
+            row = {"family": family, **shape, "pass": pass_}
+            with mode():
+                op = per_call_ms(fn)
+                graph = per_call_ms(graphed(fn))
+            row.update(op_ms=round(op, 4), graph_ms=round(graph, 4),
+                       op_tflops=round(f / op / 1e9, 1), graph_tflops=round(f / graph / 1e9, 1),
+                       op_vs_graph=round(graph / op, 3))
+            if sdpa_in is not None:
+                dos = dout.transpose(1, 2)
+                def sdpa(x=sdpa_in):
+                    return F.scaled_dot_product_attention(*x)
+                s_fn = sdpa if pass_ == "fwd" else fwd_bwd(sdpa, sdpa_in, dos)
+                with mode():
+                    s = per_call_ms(s_fn)
+                row.update(sdpa_ms=round(s, 4), sdpa_tflops=round(f / s / 1e9, 1),
+                           op_vs_sdpa=round(s / op, 3))
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Spherical: TFLOPS against N, op / graph / SDPA, a panel per (pass, D, tokens)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["family"] == "spherical"]
+    keys = sorted({(r["pass"], r["D"], r["B"] * r["N"]) for r in rows})
+    if not keys:
+        return
+    fig, axes = plt.subplots(2, len(keys) // 2, figsize=(4 * len(keys) // 2, 7), squeeze=False)
+    for ax, (pass_, d, tokens) in zip(axes.flat, keys):
+        sel = sorted((r for r in rows if (r["pass"], r["D"], r["B"] * r["N"]) ==
+                      (pass_, d, tokens)), key=lambda r: r["N"])
+        for col, label in (("op_tflops", "op (eager)"), ("graph_tflops", "op in a CUDA graph"),
+                           ("sdpa_tflops", "SDPA (eager)")):
+            ax.plot([r["N"] for r in sel], [r[col] for r in sel], marker="o", label=label)
+        ax.set_title(f"{pass_} D{d} {tokens // 1024}k tokens H16", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N")
+        ax.set_ylabel("TFLOPS")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"spherical attention through the op, {torch.cuda.get_device_name()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    from profiling.common import metadata_line, print_table, run_metadata
+
+    p = argparse.ArgumentParser(prog="python -m bench.everyday",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--family", nargs="+", default=["spherical", "triple", "simplicial"],
+                   choices=["spherical", "triple", "simplicial"])
+    p.add_argument("--json", help="write the rows (with run metadata) here")
+    p.add_argument("--plot", help="write the spherical plot (PNG) here")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = [r for fam in a.family for r in time_family(fam, gen)]
+    meta = run_metadata()
+    print(metadata_line(meta))
+    print_table(rows, [("family", "family"), ("B", "B"), ("N", "N"), ("D", "D"), ("pass", "pass"),
+                       ("op_tflops", "op TFLOPS"), ("graph_tflops", "graph TFLOPS"),
+                       ("sdpa_tflops", "SDPA TFLOPS"), ("op_vs_graph", "op/graph"),
+                       ("op_vs_sdpa", "op/SDPA")])
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if a.plot:
+        plot(rows, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

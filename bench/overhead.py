@@ -1,0 +1,161 @@
+"""What a call costs the host: microseconds per call of every family's op, pass (`forward`) and
+op forward + backward, and of a decoding step, beside PyTorch's SDPA in the same run.
+
+    python -m bench.overhead [--calls 300] [--json PATH]
+
+Shapes are tiny (128 tokens), so the GPU finishes each call's kernels before the host issues the
+next: the time is the host's. "queued": --calls calls issued back to back, one synchronize at the
+end, wall time over the calls (how a training step issues them); "synced": each call followed by
+torch.cuda.synchronize(), the median call (how a latency-bound loop sees it). The decoding step
+(2-simplicial `attention_with_kvcache`, B 64, 4096 cached tokens, one new token; bench/decode.py)
+is timed eager and replayed from a CUDA graph: its GPU time is not negligible, and the ratio says
+what the host costs a serving loop that does not capture graphs. docs/perf-call.md has the
+numbers and what each step of the call path costs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+N = 128  # tokens: the GPU work of a call stays far below its host cost
+
+
+def queued_us(fn: Callable, calls: int) -> float:
+    """Wall microseconds per call of `calls` calls issued back to back (best of 3 rounds)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def synced_us(fn: Callable, calls: int) -> float:
+    """Median wall microseconds of one call followed by a synchronize."""
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def _bf16(*shape: int, grad: bool = False, gen=None) -> torch.Tensor:
+    t = torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16)
+    return t.requires_grad_(grad)
+
+
+def family_calls(gen) -> dict[str, dict[str, Callable]]:
+    """{family: {call: fn}}: the op without grad, the pass, the op forward + backward."""
+    import altattn
+    from altattn import simplicial, spherical, triple
+
+    calls = {}
+    q, k, v = (_bf16(1, N, 2, 64, gen=gen) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+    calls["sdpa"] = _sdpa_calls(q, k, v, do)
+    calls["spherical"] = {
+        "op fwd": lambda: altattn.spherical_attention(q, k, v),
+        "forward": lambda: spherical.forward(q, k, v),
+        "op fwd+bwd": lambda: altattn.spherical_attention(qg, kg, vg)[0].backward(do)}
+    q5 = _bf16(1, N, 64, 128, gen=gen)
+    kv = [_bf16(1, N, 1, 128, gen=gen) for _ in range(4)]
+    q5g, kvg = q5.clone().requires_grad_(), [t.clone().requires_grad_() for t in kv]
+    do5 = torch.randn_like(q5)
+    calls["simplicial"] = {
+        "op fwd": lambda: altattn.simplicial_attention(q5, *kv, 32, 256),
+        "forward": lambda: simplicial.forward(q5, *kv, 32, 256),
+        "op fwd+bwd": lambda: altattn.simplicial_attention(q5g, *kvg, 32, 256)[0].backward(do5)}
+    x = [_bf16(1, N, 2, 64, gen=gen) for _ in range(5)]
+    xg = [t.clone().requires_grad_() for t in x]
+    dy = torch.randn_like(x[4])
+    calls["triple"] = {
+        "op fwd": lambda: altattn.triple_attention(*x),
+        "forward": lambda: triple.forward(*x),
+        "op fwd+bwd": lambda: altattn.triple_attention(*xg)[0].backward(dy)}
+    return calls
+
+
+def _sdpa_calls(q, k, v, do) -> dict[str, Callable]:
+    """SDPA on the spherical shape ([B, H, N, D] views, as a model passes them; the backend
+    PyTorch picks)."""
+    qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (qs, ks, vs))
+    dos = do.transpose(1, 2)
+    return {"op fwd": lambda: F.scaled_dot_product_attention(qs, ks, vs),
+            "op fwd+bwd": lambda: F.scaled_dot_product_attention(qg, kg, vg).backward(dos)}
+
+
+def decode_rows(gen) -> list[dict]:
+    """The decoding step eager and from a CUDA graph (bench/decode.py's ring caches)."""
+    from altattn.simplicial import attention_with_kvcache
+    from bench.decode import HK, HQ, W1, W2
+    from profiling.timing import graphed, median_ms
+
+    B, P, D = 64, 4096, 128
+    q = _bf16(B, 1, HQ, D, gen=gen)
+    new = [_bf16(B, 1, HK, D, gen=gen) for _ in range(4)]
+    lens = torch.full((B,), P, dtype=torch.int32, device="cuda")
+    caches = [_bf16(B, w, HK, D, gen=gen) for w in (W1, W2, W1, W2)]
+
+    def step():
+        return attention_with_kvcache(q, *caches, lens, W1, W2, k1=new[0], k2=new[1],
+                                      v1=new[2], v2=new[3])
+    eager = median_ms(step, flush_l2=False)
+    graph = median_ms(graphed(step), flush_l2=False)
+    return [{"family": "simplicial", "call": "decode step eager", "us": round(eager * 1e3, 1),
+             "vs_graph": round(graph / eager, 3)},
+            {"family": "simplicial", "call": "decode step graph", "us": round(graph * 1e3, 1),
+             "vs_graph": 1.0}]
+
+
+def main(argv=None) -> int:
+    from profiling.common import metadata_line, print_table, run_metadata
+
+    p = argparse.ArgumentParser(prog="python -m bench.overhead",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--calls", type=int, default=300, help="calls per timing (default: 300)")
+    p.add_argument("--json", help="write the rows (with run metadata) here")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for family, calls in family_calls(gen).items():
+        for call, fn in calls.items():
+            with torch.no_grad() if "bwd" not in call else torch.enable_grad():
+                rows.append({"family": family, "call": call,
+                             "queued_us": round(queued_us(fn, a.calls), 1),
+                             "synced_us": round(synced_us(fn, a.calls), 1)})
+    sdpa = {r["call"]: r["queued_us"] for r in rows if r["family"] == "sdpa"}
+    for r in rows:
+        if r["call"] in sdpa:
+            r["vs_sdpa"] = round(r["queued_us"] / sdpa[r["call"]], 2)
+    rows += decode_rows(gen)
+    meta = run_metadata()
+    print(metadata_line(meta))
+    print(f"{N} tokens a call; queued: {a.calls} calls, one sync (best of 3 rounds)")
+    print_table(rows, [("family", "family"), ("call", "call"), ("queued_us", "queued us"),
+                       ("synced_us", "synced us"), ("vs_sdpa", "x SDPA"), ("us", "us"),
+                       ("vs_graph", "graph/eager")])
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
