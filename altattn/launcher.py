@@ -1,5 +1,6 @@
-"""The one way every family's variants run, either pass: validate -> pick the variant -> check the
-device -> allocate the outputs -> launch -> the outputs.
+"""The one way every family's variants run, either pass: validate -> the problem's launch plan
+(the variant picked and the device checked once, its module's `prepare(spec)` made once) ->
+allocate the outputs -> launch -> the outputs.
 
 A family's record (registry.Family) gives, per pass, the object that knows its arguments:
     validate(*args, **options) -> Call     # every check, before any device work
@@ -7,9 +8,12 @@ A family's record (registry.Family) gives, per pass, the object that knows its a
     kernel_args(call, outs) -> tuple|None  # what the module's launch takes after the spec
                                            # (dense, aligned, reordered); None: nothing to launch
     result(call, outs) -> tuple            # what the caller gets back
-The public APIs (e.g. altattn.simplicial.forward), bench, the trace tool and the GPU tests all
-call `run`; `select` is its pick-and-device-check step alone, for callers that must know before
-launching whether a variant can run (a benchmark row's note, a command line's error).
+and, to make plans for the ops' eager path, `bind(spec, *args) -> Call` (no checks), and for a
+backward `optional` (the names of its tensors that may be None). The public APIs (e.g.
+altattn.simplicial.forward), bench, the trace tool and the GPU tests all call `run`; the ops
+(altattn/ops.py) call `plan` and `run_call`; `select` is the pick-and-device-check step alone,
+for callers that must know before launching whether a variant can run (a benchmark row's note,
+a command line's error).
 """
 from __future__ import annotations
 

@@ -6,8 +6,12 @@ A family is added by its own files plus one line in FAMILIES; a variant by its k
 launcher, bench, profiling, the contract tests) know about a family or a variant is a field of
 its record, or a function of its kernel module read through the record. A variant module defines:
     supports(spec) -> str | None             # None when it can run the shape, else the reason
-    launch(spec, *kernel_args, profile=False)  # the pass's kernel arguments (Family.passes);
+    prepare(spec, profile=False) -> run      # the spec's launch made once (configs, grids,
+                                             # kernels: kernels_triton/launch.py); run(*kernel_args)
+                                             # takes the pass's kernel arguments (Family.passes);
                                              # profile=True: the Proton-scoped copy
+    launch(spec, *kernel_args, profile=False)  # prepare(spec, profile)(*kernel_args); a module
+                                             # without `prepare` is launched through it
     compile_configs() -> list[CompileConfig] # default configs, compiled by profiling.resources
 and, where its launch runs several Proton-scoped kernels (a backward),
     profiled_kernels(spec) -> dict[str, int] # their names for launch(..., profile=name) and
