@@ -16,8 +16,8 @@ record (altattn.registry.Family, --family) gives the presets, the tolerance, the
 the peers (bench/peers.py times them).
 
 Useful TFLOPS (the "TFLOPS" column): `Family.flops` of the backward (2.5 x the forward FLOPs),
-and of forward + backward (3.5 x) (FlashAttention's convention, ../shared/docs/BACKWARD.md
-§2), over the median time (bench.common.median_ms: do_bench, L2 flushed before every call).
+and of forward + backward (3.5 x) (FlashAttention's convention, docs/MATH.md
+§1), over the median time (bench.common.median_ms: do_bench, L2 flushed before every call).
 "tensor TFLOPS" counts what the variant executes on the tensor cores (its EXECUTED_FLOPS_PER_F
 x F, where its module says). fwd+bwd: the forward ("auto") then the variant's backward, both
 through launcher.run, as the family's op calls them under autograd. Each variant's gradients are

@@ -164,7 +164,7 @@ def reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse=None, *, sm_scale=N
                        dtype=torch.float64, form="trilinear"):
     """Gradients (dq, dk1, dk2, dv1, dv2) in `dtype` of out and lse, given their incoming
     gradients dout [B,N,Hq,D] and dlse [B,Hq,N] (or None), from the formulas of
-    ../shared/docs/BACKWARD.md §1 (no autograd; the tests check them against autograd of
+    docs/MATH.md §1 (no autograd; the tests check them against autograd of
     `reference`). With c = sm_scale, row r = (i, h) and pair (j, k) visible from i:
 
         dP = (dO_r * V1[j]) . V2[k]      Delta_r = dO_r . O_r - dLSE_r      dS = P (dP - Delta)

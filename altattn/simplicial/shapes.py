@@ -50,7 +50,7 @@ PRESETS: dict[str, Shape] = {
 }
 SWEEP = {"N": (1024, 2048, 4096, 8192, 16384), "w2": (256, 512, 1024)}  # bench --sweep
 
-# FlashAttention's convention: the backward counts 2.5 forward FLOPs (../shared/docs/BACKWARD.md)
+# FlashAttention's convention: the backward counts 2.5 forward FLOPs (docs/MATH.md §1)
 USEFUL_FLOPS_PER_F = {"fwd": 1.0, "bwd": 2.5}
 
 

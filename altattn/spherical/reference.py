@@ -1,4 +1,4 @@
-"""Spherical attention in plain PyTorch, fp64, read as the math (../shared/docs/FAMILIES.md §1):
+"""Spherical attention in plain PyTorch, fp64, read as the math (docs/MATH.md §2):
 
     s[y, x] = c * q[y] . k[x]                   over the keys x query y sees (visible)
     r[y]    = sqrt(sum_x s[y, x]^2)             the row's L2 norm
@@ -7,7 +7,7 @@
 visible(y, x): y < Lq, x < Lk and (causal: x <= y), with Lq = N, Lk = Nk, or with `seqlens`
 Lq = min(seqlens[b], N), Lk = min(seqlens[b], Nk). Rows that see no key give out = 0 and r = 0.
 GQA: query head h reads KV head h // (Hq / Hk). The backward is the closed form below; a CPU test
-holds it against autograd (tests/test_spherical_reference.py).
+holds it against autograd (tests/test_spherical_cpu.py).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ SUPPORTED_DTYPES = (torch.bfloat16,)
 # the plain-PyTorch reference (and the op on CPU tensors, which runs it) also takes these
 REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 SUPPORTED_HEAD_DIMS = (64, 128)
-DEFAULT_EPS = 1e-6  # FlashSign's (../shared/docs/FAMILIES.md)
+DEFAULT_EPS = 1e-6  # FlashSign's (docs/MATH.md §2)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Triple attention in plain PyTorch, read as the math (../shared/docs/FAMILIES.md §2), chunked over N
+"""Triple attention in plain PyTorch, read as the math (docs/MATH.md §3), chunked over N
 so that long sequences (N = 524,288) fit on a GPU in fp32:
 
     S[i, j, k] = c * sum_n K1[n, i] V[n, j] K2[n, k]      the state, [Dq, Dv, Dq] per (b, h)

@@ -2,7 +2,7 @@
 the 5 GEMMs of FlashAttention's backward, with dQ, dK2 and dV2 reduce-added (not deterministic).
 
 For a fixed j, the pairs (j, k) are the keys of an ordinary attention: B_jk = K1[j] * K2[k] and
-C_jk = V1[j] * V2[k] (the keys-side form, ../shared/docs/BACKWARD.md section 1), seen by the
+C_jk = V1[j] * V2[k] (the keys-side form, docs/MATH.md §1), seen by the
 tokens i in [j, j + w1) whose w2 window holds k. A program owns j and 128 consecutive keys k (a
 key block) and visits each of those tokens' tiles (64 rows: 64 query heads of one token, or at
 G < 64 all G heads of 64 / G consecutive tokens):

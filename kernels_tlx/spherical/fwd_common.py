@@ -3,7 +3,7 @@
 (descriptors, launch, compile configs). A variant file (ws.py, pipelined.py, pingpong.py) holds only
 its choice of switches.
 
-Math (the lead's interface, /work/shared/docs/FAMILIES.md §1), per query row y of head h, kv head
+Math (docs/MATH.md §2), per query row y of head h, kv head
 g = h // G:  t = q_y . k_x (fp32);  z = sum_{visible x} t^2;  acc = sum_{visible x} bf16(t) v_x;
 r = c sqrt(z);  out = acc c / (r + eps) (0 where z = 0 or y >= Lq). No max, no rescale, no exp.
 

@@ -1,6 +1,6 @@
 """`triton` backward: the gradients of 2-simplicial attention in plain Triton, deterministic.
 
-The math (docs/DESIGN.md, ../shared/docs/BACKWARD.md §1): for row r = (token i, head h) and a valid
+The math (docs/MATH.md §1): for row r = (token i, head h) and a valid
 pair (j, k), with A_j = Q*K1[j] and dO_j = dO*V1[j] (a D-vector broadcast over the rows),
     P  = exp(s - LSE)                    s = c * A_j . K2[k]      (recomputed, never stored)
     dP = dO_j . V2[k]                    dS = P * (dP - Delta),   Delta = rowsum(dO * O) - dLSE
