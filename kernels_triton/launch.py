@@ -1,8 +1,9 @@
 """A thin launch: a kernel whose grid and constexprs a launch plan fixed, called with its runtime
 arguments only, and TMA descriptors whose layout was checked once.
 
-`Kernel(fn, grid, **options)` is `fn[grid](*args, **options)`, where `options` are the kernel's
-constexprs and num_warps / num_stages. Its first call goes through Triton's JIT (specialize, find
+`Kernel(fn, grid, **options)` is `fn[grid](*args, **kw, **options)`, where `options` are the
+kernel's constexprs and num_warps / num_stages, and `kw` the runtime arguments a kernel takes after
+its constexprs (a packed launch's token maps and split count), the same names at every call. Its first call goes through Triton's JIT (specialize, find
 or compile, launch) and keeps the compiled kernel; every later call hands the runtime arguments
 straight to the compiled kernel's C dispatcher (fbtriton's `_TritonDispatcher`: cuLaunchKernelEx,
 TMA descriptors encoded in C), skipping the JIT's binder, cache key and Python launcher (measured
@@ -66,26 +67,29 @@ def _dispatcher(compiled):
 
 
 class Kernel:
-    """`fn[grid](*args, **options)`, args positional and in the kernel's parameter order; the grid
-    and options fixed (module docstring)."""
+    """`fn[grid](*args, **kw, **options)`, args positional and in the kernel's parameter order, kw
+    the runtime arguments after its constexprs; the grid and options fixed (module docstring)."""
 
-    __slots__ = ("fn", "grid", "options", "compiled", "_disp", "_idx", "_all", "_g")
+    __slots__ = ("fn", "grid", "options", "compiled", "_disp", "_idx", "_kw", "_all", "_g")
 
     def __init__(self, fn, grid, **options):
         self.fn, self.grid, self.options = fn, tuple(grid), options
         self._g = (*self.grid, 1, 1)[:3]
         self.compiled = self._disp = self._idx = None
+        self._kw: tuple = ()
         self._all = False
 
-    def __call__(self, *args) -> None:
+    def __call__(self, *args, **kw) -> None:
         if not getattr(_THREAD, "ready", False):
             _context_current()
         disp = self._disp
         if disp is None or _RUNTIME.launch_enter_hook or _RUNTIME.launch_exit_hook:
-            self._jit(args)
+            self._jit(args, kw)
             return
         if CHECK:
-            self._check(args)
+            self._check(args, kw)
+        if kw:
+            args = (*args, *[kw[n] for n in self._kw])
         g0, g1, g2 = self._g
         stream = _get_stream(_get_device())
         if self._all:
@@ -93,18 +97,29 @@ class Kernel:
         else:
             disp(g0, g1, g2, stream, *[args[i] for i in self._idx])
 
-    def _jit(self, args) -> None:
+    def _jit(self, args, kw) -> None:
         """The JIT's launch; the first one keeps the compiled kernel and its dispatcher."""
-        compiled = self.fn[self.grid](*args, **self.options)
+        compiled = self.fn[self.grid](*args, **kw, **self.options)
         if self.compiled is None and not self.options.get("PROFILE"):
             self.compiled = compiled
             found = _dispatcher(compiled)
-            if found is not None and all(i < len(args) for i in found[1]):
-                self._disp, self._idx = found
-                self._all = self._idx == tuple(range(len(args)))
+            if found is not None:
+                self._bind(found, len(args), kw)
 
-    def _check(self, args) -> None:
-        found = self.fn.warmup(*args, grid=self.grid, **self.options)
+    def _bind(self, found, n_args: int, kw: dict) -> None:
+        """Keep the dispatcher where every runtime parameter it takes is one of the call's
+        arguments: positions into (*args, *kw's values in parameter order)."""
+        disp, index = found
+        names = self.fn.arg_names
+        self._kw = tuple(sorted(kw, key=names.index))
+        at = {**{i: i for i in range(n_args)},
+              **{names.index(n): n_args + j for j, n in enumerate(self._kw)}}
+        if all(i in at for i in index):
+            self._disp, self._idx = disp, tuple(at[i] for i in index)
+            self._all = self._idx == tuple(range(n_args + len(self._kw)))
+
+    def _check(self, args, kw) -> None:
+        found = self.fn.warmup(*args, grid=self.grid, **kw, **self.options)
         assert found is self.compiled, (
             f"{self.fn.__name__}: these arguments specialize another compiled kernel than the "
             f"plan's first call (an integer or a pointer's alignment changed within one plan)")

@@ -77,3 +77,42 @@ def test_each_op_matches_its_passes(op):
     assert str(op.fwd_op._opoverload._schema).count("Tensor") >= len(d.inputs)
     assert fwd_schema.endswith(f"-> ({', '.join('Tensor' for _ in d.outputs)})")
     assert bwd_schema.endswith(f"-> ({', '.join('Tensor' for _ in d.inputs)})")
+
+
+class _Fn:
+    """A stand-in for a JITFunction: its parameters' names, a launch that returns `compiled`."""
+
+    arg_names = ["Q", "K", "N", "HQ", "Seq", "n_split", "R1"]
+
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append(("jit", grid, args, kw))
+            return object()
+        return launch
+
+
+def test_a_kernel_hands_positional_and_keyword_runtime_arguments_to_its_dispatcher(monkeypatch):
+    """Kernel: the first call goes through the JIT; later calls hand the dispatcher the runtime
+    parameters it takes (schema indices: Q, N, Seq, R1; HQ a constexpr, n_split specialized), in
+    parameter order, keyword ones included; a schema the arguments cannot fill keeps the JIT."""
+    from kernels_triton import launch as L
+    calls = []
+    monkeypatch.setattr(L, "_dispatcher", lambda compiled: (
+        lambda *a: calls.append(("disp", a)), (0, 2, 4, 6)))
+    monkeypatch.setattr(L, "_get_device", lambda: 0)
+    monkeypatch.setattr(L, "_get_stream", lambda dev: 77)
+    monkeypatch.setattr(L._THREAD, "ready", True, raising=False)
+    fn = _Fn(calls)
+    k = L.Kernel(fn, (3, 2), HQ=8, num_warps=4)
+    k("q", "k", 5, Seq="s", n_split=1, R1=9)
+    assert calls[0] == ("jit", (3, 2), ("q", "k", 5),
+                        {"Seq": "s", "n_split": 1, "R1": 9, "HQ": 8, "num_warps": 4})
+    k("q2", "k2", 5, R1=9, n_split=1, Seq="s2")
+    assert calls[1] == ("disp", (3, 2, 1, 77, "q2", 5, "s2", 9))
+    short = L.Kernel(fn, (1,), HQ=8)  # Seq not given: the dispatcher cannot be fed
+    short("q", "k", 5)
+    short("q", "k", 5)
+    assert [c[0] for c in calls[2:]] == ["jit", "jit"]

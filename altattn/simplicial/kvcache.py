@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from ..checks import check_group, positive_int
+from ..checks import cached_validate, check_group, dense_aligned, positive_int
 from . import packing
 from .ops import _lse_dtype
 from .passes import Forward
@@ -39,7 +39,7 @@ NEW = ("k1", "k2", "v1", "v2")
 
 
 def _check(q, caches, cache_seqlens, new, w1, w2):
-    """Shapes, dtypes, devices; returns (B, T, R1, R2, cache_seqlens as an int32 tensor)."""
+    """Shapes, dtypes, devices; returns (B, T, R1, R2)."""
     on_cpu = isinstance(q, Tensor) and q.device.type == "cpu"
     dtypes = REFERENCE_DTYPES if on_cpu else SUPPORTED_DTYPES
     check_group(("q", *CACHES), (q, *caches), 4, "[B, *, H, D]", dtypes, SUPPORTED_DTYPES)
@@ -66,17 +66,59 @@ def _check(q, caches, cache_seqlens, new, w1, w2):
         for name, r in (("k1_cache", R1), ("k2_cache", R2)):
             if r < T:
                 raise ValueError(f"{name} has {r} slots, fewer than the T = {T} new tokens")
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device)
-    if not isinstance(cache_seqlens, Tensor) or cache_seqlens.dtype != torch.int32:
-        raise TypeError(f"cache_seqlens must be an int or an int32 tensor [B], got "
-                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
-    if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
-        raise ValueError(f"cache_seqlens must be [B] = [{B}] on {q.device}, got "
-                         f"{tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+    if not _is_int(cache_seqlens):
+        if not isinstance(cache_seqlens, Tensor) or cache_seqlens.dtype != torch.int32:
+            raise TypeError(f"cache_seqlens must be an int or an int32 tensor [B], got "
+                            f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+        if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens must be [B] = [{B}] on {q.device}, got "
+                             f"{tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
     positive_int("w1", w1, "a window of at least one token")
     positive_int("w2", w2, "a window of at least one token")
-    return B, T, R1, R2, cache_seqlens
+    return B, T, R1, R2
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What a call's shapes and arguments decide (`_setup`): sizes, the spec of one sequence's
+    window, the packed variant (None: each sequence through the dense forward), the split."""
+
+    B: int
+    T: int
+    R1: int
+    R2: int
+    spec: object
+    appended: bool
+    variant: object = None
+    n_split: int = 1
+    cache_mode: bool = False   # the kernel reads the caches (trilinear, D 128)
+    launch_spec: object = None  # the packed launch's spec (N = B * T query tokens)
+
+
+def _setup(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seqlens, k1, k2, v1, v2, w1, w2,
+           sm_scale, variant, form) -> _Setup:
+    """Every check of a call that its tensors' shapes, dtypes and devices and its other
+    arguments decide, and what they decide (remembered for CUDA calls: `_remembered_setup`;
+    an int cache_seqlens comes as 0, its value no part of it)."""
+    caches, new = (k1_cache, k2_cache, v1_cache, v2_cache), (k1, k2, v1, v2)
+    B, T, R1, R2 = _check(q, caches, cache_seqlens, new, w1, w2)
+    Hq, D, Hk = q.shape[2], q.shape[3], k1_cache.shape[2]
+    spec = validate_shape(1, max(w1, w2) + T - 1, Hq, Hk, D, w1, w2, sm_scale)
+    spec = replace(spec, form=form) if form != "trilinear" else spec
+    appended = k1 is not None
+    v = (packing.packed_variant(spec, variant, q.device, "fwd") if q.device.type == "cuda"
+         and B * T > 0 else None)
+    if v is None:
+        return _Setup(B, T, R1, R2, spec, appended)
+    return _Setup(B, T, R1, R2, spec, appended, v, _split(B * T * Hk, spec.w1, q.device),
+                  form == "trilinear" and D == 128, replace(spec, N=B * T, varlen=True))
+
+
+_remembered_setup = cached_validate(_setup)
 
 
 def _check_lengths(lengths: Tensor, T: int, appended: bool, R1: int, R2: int, w1: int, w2: int):
@@ -103,8 +145,8 @@ def _check_lengths(lengths: Tensor, T: int, appended: bool, R1: int, R2: int, w1
 
 def _append(caches, new, lengths, T):
     """Write the new keys and values at positions lengths[b] + t, slot (position mod R): one
-    kernel on CUDA (contiguous caches), indexing elsewhere."""
-    if lengths.is_cuda and all(c.is_contiguous() for c in caches):
+    kernel on CUDA (contiguous caches, 16-byte aligned), indexing elsewhere."""
+    if lengths.is_cuda and all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in caches):
         from kernels_triton.simplicial.decode import append
         append(caches, new, lengths)
         return
@@ -160,40 +202,41 @@ def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seql
     captured). Inputs that require grad are refused: this is the inference path."""
     caches = (k1_cache, k2_cache, v1_cache, v2_cache)
     new = (k1, k2, v1, v2)
-    B, T, R1, R2, lengths = _check(q, caches, cache_seqlens, new, w1, w2)
+    as_int = _is_int(cache_seqlens)
+    s = _remembered_setup(q, *caches, 0 if as_int else cache_seqlens, *new, w1, w2, sm_scale,
+                          variant, form)
+    B, T = s.B, s.T
+    lengths = (torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device) if as_int
+               else cache_seqlens)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *new)):
         raise ValueError("attention_with_kvcache is forward-only and its inputs require grad: "
                          "call it under torch.no_grad() or with detached tensors")
-    appended = k1 is not None
-    _check_lengths(lengths, T, appended, R1, R2, w1, w2)
-    Hq, D, Hk = q.shape[2], q.shape[3], k1_cache.shape[2]
-    spec = validate_shape(1, max(w1, w2) + T - 1, Hq, Hk, D, w1, w2, sm_scale)
-    spec = replace(spec, form=form) if form != "trilinear" else spec
-    if appended:
+    _check_lengths(lengths, T, s.appended, s.R1, s.R2, w1, w2)
+    if s.appended:
         _append(caches, new, lengths, T)
-    v = (packing.packed_variant(spec, variant, q.device, "fwd") if q.device.type == "cuda"
-         and B * T > 0 else None)
-    last = None if v is not None and form == "trilinear" and D == 128 else (
-        lengths + (T - 1 if appended else -1))  # each sequence's last position (no CACHE mode)
-    if v is None:
+    spec, Hq, D = s.spec, q.shape[2], q.shape[3]
+    last = None if s.cache_mode else (
+        lengths + (T - 1 if s.appended else -1))  # each sequence's last position (no CACHE mode)
+    if s.variant is None:
         return _per_sequence(q, _windows_of(caches, last, spec, T), last, w1, w2, spec.sm_scale,
                              variant, form)
-    n_split = _split(B * T * Hk, spec.w1, q.device)
+    n_split = s.n_split
     out = q.new_empty(n_split, B * T, Hq, D)
     lse = q.new_empty(n_split, Hq, B * T, dtype=torch.float32)
     if last is None:  # the kernel reads the caches (its CACHE mode)
-        packed = packing.Packed(lens=lengths, tokens=T, shift=0 if appended else -T,
-                                n_split=n_split)
+        packed = packing.Packed(lens=dense_aligned(lengths), tokens=T,
+                                shift=0 if s.appended else -T, n_split=n_split)
         keys = caches
     else:  # the windows gathered into packed keys, one sequence after the other
         L = spec.w2 + T - 1
+        Hk = k1_cache.shape[2]
         t = torch.arange(T, device=q.device)
         base = torch.arange(B, device=q.device)[:, None] * L
         first = base + (L - 1 - last.long()[:, None]).clamp(min=0)
         seq = torch.stack(((base + L - T + t).flatten(), first.expand(B, T).flatten()), 1)
         packed = packing.Packed(seq=seq.int().contiguous(), n_split=n_split)
         keys = [w.reshape(1, B * L, Hk, D) for w in _windows_of(caches, last, spec, T)]
-    packing.launch(Forward, v, replace(spec, N=B * T), packed,
+    packing.launch(Forward, s.variant, s.launch_spec, packed,
                    dict(zip(NAMES, (q.reshape(1, B * T, Hq, D), *keys))), {"out": out, "lse": lse})
     if n_split > 1:  # the shares merged by their LSEs
         from kernels_triton.simplicial.decode import merge

@@ -108,10 +108,14 @@ def launch(pass_io, v, spec: ProblemSpec, packed: Packed, tensors: dict, outs: d
     Backward): `tensors` and `outs` as those steps name them, B = 1 views of the packed tensors
     (forward: q [1, Tq, Hq, D], keys [1, Tk, Hk, D], out [n_split, Tq, Hq, D] and lse
     [n_split, Hq, Tq])."""
-    spec = replace(spec, varlen=True)
+    spec = spec if spec.varlen else replace(spec, varlen=True)
     device = tensors["q"].device
     args = pass_io.kernel_args(Call(spec, device, tensors), outs)
-    if args is not None:
+    if args is None:
+        return
+    if device.index is None or device.index == torch.cuda.current_device():
+        v.load().launch(spec, *args, packed=packed)
+    else:
         with torch.cuda.device(device):
             v.load().launch(spec, *args, packed=packed)
 

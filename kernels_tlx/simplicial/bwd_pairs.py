@@ -282,8 +282,8 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies of LSE (log2)
     and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N]).
     packed=True (spec.varlen): run takes `bounds=` too, each token's sequence start and end
-    (altattn/simplicial/varlen.py's Packed.bounds, per call), a keyword argument of
-    `_pairs_kernel`, which then goes through Triton's JIT."""
+    (altattn/simplicial/varlen.py's Packed.bounds, per call), `_pairs_kernel`'s keyword
+    argument `Seq`."""
     if isinstance(profile, str) and profile != "pairs":
         raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
     delta_of = prepare_delta(spec)
@@ -296,7 +296,7 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     grid = (spec.B * spec.Hk * spec.N * key_blocks(spec),)
     options = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile),
                    **config(spec))
-    pairs = None if packed else Kernel(_pairs_kernel, grid, **options)
+    pairs = Kernel(_pairs_kernel, grid, **options, **({"VARLEN": True} if packed else {}))
     n_dq = rows * spec.D
     finish = Kernel(_finish_kernel, (triton.cdiv(n_dq, FINISH_BLOCK),), BLOCK=FINISH_BLOCK,
                     num_warps=4)
@@ -312,11 +312,9 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
         dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=q.device)
         dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros((4, *dk1.shape), dtype=torch.float32,
                                                          device=q.device)
-        launch_pairs = pairs or functools.partial(_pairs_kernel[grid], Seq=bounds, VARLEN=True,
-                                                  **options)
-        launch_pairs(heads(q), k1, keys(k2), v1, keys(v2), heads(dout), row_values(lse2),
+        pairs(heads(q), k1, keys(k2), v1, keys(v2), heads(dout), row_values(lse2),
                      row_values(delta), k2, v2, dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc,
-                     dv2_acc, *args)
+                     dv2_acc, *args, **({"Seq": bounds} if packed else {}))
         finish(dq_acc, dq, n_dq, sm_scale)
         sum_parts(dk1_acc, dv1_acc, dk1, dv1)
         sum_parts(dk2_acc, dv2_acc, dk2, dv2)

@@ -49,7 +49,7 @@ def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, first, n_loads, n_blo
         tlx.barrier_wait(tlx.local_view(empties, buf), ((c // NUM_BUFFERS) & 1) ^ 1)
         full = tlx.local_view(fulls, buf)
         tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)  # a K2 and a V2 block
-        # (host.kv_descriptor: a block past the batch's last token reads zeros there)
+        # (host.kv_layout: a block past the batch's last token reads zeros there)
         tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, buf), [b, kb, g * D], full)
         tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, buf), [b, kb, g * D], full)
         leave("load_kv", PROFILE)

@@ -1,13 +1,19 @@
 """The two small kernels around a decoding launch (altattn/simplicial/kvcache.py): the new keys and
 values written into their cache slots, and the merge of the j window's split shares by their LSE.
 One launch each, whatever the batch, so that a decoding step is three launches (append, attention,
-merge) and no host work: what a CUDA graph replays.
+merge) and no host work: what a CUDA graph replays. Each launch is made once per size
+(kernels_triton.launch.Kernel: every integer it takes is a function of the sizes).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
+
+from altattn.checks import dense_aligned
+from kernels_triton.launch import Kernel
 
 
 @triton.jit
@@ -30,16 +36,27 @@ def _append_kernel(K1c, K2c, V1c, V2c, K1, K2, V1, V2, Lens, T, R1, R2, HKD: tl.
     tl.store(V2c + slot2, tl.load(V2 + src, mask=ok), mask=ok)
 
 
-def append(caches, new, lens: torch.Tensor) -> None:
-    """caches (k1, k2, v1, v2) [B, R, Hk, D], contiguous; new [B, T, Hk, D] each; lens int32 [B]:
-    token t of sequence b written at position lens[b] + t, slot (position mod R), in place."""
-    B, T, Hk, D = new[0].shape
-    if B * T == 0:
-        return
+@functools.lru_cache(maxsize=256)
+def prepare_append(B: int, T: int, Hk: int, D: int, R1: int, R2: int):
+    """`append`'s launch for these sizes, made once: run(caches, new, lens)."""
     hkd = Hk * D
-    _append_kernel[(B * T,)](*caches, *(t.contiguous() for t in new), lens, T,
-                             caches[0].shape[1], caches[1].shape[1], HKD=hkd,
-                             BLOCK=triton.next_power_of_2(hkd), num_warps=4)
+    kernel = Kernel(_append_kernel, (B * T,), HKD=hkd, BLOCK=triton.next_power_of_2(hkd),
+                    num_warps=4)
+
+    def run(caches, new, lens) -> None:
+        if B * T:
+            kernel(*caches, *new, lens, T, R1, R2)
+
+    return run
+
+
+def append(caches, new, lens: torch.Tensor) -> None:
+    """caches (k1, k2, v1, v2) [B, R, Hk, D], contiguous with 16-byte aligned starts; new
+    [B, T, Hk, D] each; lens int32 [B]: token t of sequence b written at position lens[b] + t,
+    slot (position mod R), in place."""
+    B, T, Hk, D = new[0].shape
+    run = prepare_append(B, T, Hk, D, caches[0].shape[1], caches[1].shape[1])
+    run(caches, [dense_aligned(t) for t in new], dense_aligned(lens))
 
 
 @triton.jit
@@ -68,13 +85,25 @@ def _merge_kernel(Part, PartLse, Out, Lse, n_split, N, T, HQ: tl.constexpr, D: t
     tl.store(Lse + ((tok // T) * HQ + head) * T + tok % T, m + tl.log(total), mask=ok)
 
 
-def merge(part: torch.Tensor, part_lse: torch.Tensor, T: int):
-    """The shares part [S, B*T, Hq, D] and part_lse [S, Hq, B*T] merged: out [B, T, Hq, D] and
-    lse [B, Hq, T] (contiguous)."""
-    S, N, Hq, D = part.shape
-    out = part.new_empty(N // T, T, Hq, D)
-    lse = part_lse.new_empty(N // T, Hq, T)
+@functools.lru_cache(maxsize=256)
+def prepare_merge(S: int, N: int, Hq: int, D: int, T: int):
+    """`merge`'s launch for S shares of N = B*T tokens, made once: run(part, part_lse) ->
+    (out, lse)."""
     rows = 64
-    _merge_kernel[(triton.cdiv(N * Hq, rows),)](part, part_lse, out, lse, S, N, T, HQ=Hq, D=D,
-                                                 ROWS=rows, num_warps=4)
-    return out, lse
+    kernel = Kernel(_merge_kernel, (triton.cdiv(N * Hq, rows),), HQ=Hq, D=D, ROWS=rows,
+                    num_warps=4)
+
+    def run(part, part_lse):
+        out = part.new_empty(N // T, T, Hq, D)
+        lse = part_lse.new_empty(N // T, Hq, T)
+        kernel(part, part_lse, out, lse, S, N, T)
+        return out, lse
+
+    return run
+
+
+def merge(part: torch.Tensor, part_lse: torch.Tensor, T: int):
+    """The shares part [S, B*T, Hq, D] and part_lse [S, Hq, B*T] (contiguous, new) merged: out
+    [B, T, Hq, D] and lse [B, Hq, T] (contiguous)."""
+    S, N, Hq, D = part.shape
+    return prepare_merge(S, N, Hq, D, T)(part, part_lse)

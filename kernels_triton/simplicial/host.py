@@ -7,12 +7,12 @@ The common signature: kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale, H
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels_triton.launch import Desc, Kernel
 from kernels_triton.simplicial.det import det_of, det_specs, form_suffix
@@ -38,12 +38,6 @@ def kv_layout(spec: ProblemSpec, block_n: int, shape=None) -> Desc:
     B, N, *rest = shape if shape is not None else (spec.B, spec.N, spec.Hk, spec.D)
     hd = math.prod(rest)
     return Desc([B, N, hd], [N * hd, hd, 1], [1, block_n, spec.D])
-
-
-def kv_descriptor(t, spec: ProblemSpec, block_n: int) -> TensorDescriptor:
-    """kv_layout's descriptor of t in t's own shape (a packed launch: its keys' count, its
-    caches' slots)."""
-    return kv_layout(spec, block_n, t.shape)(t)
 
 
 def q_rows(G: int, block_m: int) -> int:
@@ -97,22 +91,31 @@ def prepare(kernel, cfg: dict, spec: ProblemSpec, profile: bool = False, q_tma: 
     return run
 
 
-def launch_packed(kernel, cfg: dict, spec: ProblemSpec, q, k1, k2, v1, v2, out, lse,
-                  profile: bool, q_tma: bool, packed) -> None:
-    """One launch over packed sequences (spec.varlen: altattn/simplicial/packing.py's Packed),
-    through Triton's JIT (its split count, lengths and shift vary per call): the query tokens'
-    key rows and sequence starts (`Seq`), out and lse with a plane per split of the j window;
-    with packed.lens (decoding), k1..v2 are the caches [B, R, Hk, D] and `Seq` the cached
-    lengths (the kernel's CACHE mode). Otherwise as `prepare`'s run."""
-    k2d, v2d = (kv_descriptor(t, spec, cfg["BLOCK_N"]) for t in (k2, v2))
-    qd = q_layout(spec, cfg["BLOCK_M"])(q) if q_tma else q
-    cfg = dict(cfg, Seq=packed.seq, n_split=packed.n_split, VARLEN=True)
-    if packed.lens is not None:
-        cfg.update(Seq=packed.lens, CACHE=True, T_new=packed.tokens, shift=packed.shift,
-                   R1=k1.shape[1], R2=k2.shape[1])
-    kernel[(spec.N * packed.n_split * spec.Hk,)](
-        qd, k1, k2d, v1, v2d, out, lse, spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E,
-        **_options(spec, cfg, profile))
+def prepare_packed(kernel, cfg: dict, spec: ProblemSpec, profile: bool, q_tma: bool,
+                   n_split: int, cache: tuple | None, k2_shape: tuple, v2_shape: tuple):
+    """The launch over packed sequences (spec.varlen: altattn/simplicial/packing.py's Packed),
+    made once: run(q, k1, k2, v1, v2, out, lse, seq) with `seq` each query token's key row and
+    sequence start (`Seq`), out and lse with a plane per split of the j window (n_split). With
+    `cache` = (tokens, shift, R1, R2) (decoding), k1..v2 are the caches [B, R, Hk, D] and `seq`
+    the cached lengths (the kernel's CACHE mode). k2_shape, v2_shape: the keys' (their count, or
+    the caches' slots, is no part of the spec). Otherwise as `prepare`'s run."""
+    k2_layout, v2_layout = (kv_layout(spec, cfg["BLOCK_N"], sh) for sh in (k2_shape, v2_shape))
+    rows = q_layout(spec, cfg["BLOCK_M"]) if q_tma else None
+    runtime = {"n_split": n_split}
+    opts = dict(cfg, VARLEN=True)
+    if cache is not None:
+        runtime.update(zip(("T_new", "shift", "R1", "R2"), cache))
+        opts["CACHE"] = True
+    launch_kernel = Kernel(kernel, (spec.N * n_split * spec.Hk,), **_options(spec, opts, profile))
+    N, w1, w2, qk_scale = spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E
+
+    def run(q, k1, k2, v1, v2, out, lse, seq) -> None:
+        launch_kernel(rows(q) if q_tma else q, k1, k2_layout(k2), v1, v2_layout(v2), out, lse,
+                      N, w1, w2, qk_scale, Seq=seq, **runtime)
+
+    return run
+
+
 def _compile_specs(forms: tuple[str, ...]):
     """(name suffix, spec) at every (Hq, Hk, D) of tiling.COMPILE_SHAPES for each of `forms`
     (form "det": det.det_specs, the pairs also exchanged at G = 128, Hk = 1)."""
@@ -163,11 +166,16 @@ def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False
     `kernel` run with `config(spec)` (q_tma: as in prepare; forms: the logits' forms it
     computes, its registry record's `forms`, each of which gets compile configs; det_pack: how
     form "det" packs K1 and K2 for the kernel, given DET = det.det_of(spec); packed: it takes
-    packed sequences, `launch`'s `packed`, launch_packed)."""
+    packed sequences, `launch`'s `packed`: prepare_packed, made once per problem)."""
     assert ("det" in forms) == (det_pack is not None), "form 'det' needs its packing"
 
     def prepare_variant(spec: ProblemSpec, profile: bool = False):
         return prepare(kernel, config(spec), spec, profile, q_tma, det_pack)
+
+    @functools.lru_cache(maxsize=256)
+    def prepared_packed(spec: ProblemSpec, profile, n_split: int, cache, k2_shape, v2_shape):
+        return prepare_packed(kernel, config(spec), spec, profile, q_tma, n_split, cache,
+                              k2_shape, v2_shape)
 
     def launch_variant(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, profile: bool = False,
                        packed=None) -> None:
@@ -176,8 +184,11 @@ def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False
             return
         if spec.form == "det":
             k1, k2 = det_pack(k1, k2, det_of(spec))
-        launch_packed(kernel, config(spec), spec, q, k1, k2, v1, v2, out, lse, profile, q_tma,
-                      packed)
+        cache = None if packed.lens is None else (packed.tokens, packed.shift, k1.shape[1],
+                                                  k2.shape[1])
+        run = prepared_packed(spec, profile, packed.n_split, cache, tuple(k2.shape),
+                              tuple(v2.shape))
+        run(q, k1, k2, v1, v2, out, lse, packed.seq if cache is None else packed.lens)
 
     def variant_compile_configs() -> list[CompileConfig]:
         return compile_configs(kernel, config, supports, q_tma, forms, packed)
