@@ -16,6 +16,9 @@ A = the X tile scaled by column p of Y (bf16), B = W[p] [DX, DO] (bf16, by TMA; 
 every token tile of a head reads the same W). Phase 2 of the forward (X = Q2, Y = Q1, W[i, k, j] = S[i, j, k])
 and the backward's five input gradients (bwd.py). W may hold one slab per chunk of CHUNK tokens
 (causal: each chunk reads the state of the chunks before it).
+
+`state`: between the forward's two, the splits of P summed into the state and its bf16 slab
+written, one pass.
 """
 from __future__ import annotations
 
@@ -114,3 +117,23 @@ def apply_kernel(X, Y, W, Out, N, c, w_head, w_chunk,
     tl.store(Out + orow[:, None] + tl.arange(0, DO)[None, :], (acc * c).to(Out.dtype.element_ty),
              mask=live[:, None])
     leave("epilogue", PROFILE)
+
+
+@triton.jit
+def state_kernel(P, S, W, n_splits, c, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr):
+    """Between the two: S[bh, i, j, k] = c * sum_s P[bh, s, i, j, k] (fp32, the splits summed in
+    order: bitwise repeatable) and its bf16 slab W[bh, i, k, j] (what the forward's apply reads,
+    host.slab's "ikj"), in one pass over P. Grid (D1, B*H): program (i, bh) owns S[bh, i]."""
+    i = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    j = tl.arange(0, DY)
+    k = tl.arange(0, D2)
+    jk = j[:, None] * D2 + k[None, :]
+    part = bh * n_splits * (D1 * DY * D2) + i * (DY * D2)
+    acc = tl.zeros([DY, D2], tl.float32)
+    for s in range(n_splits):
+        acc += tl.load(P + part + s * (D1 * DY * D2) + jk)
+    acc = acc * c
+    own = (bh * D1 + i) * (DY * D2)
+    tl.store(S + own + jk, acc)
+    tl.store(W + own + k[:, None] * DY + j[None, :], tl.trans(acc.to(tl.bfloat16)))

@@ -2,15 +2,14 @@
 fixed-order sum between them:
 
     1. P = partials(K1, V, K2)        the state's split-N partial sums (fp32)
-    2. state = scale * sum_s P[s]     (torch, a fixed order: bitwise repeatable)
-    3. out = apply(Q2, Q1, W)         W[i, k, j] = bf16(state[i, j, k])
+    2. state = scale * sum_s P[s]     (core.state_kernel, a fixed order: bitwise repeatable),
+       W[i, k, j] = bf16(state[i, j, k]) in the same pass
+    3. out = apply(Q2, Q1, W)
 
 Causal: causal.py's chunked form (the state of earlier chunks, plus each chunk's masked
 quadratic form).
 """
 from __future__ import annotations
-
-import torch
 
 from kernels_triton.triple import host
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
@@ -28,11 +27,11 @@ def prepare(spec, profile: bool = False, impl=host):
     B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
     partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
+    state = host.prepare_state(B, H, Dq, Dv, Dq, splits, scale)
     apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, 1.0, profile=profile)
 
     def run(q1, q2, k1, k2, v, out, out_state) -> None:
-        torch.sum(partials(k1, v, k2), 2, out=out_state).mul_(scale)
-        apply(q2, q1, host.slab(out_state, "ikj"), out)
+        apply(q2, q1, state(partials(k1, v, k2), out_state), out)
 
     return run
 

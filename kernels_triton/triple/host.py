@@ -1,7 +1,8 @@
-"""The host side of the plain-Triton triple-attention kernels: `supports`, the tile configs, the two
+"""The host side of the plain-Triton triple-attention kernels: `supports`, the tile configs, the
 launches of core.py (`prepare_partials`, `prepare_apply`: made once per shape, run per call; the
-passes take them from an `impl`, this module or kernels_tlx/triple/contractions.py), the bf16
-state slabs `apply` reads, and the compile configs profiling.resources compiles for sm_90a.
+passes take them from an `impl`, this module or kernels_tlx/triple/contractions.py; and
+`prepare_state`, the forward's state and slab from the partials), the bf16 state slabs `apply`
+reads, and the compile configs profiling.resources compiles for sm_90a.
 
 Extra memory (beyond inputs and outputs): the split-N partials, n_splits * B * H * Dq^2 * Dv fp32
 (n_splits fills the GPU: 4 at T2), and bf16 copies of the state in the layouts `apply` reads,
@@ -14,7 +15,7 @@ import triton
 
 from altattn.registry import CompileConfig
 from kernels_triton.launch import Desc, Kernel, sm_count
-from kernels_triton.triple.core import apply_kernel, partials_kernel
+from kernels_triton.triple.core import apply_kernel, partials_kernel, state_kernel
 
 SUPPORTED_DIMS = (32, 64, 128)
 BLOCK_N = 64      # tokens per step of `partials` (the GEMM's K)
@@ -114,6 +115,23 @@ def apply(x, y, w, out, c: float, chunk: int = 0, profile: bool = False) -> None
     prepare_apply(B, N, H, dx, y.shape[-1], out.shape[-1], c, chunk, profile)(x, y, w, out)
 
 
+def prepare_state(B: int, H: int, d1: int, dy: int, d2: int, splits: int, c: float):
+    """core.state_kernel's launch for these shapes, made once: run(P, S) writes S [B, H, D1,
+    DY, D2] fp32 = c * the sum of P's splits and returns its bf16 slab in order "ikj" (as
+    `slab(S, "ikj")`, without the copy pass)."""
+    kernel = Kernel(state_kernel, (d1, B * H), D1=d1, DY=dy, D2=d2,
+                    num_warps=8 if dy * d2 > 64 * 64 else 4)
+    c = float(c)
+
+    def run(P, S) -> torch.Tensor:
+        W = torch.empty((B, H, d1, d2, dy), device=S.device, dtype=torch.bfloat16)
+        if B * H:
+            kernel(P, S, W, splits, c)
+        return W
+
+    return run
+
+
 def slab(state, order: str, shift: int = 0) -> torch.Tensor:
     """The bf16 copy of state [..., i, j, k] (fp32) that `apply` reads as W[p, x, o], the axes in
     `order` (e.g. "ikj": W[i, k, j] = state[i, j, k]); one copy pass. shift > 0: state has a chunk
@@ -152,12 +170,21 @@ def _apply_config(dx, dy, do, out: str, chunk: int) -> CompileConfig:
     return CompileConfig(tag, apply_kernel, sig, consts, cfg["num_warps"], cfg["num_stages"])
 
 
+def _state_config(d1, dy, d2) -> CompileConfig:
+    consts = {"D1": d1, "DY": dy, "D2": d2}
+    sig = {"P": "*fp32", "S": "*fp32", "W": "*bf16", "n_splits": "i32", "c": "fp32",
+           **{k: "constexpr" for k in consts}}
+    return CompileConfig(f"state_D{d1}x{dy}x{d2}", state_kernel, sig, consts,
+                         8 if dy * d2 > 64 * 64 else 4, 1)
+
+
 def compile_configs(causal_chunk: int = 0) -> list[CompileConfig]:
     """The default configs at Dq = Dv = 32, 64 and 128 (and Dq 64, Dv 32): partials and apply
     in every operand order the passes use."""
     out = []
     for dq, dv in ((32, 32), (64, 64), (128, 128), (64, 32)):
         out.append(_partials_config(dq, dv, dq))
+        out.append(_state_config(dq, dv, dq))
         for dx, dy, do in {(dq, dq, dv), (dq, dv, dq), (dv, dq, dq)}:
             out.append(_apply_config(dx, dy, do, "*bf16", 0))
             if causal_chunk:
