@@ -4,8 +4,8 @@ fbtriton installs the module `triton`, the same name as PyPI's `triton`, which t
 depend on: a later `pip install` of anything that depends on torch can bring PyPI's `triton` back
 over it, and TLX (`triton.language.extra.tlx`) is gone. `require_tlx()` turns that state into one
 error that names the fix; the kernel packages (`kernels_tlx`, `kernels_triton`) call it before
-anything else and `bench/fwd.py` before it starts. The rest of `simplicial_attn` (the reference,
-the checks, the FLOP model) needs no `triton` at all and never calls it.
+anything else and `bench/fwd.py` before it starts. The rest of `altattn` (the references,
+the checks, the FLOP models) needs no `triton` at all and never calls it.
 """
 from __future__ import annotations
 

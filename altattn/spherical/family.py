@@ -18,9 +18,8 @@ WS_SCOPES = ("load_kv", "wait_kv", "qk_gemm", "square", "pv_gemm", "epilogue")
 
 _ANY = "any B, N, Nk, Hq, Hk (Hq a multiple of Hk); D in {64, 128}; causal; seqlens"
 _TLX = "kernels_tlx.spherical."
-# Forward ranks: the speed order on an H200 (docs/perf-spherical.md): tlx_pingpong first at P1
-# (714 TFLOPS against tlx_pipelined's 687 and tlx_ws's 631) and P2 (791 against 761); level
-# with the others causal; tlx_pipelined 1.6% ahead at N 2048.
+# Forward ranks: the speed order on an H200 (docs/perf-spherical.md has the runs): tlx_pingpong
+# first at P1 and P2, level with the others causal; tlx_pipelined a little ahead at N 2048.
 FWD = (
     Variant(name="tlx_pingpong", family="spherical", pass_="fwd", module=_TLX + "pingpong",
             needs_hopper=True, rank=4, supports=_ANY, warps=12, scopes=WS_SCOPES, pipelined=True),

@@ -93,7 +93,7 @@ def token_tile(N, w1, w2, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
     (first j, count), kv_base, the offset of (b, g) in K1/V1, and the query token's split and
     key position (i0 and 0 in a dense batch).
 
-    VARLEN (packed sequences, kernels_triton/simplicial/varlen.py): b = 0, the grid is
+    VARLEN (packed sequences, altattn/simplicial/varlen.py): b = 0, the grid is
     N query tokens x n_split x HK; Seq [N, 2] int32 holds each query token's key position (its
     row in the packed keys) and its sequence's first key row. Split s of n_split takes the
     s-th share of the token's j window (flash-decoding: a few tokens still fill the GPU); a

@@ -153,7 +153,7 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
     the QK wgmma of step c and the PV wgmma of step c - 1 are issued together, and QK(c) is
     waited for first. In the compiled code the softmax of step c does not run under PV(c - 1):
     ptxas computes the new P into the registers PV(c - 1) reads (p_prev is loop-carried) and so
-    waits for it first (kernels_tlx/pipelined_kv.py). PINGPONG: the two consumers take turns issuing those pairs (both run
+    waits for it first (kernels_tlx/simplicial/pipelined_kv.py). PINGPONG: the two consumers take turns issuing those pairs (both run
     n_steps steps)."""
     take_turn(cid, PINGPONG)
     s = qk_issue(q, b_tiles, b_fulls, c0, NUM_B)

@@ -396,10 +396,9 @@ def config(spec: SphericalSpec, pipeline: bool, pingpong: bool,
            persistent: bool | None = None) -> dict:
     """BLOCK_M 128 (two consumers of 64 rows), BLOCK_N 128; K and V rings of 2 slots at D 128
     (Q + O 64 KB + 4 x 32 KB = 192 KB), 4 at D 64 (32 + 8 x 16 = 160 KB); consumers 240
-    registers (the producer is left 24). Persistent unless causal (measured on an H200, P1:
-    persistent 714 against 676 TFLOPS one program per tile non-causal, 687 against 658 at N 2048;
-    causal the other way, 596 against 715: the persistent order balances causal tiles worse);
-    `persistent` overrides it (tests/gpu_spherical_tlx_fwd_check.py times both)."""
+    registers (the producer is left 24). Persistent unless causal (faster non-causal, slower
+    causal: the persistent order balances causal tiles worse; docs/perf-spherical.md has the
+    measurements); `persistent` overrides it."""
     return {"BLOCK_M": 128, "BLOCK_N": 128, "NUM_BUFFERS": 2 if spec.D == 128 else 4,
             "CONSUMER_REGS": 240, "PIPELINE": pipeline, "PINGPONG": pingpong,
             "PERSISTENT": not spec.causal if persistent is None else persistent, "num_warps": 4,

@@ -242,8 +242,8 @@ def permute_x1(x1):
 
 def n_splits(B: int, N: int, H: int, d1: int, dy: int, d2: int) -> int:
     """One CTA per multiprocessor of the current GPU: splits of N so that the programs just fill
-    it once (2 at T2: 128 programs on 132 multiprocessors; measured 436-439 TFLOPS at 1, 2 and
-    4)."""
+    it once (2 at T2: 128 programs on 132 multiprocessors; 1, 2 and 4 splits measured level
+    there, docs/perf-triple.md)."""
     if not takes(dy):
         return triton_host.n_splits(B, N, H, d1, dy, d2)
     tiles = B * H * (d1 // config(d1, dy, d2)["BI"])

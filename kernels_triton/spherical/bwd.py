@@ -181,9 +181,9 @@ def config(spec: SphericalSpec) -> dict:
     (H200) among those that compile with no spill at every compile spec (python -m
     profiling.resources). dK/dV: 128 keys (two warp groups of 64 rows) with fp32 dK and dV in
     registers (128 of the 255) against query blocks of 64 rows where the masks leave room (D = 64;
-    D = 128 without causal or seqlens: 427 TFLOPS against 331 with 32 rows), else 32 rows, 3
-    stages (causal: 417 against 363 with 2); with both masks 32 rows x 64 keys, 2 stages (128
-    keys spill); dQ: 128 rows x 64 keys."""
+    D = 128 without causal or seqlens), else 32 rows, 3 stages (causal); with both masks 32 rows
+    x 64 keys, 2 stages (128 keys spill); dQ: 128 rows x 64 keys. docs/perf-spherical.md has
+    the measurements behind each choice."""
     if spec.D == 64:
         dkdv = (64, 128, 3)
     elif not spec.causal and not spec.varlen:
