@@ -125,6 +125,11 @@ class Kernel:
             f"plan's first call (an integer or a pointer's alignment changed within one plan)")
 
 
+def constexprs(cfg: dict) -> dict:
+    """A config's constexprs: everything but num_warps / num_stages (the launch options)."""
+    return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+
+
 @functools.cache
 def sm_count(device_index: int | None = None) -> int:
     """Multiprocessors of the GPU `device_index` (None: the current one)."""

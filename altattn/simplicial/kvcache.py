@@ -19,7 +19,6 @@ queries at its last T positions.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -173,15 +172,11 @@ def _windows(caches, last, L: int, short: tuple[int, int], n_short: int):
     return out
 
 
-@functools.lru_cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _split(tiles: int, w_small: int, device) -> int:
     """Shares of each token's j window: the fewest that fill the GPU's waves best (ceil(tiles *
     S / SMs) / S least), at most the window."""
-    sms = _sm_count(torch.device(device))
+    from kernels_triton.launch import sm_count
+    sms = sm_count(torch.device(device).index)
     return min(range(1, w_small + 1), key=lambda s: (math.ceil(tiles * s / sms) / s, s))
 
 

@@ -53,6 +53,7 @@ from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E_JIT, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
+from kernels_tlx.ring import empty_phase, full_phase
 
 ROWS = tl.constexpr(64)  # rows per consumer: 64 heads of one token
 SPLIT = tl.constexpr(2)  # dK1/dV1 partial slices per chunk: one per consumer
@@ -235,7 +236,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                     kv_row = kv_base + j.to(tl.int64) * (HK * D)
                     k1 = row_tile(K1, kv_row, D, CH)
                     v1 = row_tile(V1, kv_row, D, CH)
-                    tlx.barrier_wait(tlx.local_view(a_empties, sa), ((acnt // NUM_A) & 1) ^ 1)
+                    tlx.barrier_wait(tlx.local_view(a_empties, sa), empty_phase(acnt, NUM_A))
                     for c in tl.static_range(NUM_CONSUMERS):
                         ad = tlx.local_view(ad_tiles, sa * NUM_CONSUMERS + c)
                         tc = t + c // HALVES  # consumer c's token and first head
@@ -249,8 +250,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                     for n in range(0, n_blocks):
                         sk = kcnt % NUM_KV
                         enter("load_kv", PROFILE)
-                        tlx.barrier_wait(tlx.local_view(kv_empties, sk),
-                                         ((kcnt // NUM_KV) & 1) ^ 1)
+                        tlx.barrier_wait(tlx.local_view(kv_empties, sk), empty_phase(kcnt, NUM_KV))
                         full = tlx.local_view(kv_fulls, sk)
                         tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)
                         kb = k_lo + n * BLOCK_N  # past N: zeros (host.kv_descriptor)
@@ -285,7 +285,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                 for j in range(j_first, t_last + 1):
                     sees_j = ok & (j <= tc) & (j > tc - w1)  # (at G = 128 always true)
                     sa = acnt % NUM_A
-                    tlx.barrier_wait(tlx.local_view(a_fulls, sa), (acnt // NUM_A) & 1)
+                    tlx.barrier_wait(tlx.local_view(a_fulls, sa), full_phase(acnt, NUM_A))
                     ad = tlx.local_view(ad_tiles, sa * NUM_CONSUMERS + cid)
                     a_tile = tlx.local_slice(ad, [0, 0], [ROWS, D])
                     doj_tile = tlx.local_slice(ad, [ROWS, 0], [ROWS, D])
@@ -294,7 +294,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                     for n in range(0, n_blocks):
                         sk = kcnt % NUM_KV
                         enter("qk_gemm", PROFILE)
-                        tlx.barrier_wait(tlx.local_view(kv_fulls, sk), (kcnt // NUM_KV) & 1)
+                        tlx.barrier_wait(tlx.local_view(kv_fulls, sk), full_phase(kcnt, NUM_KV))
                         k2_tile = tlx.local_view(k2_tiles, sk)
                         v2_tile = tlx.local_view(v2_tiles, sk)
                         s = tlx.async_dot(a_tile, tlx.local_trans(k2_tile))

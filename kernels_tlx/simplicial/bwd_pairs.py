@@ -77,6 +77,7 @@ from kernels_triton.simplicial.bwd_common import (
 from kernels_triton.simplicial.host import kv_layout, q_layout
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
+from kernels_tlx.ring import empty_phase, full_phase
 
 
 @triton.jit
@@ -144,7 +145,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 for u in range(0, n_tiles):
                     s = u % NUM_Q
                     enter("load_kv", PROFILE)
-                    tlx.barrier_wait(tlx.local_view(q_empties, s), ((u // NUM_Q) & 1) ^ 1)
+                    tlx.barrier_wait(tlx.local_view(q_empties, s), empty_phase(u, NUM_Q))
                     i0, h0 = first_token(j, u, G)
                     qf = tlx.local_view(q_fulls, s)
                     tlx.barrier_expect_bytes(qf, 2 * ROWS * D * BF16_BYTES + 2 * ROWS * 4)
@@ -176,11 +177,11 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     s = u % NUM_Q
                     d = u % 2
                     i0, _ = first_token(j, u, G)
-                    tlx.barrier_wait(tlx.local_view(q_fulls, s), (u // NUM_Q) & 1)
+                    tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(u, NUM_Q))
                     q_tile = tlx.local_view(q_tiles, s)
                     do_tile = tlx.local_view(do_tiles, s)
                     ds_tile = tlx.local_view(ds_tiles, d * NUM_CONSUMERS + cid)
-                    tlx.barrier_wait(tlx.local_view(ds_empties, d), ((u // 2) & 1) ^ 1)
+                    tlx.barrier_wait(tlx.local_view(ds_empties, d), empty_phase(u, 2))
                     if (u >= u_lo) & (u < u_hi):
                         enter("qk_gemm", PROFILE)
                         st = tlx.async_dot(b_tile, tlx.local_trans(q_tile))

@@ -61,6 +61,7 @@ from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E_JIT, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
+from kernels_tlx.ring import empty_phase, full_phase
 
 EXECUTED_FLOPS_PER_F = triton_bwd.EXECUTED_FLOPS_PER_F
 ROWS = 64  # rows per tile: 64 heads of one token
@@ -78,7 +79,7 @@ def consume_tile(dk2, dv2, k2_tile, v2_tile, a_tiles, doj_tiles, a_fulls, a_empt
     for _ in range(0, n_j):
         s = cnt % NUM_A
         enter("qk_gemm", PROFILE)
-        tlx.barrier_wait(tlx.local_view(a_fulls, s), (cnt // NUM_A) & 1)
+        tlx.barrier_wait(tlx.local_view(a_fulls, s), full_phase(cnt, NUM_A))
         a_tile = tlx.local_view(a_tiles, s)
         doj_tile = tlx.local_view(doj_tiles, s)
         st = tlx.async_dot(k2_tile, tlx.local_trans(a_tile))
@@ -130,7 +131,7 @@ def skip_tiles(a_fulls, a_empties, cnt, u_lo, u_hi, kb, w1, SPLIT: tl.constexpr,
         i0 = kb + u // SPLIT
         for _ in range(0, i0 + 1 - tl.maximum(i0 - w1 + 1, 0)):
             s = cnt % NUM_A
-            tlx.barrier_wait(tlx.local_view(a_fulls, s), (cnt // NUM_A) & 1)
+            tlx.barrier_wait(tlx.local_view(a_fulls, s), full_phase(cnt, NUM_A))
             tlx.barrier_arrive(tlx.local_view(a_empties, s), 1)
             cnt += 1
     return cnt
@@ -223,7 +224,7 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
                     # builds read
                     load_rows(Q, DO, q_tiles, do_tiles, q_fulls, 1 - qs, b, g, kb, u + STEP, N, HQ,
                               G, D, SPLIT)
-                tlx.barrier_wait(tlx.local_view(q_fulls, qs), (u // STEP // 2) & 1)
+                tlx.barrier_wait(tlx.local_view(q_fulls, qs), full_phase(u // STEP, 2))
                 leave("load_kv", PROFILE)
                 q_tile = tlx.local_view(q_tiles, qs)
                 do_tile = tlx.local_view(do_tiles, qs)
@@ -233,7 +234,7 @@ def _dkv2_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DK2, DV2, N, w1, w2, qk_s
                     enter("build_a", PROFILE)
                     kv_row = kv_base + j.to(tl.int64) * (HK * D)
                     k1 = row_tile(K1, kv_row, D, CH)
-                    tlx.barrier_wait(tlx.local_view(a_empties, s), ((cnt // NUM_A) & 1) ^ 1)
+                    tlx.barrier_wait(tlx.local_view(a_empties, s), empty_phase(cnt, NUM_A))
                     build(k1, q_tile, tlx.local_view(a_tiles, s), D, 64, CH)
                     v1 = row_tile(V1, kv_row, D, CH)
                     build(v1, do_tile, tlx.local_view(doj_tiles, s), D, 64, CH)

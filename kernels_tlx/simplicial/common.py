@@ -11,6 +11,7 @@ import triton.language.extra.tlx as tlx
 from kernels_tlx.consumers import (CONSUMER_THREADS, NUM_CONSUMERS, TURN_BARRIER,  # noqa: F401
                                    pass_turn, take_turn)
 from kernels_triton.simplicial.tiling import BF16_BYTES, enter, key_block, leave, store_rows
+from kernels_tlx.ring import empty_phase
 
 # NUM_CONSUMERS, CONSUMER_THREADS, TURN_BARRIER and the pingpong turns: kernels_tlx/consumers.py
 # Named barriers (this build's compiler emits ids 0-3 for its own partition syncs; fbtriton's
@@ -46,7 +47,7 @@ def produce_kv(K2, V2, k2_tiles, v2_tiles, fulls, empties, first, n_loads, n_blo
         buf = c % NUM_BUFFERS
         kb, _ = key_block(c % n_blocks, k_lo, n_lo, n_hi, BLOCK_N)
         enter("load_kv", PROFILE)
-        tlx.barrier_wait(tlx.local_view(empties, buf), ((c // NUM_BUFFERS) & 1) ^ 1)
+        tlx.barrier_wait(tlx.local_view(empties, buf), empty_phase(c, NUM_BUFFERS))
         full = tlx.local_view(fulls, buf)
         tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)  # a K2 and a V2 block
         # (host.kv_layout: a block past the batch's last token reads zeros there)

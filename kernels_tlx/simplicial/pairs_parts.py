@@ -11,6 +11,7 @@ import triton.language.extra.tlx as tlx
 
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS
 from kernels_triton.simplicial.bwd_common import kv_rows
+from kernels_tlx.ring import full_phase
 
 ROWS = tl.constexpr(64)  # rows per tile (64 heads of one token, or all G heads of 64 / G tokens)
 KEYS = 64  # keys per consumer
@@ -160,7 +161,7 @@ def dq_share(ds_tiles, b_tiles, ds_fulls, u, cid, DH: tl.constexpr):
     """Consumer cid's columns of tile u's dQ share, once both consumers' dS^T of u are in ring
     slot u % 2."""
     d = u % 2
-    tlx.barrier_wait(tlx.local_view(ds_fulls, d), (u // 2) & 1)
+    tlx.barrier_wait(tlx.local_view(ds_fulls, d), full_phase(u, 2))
     if cid == 0:
         dq = dq_columns(ds_tiles, b_tiles, d, 0, DH)
     else:

@@ -43,6 +43,7 @@ from kernels_triton.simplicial.tiling import (BF16_BYTES, M_START, enter, key_bl
                                    row_coords, softmax_step, tile_setup)
 from kernels_triton.simplicial.tiling import supports as tiling_supports
 from altattn.simplicial.spec import ProblemSpec
+from kernels_tlx.ring import empty_phase, full_phase
 
 
 @triton.jit
@@ -63,7 +64,7 @@ def produce_window(K1, V1, k1_rows, v1_rows, k1_flat, v1_flat, win_full, win_emp
     `cp.async.bulk`) the chunk's rows K1[j] and V1[j], j = j0 .. j0 + L - 1, into window rows
     0 .. L - 1, and a copy of row L - 1 into row L (pingpong's masked extra step reads it);
     win_full counts WINDOW rows of bytes."""
-    tlx.barrier_wait(win_empty, (ch & 1) ^ 1)
+    tlx.barrier_wait(win_empty, empty_phase(ch, 1))
     tlx.barrier_expect_bytes(win_full, 2 * WINDOW * D * BF16_BYTES)  # K1 and V1 rows
     L = tl.minimum(i_hi - j0 + 1, WINDOW)
     if j0 + WINDOW <= N:
@@ -239,7 +240,7 @@ def simplicial_fwd_ws_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_scale,
                     buf = u % NUM_BUFFERS
                     kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
                     enter("wait_kv", PROFILE)
-                    tlx.barrier_wait(tlx.local_view(fulls, buf), (u // NUM_BUFFERS) & 1)
+                    tlx.barrier_wait(tlx.local_view(fulls, buf), full_phase(u, NUM_BUFFERS))
                     leave("wait_kv", PROFILE)
                     k2_tile = tlx.local_view(k2_tiles, buf)
                     v2_tile = tlx.local_view(v2_tiles, buf)

@@ -39,6 +39,7 @@ from kernels_triton.simplicial.host import entry_points
 from kernels_triton.simplicial.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores,
                                    softmax_step, store_rows)
 from altattn.simplicial.spec import ProblemSpec
+from kernels_tlx.ring import empty_phase, full_phase
 
 
 @triton.jit
@@ -53,7 +54,7 @@ def consume_block(acc, m_i, l_i, q_smem, b_tiles, v1_slots, b_fulls, b_empties, 
         c = c0 + jj
         bs = c % NUM_B
         enter("qk_gemm", PROFILE)
-        tlx.barrier_wait(tlx.local_view(b_fulls, bs), (c // NUM_B) & 1)
+        tlx.barrier_wait(tlx.local_view(b_fulls, bs), full_phase(c, NUM_B))
         s = tlx.async_dot(q_smem, tlx.local_trans(tlx.local_view(b_tiles, bs)))
         s = tlx.async_dot_wait(0, s)
         v1 = release_layout(tlx.local_load(tlx.local_view(v1_slots, bs), layout=v1_layout(D)))
@@ -104,7 +105,7 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
                 slot = t % 2
                 kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
                 enter("load_kv", PROFILE)
-                tlx.barrier_wait(tlx.local_view(kv_empties, slot), ((t // 2) & 1) ^ 1)
+                tlx.barrier_wait(tlx.local_view(kv_empties, slot), empty_phase(t, 2))
                 full = tlx.local_view(kv_fulls, slot)
                 tlx.barrier_expect_bytes(full, BLOCK_N * D * BF16_BYTES)
                 tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, slot), [b, kb, g * D],
@@ -121,7 +122,7 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
                     kv_row = kv_base + (j_first + jj).to(tl.int64) * (HK * D)
                     k1 = row_tile(K1, kv_row, D, CH)
                     v1 = tl.load(V1 + kv_row + tl.arange(0, D))
-                    tlx.barrier_wait(tlx.local_view(b_empties, bs), ((c // NUM_B) & 1) ^ 1)
+                    tlx.barrier_wait(tlx.local_view(b_empties, bs), empty_phase(c, NUM_B))
                     # V1[j] beside B_j, for the consumers' multiply of the PV output
                     tlx.local_store(tlx.local_view(v1_slots, bs), v1)
                     build(k1, k2_tile, tlx.local_view(b_tiles, bs), D, BLOCK_N, CH)
@@ -138,7 +139,7 @@ def simplicial_fwd_ws_keys_kernel(Q, K1, K2, V1, V2, Out, Lse, N, w1, w2, qk_sca
                 slot = t % 2
                 kb, _ = key_block(t, k_lo, n_lo, n_hi, BLOCK_N)
                 enter("wait_kv", PROFILE)
-                tlx.barrier_wait(tlx.local_view(kv_fulls, slot), (t // 2) & 1)
+                tlx.barrier_wait(tlx.local_view(kv_fulls, slot), full_phase(t, 2))
                 leave("wait_kv", PROFILE)
                 v2_tile = tlx.local_view(v2_tiles, slot)
                 if t < n_int:

@@ -50,6 +50,7 @@ from kernels_triton.simplicial.host import entry_points
 from kernels_triton.simplicial.tiling import (BF16_BYTES, enter, key_block, leave, mask_scores,
                                               normalized, row_coords, softmax_step, write_rows)
 from altattn.simplicial.spec import ProblemSpec
+from kernels_tlx.ring import empty_phase, full_phase
 
 
 @triton.jit
@@ -60,7 +61,7 @@ def produce_step(row, src_tile, dst_tiles, fulls, empties, c, D: tl.constexpr,
     """Producer: wait for slot c % NUM_B of a ring, build row * src into it (DET: row * src +
     row_b * src_b; MASK_ROWS: rows n_rows on zero; hadamard.build), mark it full."""
     bs = c % NUM_B
-    tlx.barrier_wait(tlx.local_view(empties, bs), ((c // NUM_B) & 1) ^ 1)
+    tlx.barrier_wait(tlx.local_view(empties, bs), empty_phase(c, NUM_B))
     build(row, src_tile, tlx.local_view(dst_tiles, bs), D, BLOCK_N, CH, DET, row_b, src_b,
           MASK_ROWS, n_rows)
     tlx.barrier_arrive(tlx.local_view(fulls, bs), 1)
@@ -70,7 +71,7 @@ def produce_step(row, src_tile, dst_tiles, fulls, empties, c, D: tl.constexpr,
 def qk_issue(q, b_tiles, b_fulls, c, NUM_B: tl.constexpr):
     """Consumer: wait for B_j of step c, issue S = Q @ B_j^T (not waited); Q in registers."""
     bs = c % NUM_B
-    tlx.barrier_wait(tlx.local_view(b_fulls, bs), (c // NUM_B) & 1)
+    tlx.barrier_wait(tlx.local_view(b_fulls, bs), full_phase(c, NUM_B))
     return tlx.async_dot(q, tlx.local_trans(tlx.local_view(b_tiles, bs)))
 
 
@@ -78,7 +79,7 @@ def qk_issue(q, b_tiles, b_fulls, c, NUM_B: tl.constexpr):
 def pv_issue(p, acc, c_tiles, c_fulls, c, NUM_B: tl.constexpr):
     """Consumer: wait for C_j of step c, issue acc += P @ C_j (not waited)."""
     bs = c % NUM_B
-    tlx.barrier_wait(tlx.local_view(c_fulls, bs), (c // NUM_B) & 1)
+    tlx.barrier_wait(tlx.local_view(c_fulls, bs), full_phase(c, NUM_B))
     return tlx.async_dot(p, tlx.local_view(c_tiles, bs), acc)
 
 

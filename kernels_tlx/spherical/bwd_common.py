@@ -33,8 +33,9 @@ from triton.language.extra import tlx
 
 from altattn.registry import CompileConfig
 from kernels_triton.proton import BF16_BYTES, enter, leave
-from kernels_triton.launch import Desc, Kernel
+from kernels_triton.launch import Desc, Kernel, constexprs
 from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows
+from kernels_tlx.ring import empty_phase, full_phase
 
 BLOCK_N = 128         # keys per program (64 per consumer)
 BLOCK_M = 64          # query rows per streamed tile
@@ -151,7 +152,7 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                 h = g * G + it // n_m
                 q0 = (m_lo + it % n_m) * 64
                 enter("load_kv", PROFILE)
-                tlx.barrier_wait(tlx.local_view(q_empties, s), ((it // NUM_STAGES) & 1) ^ 1)
+                tlx.barrier_wait(tlx.local_view(q_empties, s), empty_phase(it, NUM_STAGES))
                 full = tlx.local_view(q_fulls, s)
                 tlx.barrier_expect_bytes(full, 2 * 64 * D * BF16_BYTES + 2 * 64 * 4)
                 tlx.async_descriptor_load(Qd, tlx.local_view(q_tiles, s), [b, q0, h * D], full)
@@ -180,7 +181,7 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                 h = g * G + it // n_m
                 q0 = (m_lo + it % n_m) * 64
                 enter("wait_kv", PROFILE)
-                tlx.barrier_wait(tlx.local_view(q_fulls, s), (it // NUM_STAGES) & 1)
+                tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(it, NUM_STAGES))
                 leave("wait_kv", PROFILE)
                 q_tile = tlx.local_view(q_tiles, s)
                 do_tile = tlx.local_view(do_tiles, s)
@@ -216,7 +217,7 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                     tlx.async_descriptor_store_wait(0)  # the last reduce-add has read `stage`
                     ds_full = tlx.local_view(ds_fulls, it % 2)
                     tlx.barrier_arrive(ds_full, 1)  # this thread's share of dS^T is stored
-                    tlx.barrier_wait(ds_full, (it // 2) & 1)  # both halves of dS^T stored
+                    tlx.barrier_wait(ds_full, full_phase(it, 2))  # both halves of dS^T stored
                     if D == 128:  # columns cid * 64 .. of dQ, over both key halves
                         if cid == 0:
                             dq = dq_gemm(ds_tiles, par, k_tiles, 0, DQ_COLS)
@@ -357,7 +358,7 @@ def dkv_compile_config(spec, with_dq: bool) -> CompileConfig:
            "N": "i32", "Nk": "i32"}
     consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D, CAUSAL=spec.causal,
                   VARLEN=spec.varlen, WITH_DQ=with_dq,
-                  **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
+                  **constexprs(cfg))
     sig.update({k: "constexpr" for k in consts})
     return CompileConfig(f"dkv{'_dq' if with_dq else ''}_{spec_name(spec)}", _dkv_kernel, sig,
                          consts, cfg["num_warps"], cfg["num_stages"])

@@ -33,8 +33,9 @@ from kernels_tlx.spherical.bwd_common import (
 )
 from kernels_tlx.spherical.bwd_common import supports as common_supports
 from kernels_triton.proton import BF16_BYTES, enter, leave
-from kernels_triton.launch import Kernel
+from kernels_triton.launch import Kernel, constexprs
 from kernels_triton.spherical.bwd_common import coeff_row0, prepare_row_coeffs
+from kernels_tlx.ring import empty_phase, full_phase
 
 ROWS = tl.constexpr(64)      # rows per consumer
 BLOCK_Q = 128                # rows per program
@@ -104,7 +105,7 @@ def _dq_kernel(Qd, Kd, Vd, DOd, A, R, Seqlens, DQ, N, Nk, HQ: tl.constexpr, HK: 
             for j in range(n_kb):
                 s = j % NUM_STAGES
                 enter("load_kv", PROFILE)
-                tlx.barrier_wait(tlx.local_view(kv_empties, s), ((j // NUM_STAGES) & 1) ^ 1)
+                tlx.barrier_wait(tlx.local_view(kv_empties, s), empty_phase(j, NUM_STAGES))
                 full = tlx.local_view(kv_fulls, s)
                 tlx.barrier_expect_bytes(full, 2 * 128 * D * BF16_BYTES)
                 tlx.async_descriptor_load(Kd, tlx.local_view(k_tiles, s), [b, j * 128, g * D],
@@ -131,7 +132,7 @@ def _dq_kernel(Qd, Kd, Vd, DOd, A, R, Seqlens, DQ, N, Nk, HQ: tl.constexpr, HK: 
             for j in range(n_kb):
                 s = j % NUM_STAGES
                 enter("wait_kv", PROFILE)
-                tlx.barrier_wait(tlx.local_view(kv_fulls, s), (j // NUM_STAGES) & 1)
+                tlx.barrier_wait(tlx.local_view(kv_fulls, s), full_phase(j, NUM_STAGES))
                 leave("wait_kv", PROFILE)
                 k_tile = tlx.local_view(k_tiles, s)
                 enter("qk_gemm", PROFILE)
@@ -221,7 +222,7 @@ def compile_configs() -> list[CompileConfig]:
                "Seqlens": "*i32", "DQ": "*bf16", "N": "i32", "Nk": "i32"}
         consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D, CAUSAL=spec.causal,
                       VARLEN=spec.varlen,
-                      **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
+                      **constexprs(cfg))
         sig.update({k: "constexpr" for k in consts})
         out.append(CompileConfig(f"dq_{spec_name(spec)}", _dq_kernel, sig, consts,
                                  cfg["num_warps"], cfg["num_stages"]))

@@ -39,13 +39,13 @@ from kernels_triton.proton import BF16_BYTES, enter, leave
 from kernels_triton.spherical.host import (
     build_compile_configs,
     descriptor_type,
-    kernel_constexprs,
     layout,
     seqlens_type,
 )
 from kernels_triton.spherical.host import supports as host_supports
-from kernels_triton.launch import Kernel, sm_count
+from kernels_triton.launch import Kernel, constexprs, sm_count
 from kernels_tlx.consumers import NUM_CONSUMERS, pass_turn, take_turn
+from kernels_tlx.ring import empty_phase, full_phase
 
 ROWS = tl.constexpr(64)  # query rows per consumer warp group
 EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's 128 threads around its output store
@@ -96,13 +96,13 @@ def produce_tile(Qd, Kd, Vd, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fu
     b, h, g, m0 = tile_coords(tile, n_m, HQ, G, BLOCK_M, CAUSAL)
     n_blocks = tile_keys(b, m0, Seqlens, N, NK, CAUSAL, VARLEN, BLOCK_M, BLOCK_N)[2]
     for c in tl.static_range(NUM_CONSUMERS):
-        tlx.barrier_wait(tlx.local_view(q_empties, c), (it & 1) ^ 1)
+        tlx.barrier_wait(tlx.local_view(q_empties, c), empty_phase(it, 1))
         q_full = tlx.local_view(q_fulls, c)
         tlx.barrier_expect_bytes(q_full, ROWS * D * BF16_BYTES)
         tlx.async_descriptor_load(Qd, tlx.local_view(q_tiles, c), [b, m0 + c * ROWS, h * D], q_full)
     for t in range(n_blocks):
         buf = cnt % NUM_BUFFERS
-        phase = ((cnt // NUM_BUFFERS) & 1) ^ 1
+        phase = empty_phase(cnt, NUM_BUFFERS)
         enter("load_kv", PROFILE)
         tlx.barrier_wait(tlx.local_view(k_empties, buf), phase)
         k_full = tlx.local_view(k_fulls, buf)
@@ -122,7 +122,7 @@ def wait_full(fulls, cnt, NUM_BUFFERS: tl.constexpr, PROFILE: tl.constexpr):
     """Wait until ring slot cnt % NUM_BUFFERS holds block cnt; returns the slot index."""
     buf = cnt % NUM_BUFFERS
     enter("wait_kv", PROFILE)
-    tlx.barrier_wait(tlx.local_view(fulls, buf), (cnt // NUM_BUFFERS) & 1)
+    tlx.barrier_wait(tlx.local_view(fulls, buf), full_phase(cnt, NUM_BUFFERS))
     leave("wait_kv", PROFILE)
     return buf
 
@@ -428,7 +428,7 @@ def prepare_with(cfg: dict, spec: SphericalSpec, profile: bool = False):
     kernel = Kernel(spherical_fwd_kernel, grid(spec, cfg), HQ=spec.Hq, HK=spec.Hk, G=spec.G,
                     D=spec.D, CAUSAL=spec.causal, VARLEN=spec.varlen, PROFILE=bool(profile),
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                    **kernel_constexprs(cfg))
+                    **constexprs(cfg))
     B, N, Nk, scale, eps = spec.B, spec.N, spec.Nk, spec.sm_scale, spec.eps
 
     def run(q, k, v, seqlens, out, r) -> None:

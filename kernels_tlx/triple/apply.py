@@ -25,6 +25,7 @@ import triton.language.extra.tlx as tlx
 from altattn.registry import CompileConfig
 from kernels_triton.launch import Desc, Kernel, sm_count
 from kernels_tlx.consumers import NUM_CONSUMERS
+from kernels_tlx.ring import empty_phase, full_phase
 
 D = tl.constexpr(32)        # Dx = Dy = Do
 ROWS = tl.constexpr(64)     # token rows per consumer
@@ -95,7 +96,7 @@ def apply_resident_kernel(Xd, Yd, Wd, Out, N, c, w_head, tiles_per_head,
                                           wf)
             for t in range(n_tiles):
                 buf = t % NUM_BUFFERS
-                tlx.barrier_wait(tlx.local_view(empties, buf), ((t // NUM_BUFFERS) & 1) ^ 1)
+                tlx.barrier_wait(tlx.local_view(empties, buf), empty_phase(t, NUM_BUFFERS))
                 full = tlx.local_view(fulls, buf)
                 tlx.barrier_expect_bytes(full, 2 * BM * D * BF16)
                 n0 = (first + t * step) * BM
@@ -112,7 +113,7 @@ def apply_resident_kernel(Xd, Yd, Wd, Out, N, c, w_head, tiles_per_head,
             cols = tl.arange(0, D)
             for t in range(n_tiles):
                 buf = t % NUM_BUFFERS
-                tlx.barrier_wait(tlx.local_view(fulls, buf), (t // NUM_BUFFERS) & 1)
+                tlx.barrier_wait(tlx.local_view(fulls, buf), full_phase(t, NUM_BUFFERS))
                 slot = buf * NUM_CONSUMERS + cid
                 xa = tlx.local_load(tlx.local_view(x_tiles, slot), layout=A32)
                 ya = tlx.local_load(tlx.local_view(y_tiles, slot), layout=A32)

@@ -32,6 +32,7 @@ from kernels_triton.launch import Desc, Kernel, sm_count
 from kernels_triton.triple import host as triton_host
 from kernels_triton.triple.core import split_program
 from kernels_tlx.consumers import NUM_CONSUMERS
+from kernels_tlx.ring import empty_phase, full_phase
 
 ROWS = tl.constexpr(64)    # rows of j per consumer (one wgmma M)
 BF16 = tl.constexpr(2)
@@ -137,7 +138,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
         with tlx.async_task("default"):
             for t in range(n_steps):
                 buf = t % NUM_BUFFERS
-                tlx.barrier_wait(tlx.local_view(empties, buf), ((t // NUM_BUFFERS) & 1) ^ 1)
+                tlx.barrier_wait(tlx.local_view(empties, buf), empty_phase(t, NUM_BUFFERS))
                 full = tlx.local_view(fulls, buf)
                 tlx.barrier_expect_bytes(full, BN * (DY + D2) * BF16)
                 n0 = start + t * BN
@@ -155,7 +156,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
             acc3 = tl.zeros([ROWS, D2], tl.float32)
             for t in range(n_steps):
                 buf = t % NUM_BUFFERS
-                tlx.barrier_wait(tlx.local_view(fulls, buf), (t // NUM_BUFFERS) & 1)
+                tlx.barrier_wait(tlx.local_view(fulls, buf), full_phase(t, NUM_BUFFERS))
                 y = tlx.local_slice(tlx.local_view(y_tiles, buf), [0, jb * ROWS], [BN, ROWS])
                 vt = tlx.local_load(tlx.local_trans(y), layout=A_LAYOUT)
                 x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)

@@ -21,6 +21,7 @@ import triton.language.extra.tlx as tlx
 
 from kernels_tlx.consumers import NUM_CONSUMERS
 from kernels_triton.triple.core import split_program
+from kernels_tlx.ring import empty_phase
 from kernels_tlx.triple.partials import (A_LAYOUT, BF16, BN, ROWS, prefetch_x1, step_gemms,
                                          store_accs)
 
@@ -49,7 +50,7 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
         with tlx.async_task("default"):
             for t in range(n_steps):
                 buf = t % NUM_BUFFERS
-                tlx.barrier_wait(tlx.local_view(empties, buf), ((t // NUM_BUFFERS) & 1) ^ 1)
+                tlx.barrier_wait(tlx.local_view(empties, buf), empty_phase(t, NUM_BUFFERS))
                 n0 = start + t * BN
                 full = tlx.local_view(fulls, buf)
                 tlx.barrier_expect_bytes(full, BN * D2 * BF16)

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_triton.launch import Kernel
+from kernels_triton.launch import Kernel, constexprs
 from kernels_triton.simplicial.det import det_cols, det_of, form_suffix
 from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E, LOG2E_JIT, row_coords
 from altattn.registry import CompileConfig
@@ -286,7 +286,7 @@ def kernel_config(kern: str, fn, spec: ProblemSpec, cfg: dict, sig: dict) -> Com
     `cfg` (its constexprs + num_warps/num_stages) and runtime signature `sig`, named by its tile
     (and, for form "det", by the form and the pairs' order)."""
     consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
-                  **{k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")})
+                  **constexprs(cfg))
     blocks = "".join(f"_{k[-1]}{cfg[k]}" for k in ("BLOCK_M", "BLOCK_N") if k in cfg)
     return CompileConfig(f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{blocks}{form_suffix(spec)}", fn,
                          {**sig, **{k: "constexpr" for k in consts}}, consts, cfg["num_warps"],

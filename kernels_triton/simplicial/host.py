@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from kernels_triton.launch import Desc, Kernel
+from kernels_triton.launch import Desc, Kernel, constexprs
 from kernels_triton.simplicial.det import det_of, det_specs, form_suffix
 from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E, grid
 from altattn.registry import CompileConfig
@@ -51,10 +51,6 @@ def q_layout(spec: ProblemSpec, block_m: int) -> Desc:
     reach output rows that are never stored."""
     return Desc([spec.B * spec.N * spec.Hq, spec.D], [spec.D, 1],
                 [q_rows(spec.G, block_m), spec.D])
-
-
-def _constexprs(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
 
 
 def _options(spec: ProblemSpec, cfg: dict, profile: bool) -> dict:
@@ -146,7 +142,7 @@ def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = Fa
         q_sig = f"tensordesc<bf16[{q_rows(hq // hk, cfg['BLOCK_M'])},{d}]>" if q_tma else "*bf16"
         sig = {"Q": q_sig, "K1": "*bf16", "K2": desc, "V1": "*bf16", "V2": desc, "Out": "*bf16",
                "Lse": "*fp32", "N": "i32", "w1": "i32", "w2": "i32", "qk_scale": "fp32"}
-        consts = {"HQ": hq, "HK": hk, "G": hq // hk, "D": d, **_constexprs(cfg)}
+        consts = {"HQ": hq, "HK": hk, "G": hq // hk, "D": d, **constexprs(cfg)}
         if spec.varlen:
             sig.update(Seq="*i32", n_split="i32")
             consts["VARLEN"] = True

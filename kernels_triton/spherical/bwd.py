@@ -28,13 +28,12 @@ import triton.language as tl
 
 from altattn.registry import CompileConfig
 from altattn.spherical.spec import SphericalSpec
-from kernels_triton.launch import Kernel
+from kernels_triton.launch import Kernel, constexprs
 from kernels_triton.proton import enter, leave
 from kernels_triton.spherical.bwd_common import coeff_row0, prepare_row_coeffs
 from kernels_triton.spherical.host import (
     build_compile_configs,
     descriptor_type,
-    kernel_constexprs,
     layout,
     key_blocks,
     key_grid,
@@ -226,7 +225,7 @@ def prepare(spec: SphericalSpec, profile: bool | str = False, cfg: dict | None =
                        layout(spec.B, spec.Nk, spec.Hk, spec.D, bn))
         kernels[name] = Kernel(fn, grid(spec, bn if name == "dkdv" else bm), **common,
                                PROFILE=_profiled(profile, name), num_warps=c["num_warps"],
-                               num_stages=c["num_stages"], **kernel_constexprs(c))
+                               num_stages=c["num_stages"], **constexprs(c))
     N, Nk = spec.N, spec.Nk
 
     def run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv) -> None:

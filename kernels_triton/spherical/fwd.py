@@ -23,12 +23,11 @@ import triton.language as tl
 
 from altattn.registry import CompileConfig
 from altattn.spherical.spec import SphericalSpec
-from kernels_triton.launch import Kernel
+from kernels_triton.launch import Kernel, constexprs
 from kernels_triton.proton import enter, leave
 from kernels_triton.spherical.host import (
     build_compile_configs,
     descriptor_type,
-    kernel_constexprs,
     layout,
     key_blocks,
     row_grid,
@@ -113,7 +112,7 @@ def prepare(spec: SphericalSpec, profile: bool = False, cfg: dict | None = None)
     kernel = Kernel(spherical_fwd_kernel, row_grid(spec, bm), HQ=spec.Hq, HK=spec.Hk, G=spec.G,
                     D=spec.D, CAUSAL=spec.causal, VARLEN=spec.varlen, PROFILE=bool(profile),
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                    **kernel_constexprs(cfg))
+                    **constexprs(cfg))
     N, Nk, scale, eps = spec.N, spec.Nk, spec.sm_scale, spec.eps
 
     def run(q, k, v, seqlens, out, r) -> None:

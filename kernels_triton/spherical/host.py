@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from altattn.registry import CompileConfig
-from kernels_triton.launch import Desc
+from kernels_triton.launch import Desc, constexprs
 from altattn.spherical.spec import SphericalSpec
 
 SUPPORTED_D = (64, 128)
@@ -146,11 +146,6 @@ def family_constexprs(spec: SphericalSpec) -> dict:
             "VARLEN": spec.varlen}
 
 
-def kernel_constexprs(cfg: dict) -> dict:
-    """A config's constexprs (everything but num_warps / num_stages)."""
-    return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
-
-
 def seqlens_type(spec: SphericalSpec) -> str:
     """Seqlens is an int32 pointer with seqlens, else None (a constexpr: launches pass None)."""
     return "*i32" if spec.varlen else "constexpr"
@@ -171,7 +166,7 @@ def build_compile_configs(kernel, config: Config, signature: Signature, name: st
         if supports_fn(spec) is not None:
             continue
         cfg = config(spec)
-        consts = {**family_constexprs(spec), **kernel_constexprs(cfg)}
+        consts = {**family_constexprs(spec), **constexprs(cfg)}
         sig = signature(spec, cfg)
         for k, t in sig.items():
             if t == "constexpr" and k not in consts:
