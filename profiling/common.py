@@ -1,5 +1,5 @@
 """What the command-line tools share (bench/fwd.py, bench/bwd.py, profiling/trace.py,
-profiling/sanitize.py): each family's shape flags (its shape record's fields) and presets, the
+tools/sanitize.py): each family's shape flags (its shape record's fields) and presets, the
 other arguments, the pass, shape, variant and output-path checks that come before any GPU work,
 run metadata and text tables. Installed with the package, so `python -m profiling.trace` needs
 no checkout."""

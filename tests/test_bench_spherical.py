@@ -302,7 +302,7 @@ def test_trace_takes_the_family_shapes(capsys) -> None:
 
 
 def test_sanitize_runs_and_worker_shapes() -> None:
-    from profiling import sanitize
+    from tools import sanitize
     s = SHAPE(1, 256, 8, 2, 64, causal=True, pad=0.25)
     run = sanitize.Run("memcheck", "fwd", "triton", s, None, "spherical")
     cmd = sanitize.command("cs", run)

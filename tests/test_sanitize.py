@@ -1,4 +1,4 @@
-"""Tests of profiling/sanitize.py on the CPU: reading sanitizer reports (realistic sample text of
+"""Tests of tools/sanitize.py on the CPU: reading sanitizer reports (realistic sample text of
 memcheck, racecheck and synccheck), the allow-list's verdicts, the shapes and runs chosen per
 variant (registry only), the probe's runs, the child's command; (gpu marker) the worker of every
 planned run, the probe's included, without the sanitizer. The command line and its children
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from profiling import sanitize, sanitize_report
-from profiling.sanitize import Allowance, Report, Run, judge, parse_report
+from tools import sanitize, sanitize_report
+from tools.sanitize import Allowance, Report, Run, judge, parse_report
 from altattn import registry
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -331,7 +331,7 @@ def test_the_probes_command_and_tag():
     assert f"--kernel-name kns={sanitize.PROBE_KERNEL}" in text
     assert cmd[cmd.index(sys.executable) + 1:] == [sanitize.SCRIPT, "--worker", "--pass", "probe"]
     assert run.tag() == "racecheck-probe-ws_probe" and run.shape_text() == "probe launch"
-    from profiling import ws_probe
+    from tools import ws_probe
     assert ws_probe.KERNEL_NAME == sanitize.PROBE_KERNEL == ws_probe.ws_probe_kernel.__name__
 
 

@@ -1,4 +1,4 @@
-"""profiling/sanitize.py's command line on the CPU: the dry run, running children in parallel
+"""tools/sanitize.py's command line on the CPU: the dry run, running children in parallel
 (--jobs, with a stand-in sanitizer script: order, timeouts, interrupts), its refusals, and
 finding compute-sanitizer."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from conftest import no_gpu_env
 
 from altattn import registry
-from profiling import sanitize
-from profiling.sanitize import Run
+from tools import sanitize
+from tools.sanitize import Run
 from test_sanitize import SMALL
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +26,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join("profiling", "sanitize.py"), *args],
+    return subprocess.run([sys.executable, os.path.join("tools", "sanitize.py"), *args],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 

@@ -1,5 +1,5 @@
-"""Tests of profiling/ws_dispatch.py (the compiler's warp-specialization dispatch in SASS, and
-whether barrier 1 orders it) and of the probe of profiling/ws_probe.py, on the CPU: the check on
+"""Tests of tools/ws_dispatch.py (the compiler's warp-specialization dispatch in SASS, and
+whether barrier 1 orders it) and of the probe of tools/ws_probe.py, on the CPU: the check on
 small hand-written listings, one correct and several broken; then on the compiled sm_90a SASS of
 the probe and of the `tlx_ws` kernels (forward and backward) at the sanitizer's ragged shape, which
 must show the same protocol; the probe's host-side expected values. (gpu marker) one launch of
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from profiling import ws_dispatch, ws_probe
+from tools import ws_dispatch, ws_probe
 from altattn import registry
 
 # A dispatch as Triton lowers it, in cuobjdump's format: warps 0-3 fall through the role split;

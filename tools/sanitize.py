@@ -4,15 +4,15 @@ computes, at the family's small shapes (Family.sanitizer_shapes), failing on any
 family's allow-list (sanitize_report.ALLOWED_BY_FAMILY, one entry per explained finding, for every
 form of the variant) does not name. docs/sanitizers.md says what is allowed and why.
 
-    python3 profiling/sanitize.py                                   # everything (GPU)
-    python3 profiling/sanitize.py --tool racecheck --pass fwd --variant tlx_ws
-    python3 profiling/sanitize.py --jobs 4                          # 4 children at once
-    python3 profiling/sanitize.py --tool racecheck --pass probe     # the warp-specialization probe
-    python3 profiling/sanitize.py --dry-run                         # the runs, no GPU needed
-    python3 profiling/sanitize.py --form det                        # form "det" only
+    python3 tools/sanitize.py                                   # everything (GPU)
+    python3 tools/sanitize.py --tool racecheck --pass fwd --variant tlx_ws
+    python3 tools/sanitize.py --jobs 4                          # 4 children at once
+    python3 tools/sanitize.py --tool racecheck --pass probe     # the warp-specialization probe
+    python3 tools/sanitize.py --dry-run                         # the runs, no GPU needed
+    python3 tools/sanitize.py --form det                        # form "det" only
 
 Each run is one child process, `compute-sanitizer --tool T --error-exitcode 1 ... python3
-profiling/sanitize.py --worker ...`, that calls one variant of one pass once on one shape
+tools/sanitize.py --worker ...`, that calls one variant of one pass once on one shape
 (launcher.run on the family's make_inputs; the backward after a plain forward, whose kernels are
 excluded from the check: forward_kernel_prefix; where the passes share kernels, as triple
 attention's, nothing is excluded and the backward run checks the forward's kernels too).
@@ -23,7 +23,7 @@ memory only). A run passes when it finished (the worker printed its last line) w
 or with findings that its ALLOWED entry covers. `--jobs N` runs up to N children at once on the
 one GPU; the lines and the table stay in the order of the runs.
 
-The probe (`--pass probe`, not a variant, not in the default passes): profiling/ws_probe.py's
+The probe (`--pass probe`, not a variant, not in the default passes): tools/ws_probe.py's
 kernel, which has our TLX kernels' warp-specialized task layout and no shared memory of its own,
 so a finding in it is the compiler's dispatch code's, one run per tool.
 
@@ -41,7 +41,7 @@ import os
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # `python3 profiling/sanitize.py` from a checkout
+if REPO_ROOT not in sys.path:  # `python3 tools/sanitize.py` from a checkout
     sys.path.insert(0, REPO_ROOT)
 
 import argparse  # noqa: E402
@@ -61,10 +61,10 @@ from dataclasses import dataclass  # noqa: E402
 from altattn import registry  # noqa: E402
 from profiling.common import (add_family_arg, form_options, format_table,  # noqa: E402
                               forms_of, gpu_problem, parse_shape, positive_int, shape_spec)
-from profiling.sanitize_report import (ALLOWED_BY_FAMILY, WORKER_DONE, Allowance,  # noqa: E402,F401
+from tools.sanitize_report import (ALLOWED_BY_FAMILY, WORKER_DONE, Allowance,  # noqa: E402,F401
                                        Report, allowed_for, judge, parse_report)
 
-PROG = "profiling/sanitize.py"
+PROG = "tools/sanitize.py"
 SCRIPT = os.path.abspath(__file__)
 TOOLS = ("memcheck", "racecheck", "synccheck")
 # Options of every run, then each tool's. --print-limit: every finding printed, so the summary
@@ -73,7 +73,7 @@ TOOLS = ("memcheck", "racecheck", "synccheck")
 COMMON_ARGS = ("--error-exitcode", "1", "--print-limit", "10000")
 TOOL_ARGS = {"memcheck": (), "racecheck": ("--racecheck-report", "analysis"), "synccheck": ()}
 RACECHECK_REPORTS = ("analysis", "hazard", "all")  # --racecheck-report: its first is the default
-# The probe: a run kind beside the passes, not a registered variant (profiling/ws_probe.py).
+# The probe: a run kind beside the passes, not a registered variant (tools/ws_probe.py).
 PROBE = "probe"
 PROBE_NAME = "ws_probe"
 PROBE_KERNEL = "ws_probe_kernel"   # its one kernel; the probe's runs check only it
@@ -311,7 +311,7 @@ def worker(pass_: str, variant: str | None, s, form: str | None = None,
     if problem is not None:
         return problem
     if pass_ == PROBE:
-        from profiling import ws_probe
+        from tools import ws_probe
         ws_probe.run()
         print(f"{WORKER_DONE}: {PROBE} {PROBE_NAME} {ws_probe.GRID} CTAs", flush=True)
         return 0
@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pass", dest="passes", nargs="+", choices=PASSES,
                    default=list(registry.PASSES), metavar="PASS",
                    help=f"passes (default: {' '.join(registry.PASSES)}); '{PROBE}' adds the "
-                        "warp-specialization probe (profiling/ws_probe.py, not a variant: one "
+                        "warp-specialization probe (tools/ws_probe.py, not a variant: one "
                         "run per tool)")
     names = list(dict.fromkeys(v.name for v in registry.all_variants(None, None)))
     forms = sorted({f for v in registry.all_variants(None, None)

@@ -1,4 +1,4 @@
-"""Reading a compute-sanitizer log and judging it against the allow-list (profiling/sanitize.py's
+"""Reading a compute-sanitizer log and judging it against the allow-list (tools/sanitize.py's
 runs; no GPU). docs/sanitizers.md says what is allowed and why.
 
 An allowance names a finding by what the report itself says, never by the kernel's source text:

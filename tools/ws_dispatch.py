@@ -33,8 +33,8 @@ gives them their own place, apart from every buffer and mbarrier the kernel allo
 live across the tasks: docs/sanitizers.md shows the layout). It does not look at the 128 default
 threads storing the same values to the same bytes in one instruction (a write-write of equals).
 
-    python3 -m profiling.ws_dispatch                       # every warp-specialized config + probe
-    python3 -m profiling.ws_dispatch --pass bwd --variant tlx_ws --listing
+    python3 -m tools.ws_dispatch                       # every warp-specialized config + probe
+    python3 -m tools.ws_dispatch --pass bwd --variant tlx_ws --listing
 """
 from __future__ import annotations
 
@@ -361,7 +361,7 @@ def warp_specialized_configs(pass_: str | None = None, names: Sequence[str] | No
     """(label, CompileConfig) of every compile config whose kernel uses tlx.async_tasks (the
     probe's first), of the variants named (default: all) of the pass (default: both) of `family`
     (default: the registry's default family)."""
-    from profiling import ws_probe
+    from tools import ws_probe
     from altattn import registry
     out = [("probe ws_probe", ws_probe.compile_config())] if pass_ in (None, "probe") else []
     if pass_ == "probe":
@@ -378,7 +378,7 @@ def warp_specialized_configs(pass_: str | None = None, names: Sequence[str] | No
 
 def main(argv: Sequence[str] | None = None) -> int:
     from profiling.common import add_family_arg
-    p = argparse.ArgumentParser(prog="python3 -m profiling.ws_dispatch",
+    p = argparse.ArgumentParser(prog="python3 -m tools.ws_dispatch",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--pass", dest="pass_", choices=["fwd", "bwd", "probe"],
                    help="only this pass's configs (probe: only the probe)")

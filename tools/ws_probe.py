@@ -13,13 +13,13 @@ memory only; no local_alloc, barrier or TMA.
 
 What shared memory the compiled kernel touches is then the compiler's own: the per-warp dispatch
 bytes (written by the default warp group at its start and, with the exit code, at its end; read by
-the other warps after `barrier.sync 1`) and the captured value. profiling/ws_dispatch.py lists those
+the other warps after `barrier.sync 1`) and the captured value. tools/ws_dispatch.py lists those
 instructions in SASS and checks that barrier 1 orders them, for the probe and for each of our
 warp-specialized kernels (tests/test_ws_dispatch.py compares the two).
 
-    python3 -m profiling.ws_probe            # the probe's dispatch, checked (sm_90a, no GPU)
-    python3 -m profiling.ws_probe --run      # one launch on the GPU, checked against the host
-profiling/sanitize.py runs it under the sanitizers with `--pass probe`.
+    python3 -m tools.ws_probe            # the probe's dispatch, checked (sm_90a, no GPU)
+    python3 -m tools.ws_probe --run      # one launch on the GPU, checked against the host
+tools/sanitize.py runs it under the sanitizers with `--pass probe`.
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def run(grid: int = GRID, iters: int = ITERS, check: int = 4,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m profiling.ws_probe",
+    p = argparse.ArgumentParser(prog="python3 -m tools.ws_probe",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--run", action="store_true",
                    help="launch the probe once on the GPU and check its output")
@@ -135,13 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.run:
         from profiling.common import gpu_problem
-        problem = gpu_problem("python3 -m profiling.ws_probe")
+        problem = gpu_problem("python3 -m tools.ws_probe")
         if problem is not None:
             return problem
         run(partition_barriers=args.partition_barriers)
         print(f"{KERNEL_NAME}: {GRID} CTAs, output checked")
         return 0
-    from profiling import ws_dispatch
+    from tools import ws_dispatch
     return ws_dispatch.main(["--pass", "probe", "--listing"])
 
 

@@ -77,7 +77,7 @@ BWD = (
 )
 
 # Small shapes compute-sanitizer runs each variant on: the first it takes of each group
-# (profiling/sanitize.py)
+# (tools/sanitize.py)
 SANITIZER_SHAPES = (
     (Shape(1, 256, 8, 1, 64, 32, 64),      # G = 8: triton
      Shape(1, 256, 64, 2, 128, 32, 64),    # G = 32: tlx_ws, tlx_pingpong

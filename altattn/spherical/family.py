@@ -42,7 +42,7 @@ BWD = (
             warps=8, scopes=TRITON_SCOPES),
 )
 
-# Small shapes compute-sanitizer runs each variant on (profiling/sanitize.py)
+# Small shapes compute-sanitizer runs each variant on (tools/sanitize.py)
 SANITIZER_SHAPES = (
     (Shape(1, 256, 8, 2, 64, causal=True),),
     (Shape(2, 333, 4, 4, 128),),

@@ -28,7 +28,7 @@ BWD = (
             needs_hopper=True, rank=1, supports=_ANY, warps=8, scopes=TRITON_SCOPES),
 )
 
-# Small shapes compute-sanitizer runs each variant on (profiling/sanitize.py): ragged N, both
+# Small shapes compute-sanitizer runs each variant on (tools/sanitize.py): ragged N, both
 # modes, Dq != Dv
 SANITIZER_SHAPES = (
     (Shape(1, 1000, 2, 64, 64),),
