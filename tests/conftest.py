@@ -199,7 +199,7 @@ def compiled_grads_differ(model, loss_of_output) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Contract tests (tests/test_contract.py, tests/test_gpu_contract.py): generated from the registry,
+# Contract tests (tests/spine/test_contract.py, tests/spine/test_gpu_contract.py): generated from the registry,
 # family-agnostic (only the Family record and the launcher).
 
 def contract_params(per_form: bool = False) -> list:

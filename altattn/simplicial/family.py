@@ -86,7 +86,7 @@ SANITIZER_SHAPES = (
     (Shape(2, 333, 128, 1, 128, 32, 96),),  # ragged N, G = 128: every variant today
 )
 
-# Checks against the reference, named once (bench's pre-timing checks; tests/test_gpu*.py)
+# Checks against the reference, named once (bench's pre-timing checks; tests/simplicial/test_gpu*.py)
 TOLERANCES = {
     "out_rel": 2e-2,    # bench: ||out - ref||_F / ||ref||_F, bf16 kernel vs fp32 reference
     "lse_abs": 2e-2,    # bench: max |lse - ref_lse|

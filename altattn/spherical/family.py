@@ -49,13 +49,13 @@ SANITIZER_SHAPES = (
     (Shape(2, 333, 8, 2, 128, pad=0.25),),
 )
 
-# Checks against the reference, named once (bench's pre-timing checks; tests/test_gpu_spherical.py)
+# Checks against the reference, named once (bench's pre-timing checks; tests/spherical/test_gpu_spherical.py)
 TOLERANCES = {
     "out_rel": 1e-2,    # ||out - ref||_F / ||ref||_F, bf16 kernel vs fp64 (the bound)
     "r_rel": 1e-3,      # ||r - ref||_F / ||ref||_F
     "grad_rel": 1e-2,   # each gradient, ||g - ref||_F / ||ref||_F
     # ... and at most this many times the error of a bf16 emulation of the same computation
-    # (tests/test_gpu_spherical.py)
+    # (tests/spherical/test_gpu_spherical.py)
     "vs_emulation": 2.0,
 }
 

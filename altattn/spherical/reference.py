@@ -7,7 +7,7 @@
 visible(y, x): y < Lq, x < Lk and (causal: x <= y), with Lq = N, Lk = Nk, or with `seqlens`
 Lq = min(seqlens[b], N), Lk = min(seqlens[b], Nk). Rows that see no key give out = 0 and r = 0.
 GQA: query head h reads KV head h // (Hq / Hk). The backward is the closed form below; a CPU test
-holds it against autograd (tests/test_spherical_cpu.py).
+holds it against autograd (tests/spherical/test_spherical_cpu.py).
 """
 from __future__ import annotations
 

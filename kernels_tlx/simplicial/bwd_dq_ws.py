@@ -253,7 +253,7 @@ def _dq_ws_kernel(Q, K1, K2, V1, V2, DO, Lse, Delta, DQ, DQacc, DQtma, PK1, PV1,
                         tlx.barrier_wait(tlx.local_view(kv_empties, sk), empty_phase(kcnt, NUM_KV))
                         full = tlx.local_view(kv_fulls, sk)
                         tlx.barrier_expect_bytes(full, 2 * BLOCK_N * D * BF16_BYTES)
-                        kb = k_lo + n * BLOCK_N  # past N: zeros (host.kv_descriptor)
+                        kb = k_lo + n * BLOCK_N  # past N: zeros (host.kv_layout)
                         tlx.async_descriptor_load(K2, tlx.local_view(k2_tiles, sk), [b, kb, g * D],
                                                   full)
                         tlx.async_descriptor_load(V2, tlx.local_view(v2_tiles, sk), [b, kb, g * D],

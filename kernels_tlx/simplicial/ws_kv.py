@@ -24,7 +24,7 @@ step together with the PV wgmma of the one before (consume_pipelined); `PINGPONG
 Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys). VARLEN: one
 launch over packed sequences (`packed_mask`); CACHE (trilinear): decoding, the keys read from KV
 caches where they lie (hadamard.cache_tile; the masked blocks last, `consume_masked`).
-Rounds K1[j] * K2 and V1[j] * V2 to bf16 (tests/test_gpu.py emulates both).
+Rounds K1[j] * K2 and V1[j] * V2 to bf16 (tests/simplicial/test_gpu.py emulates both).
 
 Form "det" (DET = +-1, the pipelined variants only: PIPELINED_FORMS) is built keys-side, since
 det[q; k1; k2] = q . (k1 x3 k2): the B producer builds B_j = K1[j] x3 K2 = K1a[j] * K2a +

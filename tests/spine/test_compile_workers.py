@@ -1,5 +1,5 @@
 """altattn/compile_workers.py on the CPU: the default it changes, and only that (the GPU test that
-compiles a whole model is tests/test_gpu_compile.py)."""
+compiles a whole model is tests/spine/test_gpu_compile.py)."""
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,5 @@
 """The family spine, on the CPU: a second family is its own file plus one registry line, and the
-generic layers (registry, launcher) then serve it without knowing its name (tests/toy_family.py)."""
+generic layers (registry, launcher) then serve it without knowing its name (tests/spine/toy_family.py)."""
 from __future__ import annotations
 
 import dataclasses

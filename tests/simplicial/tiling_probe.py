@@ -1,9 +1,9 @@
 """Runs kernels_triton/simplicial/tiling.py's @triton.jit index functions in Triton's interpreter, on the CPU.
 
-    TRITON_INTERPRET=1 python tests/tiling_probe.py CASES.json OUT.pt
+    TRITON_INTERPRET=1 python tests/simplicial/tiling_probe.py CASES.json OUT.pt
 
 (the interpreter is chosen when `triton` is imported, so this runs in its own process; see
-tests/test_tiling.py, which compares what it writes with a plain-Python mirror). Small wrapper
+tests/simplicial/test_tiling.py, which compares what it writes with a plain-Python mirror). Small wrapper
 kernels call the functions exactly as the variant kernels do and store what they return:
 
     blocks_probe  tile_coords, key_blocks and key_block, vectorized over many (tile, N, w2) rows
@@ -22,7 +22,7 @@ import sys
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     sys.exit("tiling_probe.py: run with TRITON_INTERPRET=1 (Triton's CPU interpreter)")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import torch  # noqa: E402
 import triton  # noqa: E402

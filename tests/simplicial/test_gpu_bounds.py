@@ -1,7 +1,7 @@
-"""The out-of-bounds contract of the K2/V2 descriptors (kernels_triton/simplicial/host.py: kv_descriptor) on a
+"""The out-of-bounds contract of the K2/V2 descriptors (kernels_triton/simplicial/host.py: kv_layout) on a
 CUDA GPU: a key block that runs past a batch's last token reads zeros, so no value of one batch
 element, not even inf or NaN in any input, reaches another's output (skipped without a GPU). The
-backward's counterpart is tests/test_gpu_bwd.py::test_no_value_crosses_batches."""
+backward's counterpart is tests/simplicial/test_gpu_bwd.py::test_no_value_crosses_batches."""
 from __future__ import annotations
 
 import math

@@ -1,6 +1,6 @@
 """The call path's host-side pieces on the CPU: the remembered validation (checks.cached_validate)
 and the generated op declarations (altattn/ops.py). The GPU side (plans, the thin launch, CUDA
-graphs) is tests/test_gpu_call.py."""
+graphs) is tests/spine/test_gpu_call.py."""
 from __future__ import annotations
 
 import pytest

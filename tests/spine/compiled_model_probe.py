@@ -1,8 +1,8 @@
 """A small language model with two attention blocks, trained a few steps eagerly and under
 torch.compile(model) (inductor on the GPU, its compile workers as they start by default), in a
-fresh process: tests/test_gpu_compile.py runs it. Prints one JSON line: the losses of both.
+fresh process: tests/spine/test_gpu_compile.py runs it. Prints one JSON line: the losses of both.
 
-    python3 tests/compiled_model_probe.py [--steps 3] [--mode reduce-overhead] [--all-families]
+    python3 tests/spine/compiled_model_probe.py [--steps 3] [--mode reduce-overhead] [--all-families]
 
 Each block has a SimplicialAttention layer; with --all-families a causal SphericalAttention and
 a causal TripleAttention layer too. --mode: torch.compile's (reduce-overhead: CUDA graphs).
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402

@@ -1,7 +1,7 @@
 """The backward variants on a CUDA GPU against the fp64 reference (skipped without a GPU). Every
 registered backward variant runs every shape of SHAPES it takes.
 
-Yardstick, as for the forward (tests/test_gpu.py): `emulate_bwd_bf16` evaluates the gradients
+Yardstick, as for the forward (tests/simplicial/test_gpu.py): `emulate_bwd_bf16` evaluates the gradients
 exactly except for the roundings the backward variant makes on purpose (A_j = Q*K1[j] and
 dO_j = dO*V1[j] to bf16, or for a variant registered with `rounds_keys_side` (`tlx_pairs`)
 K1[j]*K2[k] and V1[j]*V2[k] instead; P and dS to bf16 as GEMM operands, each gradient to bf16 at
@@ -28,7 +28,7 @@ from altattn.simplicial.spec import validate, validate_shape
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
 
-BUDGET = 2.0          # as in tests/test_gpu.py
+BUDGET = 2.0          # as in tests/simplicial/test_gpu.py
 # Floors relative to max|ref|. Mean: fp32 accumulation noise over up to G*w1*(w2+BLOCK) terms.
 # Max: the kernel rounds its fp32 sum, the emulation its fp64 one, to bf16: where the exact value
 # sits near a rounding midpoint they round to neighbours, so the kernel's largest error may exceed
@@ -78,7 +78,7 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
                      form="trilinear", keys_side=False):
     """The backward variants' arithmetic in fp64 with their bf16 roundings (module docstring).
     form="det": A_j = bf16(Qa * K1a + bf16(Qb * K1b)) as the forward builds it
-    (tests/test_gpu.py emulate_bf16, kernels_triton/simplicial/det.py), r = 2 when the pairs are exchanged,
+    (tests/simplicial/test_gpu.py emulate_bf16, kernels_triton/simplicial/det.py), r = 2 when the pairs are exchanged,
     and dQ, dK1 through the rotations of kernels_triton/simplicial/det.py, unrounded. keys_side (trilinear):
     the pairs' products K1[j]*K2[k] and V1[j]*V2[k] rounded (kernels_tlx/simplicial/bwd_pairs.py), Q*K1[j]
     and dO*V1[j] not."""

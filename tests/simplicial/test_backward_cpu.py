@@ -243,7 +243,7 @@ def test_dkv1_reduce_kernel_in_the_interpreter():
     import subprocess
     import sys
     from pathlib import Path
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     p = subprocess.run([sys.executable, "-c", REDUCE_PROBE.format(root=root)], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]

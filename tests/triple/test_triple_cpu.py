@@ -1,7 +1,7 @@
 """Triple attention on the CPU: the op against the fp64 reference (dtypes, scale, causal), gradcheck
 and opcheck of its two torch.library ops, torch.compile(fullgraph=True), the layer, the passes'
 kernel arguments through the launcher (a stand-in kernel module records them), bad input refused
-naming the argument, and the FLOP model. The reference itself: tests/test_triple_reference.py."""
+naming the argument, and the FLOP model. The reference itself: tests/triple/test_triple_reference.py."""
 from __future__ import annotations
 
 import contextlib

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 pytestmark = pytest.mark.gpu
-PROBE = os.path.join(ROOT, "tests", "compiled_model_probe.py")
+PROBE = os.path.join(ROOT, "tests", "spine", "compiled_model_probe.py")
 
 
 def run_probe(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from tools import sanitize, sanitize_report
 from tools.sanitize import Allowance, Report, Run, judge, parse_report
 from altattn import registry
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FAMILY = registry.get_family()
 SMALL = FAMILY.sanitizer_shapes[0][0]
 RAGGED = FAMILY.sanitizer_shapes[1][0]

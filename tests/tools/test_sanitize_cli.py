@@ -18,7 +18,7 @@ from tools import sanitize
 from tools.sanitize import Run
 from test_sanitize import SMALL
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 # ---------------------------------------------------------------------------------------------

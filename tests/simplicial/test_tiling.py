@@ -13,7 +13,7 @@ which scores it masks (`mask_scores`). A slip there shows on the GPU only at som
    once, interior ones first; an unmasked block holds only keys that every row of the tile sees,
    and a block is masked only where the docstring says (the partial last block, or one that
    meets the first or last T - 1 keys); with the masks, each row sees exactly its window.
-3. tests/tiling_probe.py runs the real functions under TRITON_INTERPRET=1 (in a child process:
+3. tests/simplicial/tiling_probe.py runs the real functions under TRITON_INTERPRET=1 (in a child process:
    the interpreter is chosen when `triton` is imported) from small wrapper kernels that call them
    as the variant kernels do; their results must equal the mirror's, value for value.
 """
@@ -285,7 +285,7 @@ def interpreted(tmp_path_factory) -> dict:
     }
     tmp = tmp_path_factory.mktemp("tiling_probe")
     (tmp / "cases.json").write_text(json.dumps(cases))
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tiling_probe.py"),
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "simplicial", "tiling_probe.py"),
                         str(tmp / "cases.json"), str(tmp / "out.pt")], cwd=ROOT,
                        env=no_gpu_env(TRITON_INTERPRET="1"), capture_output=True, text=True,
                        timeout=900)

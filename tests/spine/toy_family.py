@@ -1,4 +1,4 @@
-"""A second family in a few lines, to hold the spine to its promise (tests/test_spine.py): plain
+"""A second family in a few lines, to hold the spine to its promise (tests/spine/test_spine.py): plain
 softmax attention, one forward "kernel" written in torch. Registering it takes one line,
 `registry.FAMILIES["toy"] = "toy_family"`; nothing generic learns its name."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Tests of the trace tool (profiling/trace.py, its CLI, and trace_summary.py, trace_plot.py,
-trace_capture.py): summary, trim, plot and kernel table on CPU (real traces in tests/data and
+trace_capture.py): summary, trim, plot and kernel table on CPU (real traces in tests/tools/data and
 hand-built ones, one- and multi-kernel), warps and scopes per variant. The command line, the
 capture with stand-ins and (gpu marker) of every registered variant: test_trace_cli.py."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ from profiling.common import Shape
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS
 from altattn import registry
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(REPO_ROOT, "tests", "data")
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DATA = os.path.join(REPO_ROOT, "tests", "tools", "data")
 TRITON = os.path.join(DATA, "triton_small.chrome_trace")
 TLX_WS = os.path.join(DATA, "tlx_ws_small.chrome_trace")
 REAL = {"triton": TRITON, "tlx_ws": TLX_WS}
@@ -441,7 +441,7 @@ def test_profiled_kernels_fit_the_records():
 
 
 def test_scopes_of_the_real_traces_match_the_records():
-    """The scopes of the two captured traces in tests/data are their variants' record's."""
+    """The scopes of the two captured traces in tests/tools/data are their variants' record's."""
     for name, path in REAL.items():
         assert {e["name"] for e in trace_summary.load_trace(path)} == set(
             registry.get(name).scopes), name
