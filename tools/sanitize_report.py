@@ -4,7 +4,7 @@ runs; no GPU). docs/sanitizers.md says what is allowed and why.
 An allowance names a finding by what the report itself says, never by the kernel's source text:
 the kernel's name, the severity of the race, and a `kind` (RACE_KINDS) that is a fact of the two
 accesses racecheck reports (their source line as racecheck gives it, their SASS offsets). A source
-edit that moves a line changes nothing here; a renamed kernel fails tests/test_sanitize.py (each
+edit that moves a line changes nothing here; a renamed kernel fails tests/tools/test_sanitize.py (each
 allowance's kernel must be one of its variant's compiled kernels).
 """
 from __future__ import annotations

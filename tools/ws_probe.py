@@ -15,7 +15,7 @@ What shared memory the compiled kernel touches is then the compiler's own: the p
 bytes (written by the default warp group at its start and, with the exit code, at its end; read by
 the other warps after `barrier.sync 1`) and the captured value. tools/ws_dispatch.py lists those
 instructions in SASS and checks that barrier 1 orders them, for the probe and for each of our
-warp-specialized kernels (tests/test_ws_dispatch.py compares the two).
+warp-specialized kernels (tests/tools/test_ws_dispatch.py compares the two).
 
     python3 -m tools.ws_probe            # the probe's dispatch, checked (sm_90a, no GPU)
     python3 -m tools.ws_probe --run      # one launch on the GPU, checked against the host
