@@ -16,13 +16,17 @@ its record, or a function of its kernel module read through the record. A varian
 and, where its launch runs several Proton-scoped kernels (a backward),
     profiled_kernels(spec) -> dict[str, int] # their names for launch(..., profile=name) and
                                              # their warps per CTA (Variant.profiled_kernels)
+A module whose one kernel body serves several variants defines instead (or as well)
+    variant(**switches) -> dict              # those names for one choice of its switches
+                                             # (Variant.switches, e.g. pipeline, pingpong)
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 # one line per family: its name -> the module that defines its record as FAMILY
 FAMILIES = {
@@ -42,6 +46,9 @@ class Variant:
     name: str
     pass_: str           # which pass it implements: "fwd" or "bwd" (PASSES)
     module: str          # import path of the kernel module
+    # the module's switches for this variant: one kernel body serves several variants. Empty: the
+    # module is the variant; else `load` is `module.variant(**dict(switches))`
+    switches: tuple[tuple[str, object], ...] = ()
     needs_hopper: bool   # uses TMA descriptors / wgmma / setmaxnreg: sm_90 only
     # "auto" tries variants from the highest rank down (measured speed order); a function of the
     # spec where that order changes with it
@@ -67,8 +74,12 @@ class Variant:
     def __hash__(self) -> int:  # the key; `accepts` is a dict
         return hash((self.family, self.pass_, self.name))
 
-    def load(self) -> ModuleType:
-        return importlib.import_module(self.module)
+    def load(self) -> ModuleType | SimpleNamespace:
+        """What runs the variant: its module, or (switches) the module's `variant(**switches)`,
+        a mapping of the same names (`supports`, `prepare`, `launch`, `compile_configs`, ...)
+        made once."""
+        module = importlib.import_module(self.module)
+        return _switched(module, self.switches) if self.switches else module
 
     def rank_for(self, spec) -> int:
         return self.rank(spec) if callable(self.rank) else self.rank
@@ -97,6 +108,11 @@ class Variant:
         it has one (several scoped kernels, of different widths), else {True: warps}."""
         kernels = getattr(self.load(), "profiled_kernels", None)
         return kernels(spec) if kernels else {True: self.warps}
+
+
+@functools.cache
+def _switched(module: ModuleType, switches: tuple) -> SimpleNamespace:
+    return SimpleNamespace(**module.variant(**dict(switches)))
 
 
 @dataclass(frozen=True, kw_only=True)

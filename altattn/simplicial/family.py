@@ -42,7 +42,8 @@ _G16 = "any B, N, Hk, w1, w2; G = Hq/Hk in {16, 32, 64, 128}; D in {64, 128}"
 _ANY = "any B, N, Hk, w1, w2; G = Hq/Hk a power of two <= 128; D in {64, 128}"
 _TLX = "kernels_tlx.simplicial."
 FWD = (
-    Variant(name="tlx_pipelined_kv", pass_="fwd", module=_TLX + "pipelined_kv", needs_hopper=True,
+    Variant(name="tlx_pipelined_kv", pass_="fwd", module=_TLX + "ws_kv",
+            switches=(("pipelined", True),), needs_hopper=True,
             rank=lambda spec: 8 if spec.D == 128 else 6, supports=_G128, warps=16,
             scopes=KV_SCOPES, traits=BOTH_SIDES, pipelined=True,
             accepts={**DET, "varlen": PACKED}),
@@ -53,12 +54,12 @@ FWD = (
             accepts={"varlen": PACKED}),
     Variant(name="tlx_ws_keys", pass_="fwd", module=_TLX + "ws_keys", needs_hopper=True, rank=4,
             supports=_G128, warps=12, scopes=KEYS_SCOPES, traits=frozenset({KEYS_SIDE})),
-    Variant(name="tlx_pingpong", pass_="fwd", module=_TLX + "pingpong", needs_hopper=True, rank=3,
-            supports=_G16, warps=12, scopes=WS_SCOPES),
+    Variant(name="tlx_pingpong", pass_="fwd", module=_TLX + "ws", switches=(("pingpong", True),),
+            needs_hopper=True, rank=3, supports=_G16, warps=12, scopes=WS_SCOPES),
     Variant(name="triton", pass_="fwd", module="kernels_triton.simplicial.fwd", needs_hopper=True,
             rank=2, supports=_ANY, warps=4, scopes=TRITON_SCOPES, accepts=DET),
-    Variant(name="tlx_pipelined_pingpong", pass_="fwd", module=_TLX + "pipelined_pingpong",
-            needs_hopper=True, rank=lambda spec: 9 if spec.form == "det" and spec.D == 128 else -3,
+    Variant(name="tlx_pipelined_pingpong", pass_="fwd", module=_TLX + "ws_kv",
+            switches=(("pipelined", True), ("pingpong", True)), needs_hopper=True, rank=lambda spec: 9 if spec.form == "det" and spec.D == 128 else -3,
             supports=_G128, warps=16, scopes=KV_SCOPES, traits=BOTH_SIDES, pipelined=True,
             accepts={**DET, "varlen": PACKED}),
 )

@@ -21,12 +21,15 @@ _TLX = "kernels_tlx.spherical."
 # Forward ranks: the speed order on an H200 (docs/perf-spherical.md has the runs): tlx_pingpong
 # first at P1 and P2, level with the others causal; tlx_pipelined a little ahead at N 2048.
 FWD = (
-    Variant(name="tlx_pingpong", family="spherical", pass_="fwd", module=_TLX + "pingpong",
-            needs_hopper=True, rank=4, supports=_ANY, warps=12, scopes=WS_SCOPES, pipelined=True),
-    Variant(name="tlx_pipelined", family="spherical", pass_="fwd", module=_TLX + "pipelined",
-            needs_hopper=True, rank=3, supports=_ANY, warps=12, scopes=WS_SCOPES, pipelined=True),
-    Variant(name="tlx_ws", family="spherical", pass_="fwd", module=_TLX + "ws",
-            needs_hopper=True, rank=2, supports=_ANY, warps=12, scopes=WS_SCOPES),
+    Variant(name="tlx_pingpong", family="spherical", pass_="fwd", module=_TLX + "fwd_common",
+            switches=(("pipeline", True), ("pingpong", True)), needs_hopper=True, rank=4,
+            supports=_ANY, warps=12, scopes=WS_SCOPES, pipelined=True),
+    Variant(name="tlx_pipelined", family="spherical", pass_="fwd", module=_TLX + "fwd_common",
+            switches=(("pipeline", True), ("pingpong", False)), needs_hopper=True, rank=3,
+            supports=_ANY, warps=12, scopes=WS_SCOPES, pipelined=True),
+    Variant(name="tlx_ws", family="spherical", pass_="fwd", module=_TLX + "fwd_common",
+            switches=(("pipeline", False), ("pingpong", False)), needs_hopper=True, rank=2,
+            supports=_ANY, warps=12, scopes=WS_SCOPES),
     Variant(name="triton", family="spherical", pass_="fwd",
             module="kernels_triton.spherical.fwd", needs_hopper=True, rank=1, supports=_ANY,
             warps=8, scopes=TRITON_SCOPES),

@@ -16,14 +16,14 @@ TRITON_SCOPES = tuple(SCOPES)
 _ANY = "any B, N, H; Dq, Dv in {32, 64, 128}; causal"
 # Ranks: the speed order on an H200 (docs/perf-triple.md)
 FWD = (
-    Variant(name="tlx", family="triple", pass_="fwd", module="kernels_tlx.triple.fwd",
-            needs_hopper=True, rank=2, supports=_ANY, warps=16, scopes=TRITON_SCOPES),
+    Variant(name="tlx", family="triple", pass_="fwd", module="kernels_tlx.triple.contractions",
+            switches=(("pass_", "fwd"),), needs_hopper=True, rank=2, supports=_ANY, warps=16, scopes=TRITON_SCOPES),
     Variant(name="triton", family="triple", pass_="fwd", module="kernels_triton.triple.fwd",
             needs_hopper=True, rank=1, supports=_ANY, warps=8, scopes=TRITON_SCOPES),
 )
 BWD = (
-    Variant(name="tlx", family="triple", pass_="bwd", module="kernels_tlx.triple.bwd",
-            needs_hopper=True, rank=2, supports=_ANY, warps=16, scopes=TRITON_SCOPES),
+    Variant(name="tlx", family="triple", pass_="bwd", module="kernels_tlx.triple.contractions",
+            switches=(("pass_", "bwd"),), needs_hopper=True, rank=2, supports=_ANY, warps=16, scopes=TRITON_SCOPES),
     Variant(name="triton", family="triple", pass_="bwd", module="kernels_triton.triple.bwd",
             needs_hopper=True, rank=1, supports=_ANY, warps=8, scopes=TRITON_SCOPES),
 )

@@ -24,8 +24,13 @@ the wgmma accumulator layout. Per step (one K2/V2 slot, one j):
                                   never built in shared memory)
 K1[j] and V1[j] are read from the window in the accumulator's column layout (`v1_layout`); nothing
 is written to shared memory inside the loop, so the step has no barrier.
-`PINGPONG` (the `tlx_pingpong` variant, kernels_tlx/simplicial/pingpong.py) makes the two consumers take turns
-issuing wgmma; here it is off and each consumer runs on its own.
+`PINGPONG` (the `tlx_pingpong` variant: this module with switches, `variant`; the seeds'
+Kernel-3) makes the two consumers take turns on the tensor cores: every wgmma issue (QK and PV)
+of consumer c waits on named barrier TURN_BARRIER + c and, once issued, arrives on the other's
+(common.take_turn / pass_turn), so the issues strictly alternate (c0 QK, c1 QK, c0 PV, c1 PV, ...)
+and one consumer's softmax runs while the other's GEMM owns the tensor cores. Consumer 1 arrives
+once at the start so consumer 0 goes first; with an odd w1 window consumer 1 runs one extra, fully
+masked step per block, so both issue as many wgmma. Off (`tlx_ws`), each consumer runs on its own.
 Supports any B, N, Hk, w1 <= w2, D in {64, 128}, G in {16, 32, 64, 128} (`supports`).
 Differs from `triton`: TMA producer + mbarrier ring, two consumer groups sharing each K2/V2 slot
 and splitting the window, Q resident in registers and A formed there.
@@ -286,3 +291,14 @@ def config(spec: ProblemSpec, pingpong: bool = False) -> dict:
 
 prepare, launch, compile_configs = entry_points(simplicial_fwd_ws_kernel, config, supports,
                                                q_tma=True)
+
+
+def variant(pingpong: bool) -> dict:
+    """`tlx_pingpong` (altattn/registry.py: Variant.switches): this kernel with PINGPONG."""
+    def variant_config(spec: ProblemSpec) -> dict:
+        return config(spec, pingpong)
+
+    prepare, launch, compile_configs = entry_points(simplicial_fwd_ws_kernel, variant_config,
+                                                    supports, q_tma=True)
+    return dict(supports=supports, config=variant_config, prepare=prepare, launch=launch,
+                compile_configs=compile_configs)

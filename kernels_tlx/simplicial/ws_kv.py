@@ -18,9 +18,18 @@ Warp groups (4 warps each):
       S = Q @ B_j^T                 RS-wgmma (Q the register operand); B slot released
       online softmax in exp2
       acc = acc * alpha + P @ C_j   RS-wgmma accumulating into acc; C slot released
-`PIPELINE` (the `tlx_pipelined_kv` variant, kernels_tlx/simplicial/pipelined_kv.py) issues the QK wgmma of a
-step together with the PV wgmma of the one before (consume_pipelined); `PINGPONG` on top of it (the
-`tlx_pipelined_pingpong` variant) makes the two consumers take turns issuing those wgmma pairs.
+`PIPELINE` (the `tlx_pipelined_kv` variant: this module with switches, `variant`) issues the QK
+wgmma of a step together with the PV wgmma of the one before (consume_pipelined): P of the
+previous step is carried in registers, and a consumer holds only acc, S, P and its Q rows (zero
+spills at 224 registers). In the compiled code ptxas writes the new P into the registers that
+PV(c - 1) still reads, so the consumer waits for PV(c - 1) before its softmax ("ex2 under wgmma"
+= 0 in `python -m profiling.resources`): the gain over `tlx_ws_kv` is the pair issue, not a
+softmax under PV (a version whose softmax does run under PV was slower,
+docs/history/perf-notes.md session 12). `PINGPONG` on top of it (`tlx_pipelined_pingpong`) makes
+the two consumers take turns issuing those pairs: consumer c waits on named barrier
+TURN_BARRIER + c before its pair and arrives on the other's after (common.take_turn /
+pass_turn); both run the same steps, so the turns always match. It is the fastest form "det"
+forward at D = 128 (docs/perf.md).
 Supports G = Hq/Hk = 128, D in {64, 128}, any B, N, Hk, w1 <= w2 (as tlx_ws_keys). VARLEN: one
 launch over packed sequences (`packed_mask`); CACHE (trilinear): decoding, the keys read from KV
 caches where they lie (hadamard.cache_tile; the masked blocks last, `consume_masked`).
@@ -154,7 +163,7 @@ def consume_pipelined(acc, m_i, l_i, q, b_tiles, b_fulls, b_empties, c_tiles, c_
     the QK wgmma of step c and the PV wgmma of step c - 1 are issued together, and QK(c) is
     waited for first. In the compiled code the softmax of step c does not run under PV(c - 1):
     ptxas computes the new P into the registers PV(c - 1) reads (p_prev is loop-carried) and so
-    waits for it first (kernels_tlx/simplicial/pipelined_kv.py). PINGPONG: the two consumers take turns issuing those pairs (both run
+    waits for it first (the module docstring). PINGPONG: the two consumers take turns issuing those pairs (both run
     n_steps steps)."""
     take_turn(cid, PINGPONG)
     s = qk_issue(q, b_tiles, b_fulls, c0, NUM_B)
@@ -419,11 +428,17 @@ def config(spec: ProblemSpec, pipelined: bool = False, pingpong: bool = False) -
 PIPELINED_FORMS = ("trilinear", "det")
 
 
-def pipelined_entry_points(config_of):
-    """host.entry_points of this kernel for the pipelined variants (`config_of`: their copy of
-    this module's config), which also compute form "det"."""
-    return entry_points(simplicial_fwd_ws_kv_kernel, config_of, supports, forms=PIPELINED_FORMS,
-                        det_pack=det_keys_side, packed=True)
+def variant(pipelined: bool, pingpong: bool = False) -> dict:
+    """The pipelined variants (altattn/registry.py: Variant.switches): this kernel with PIPELINE
+    (and PINGPONG), which also computes form "det"."""
+    def variant_config(spec: ProblemSpec) -> dict:
+        return config(spec, pipelined, pingpong)
+
+    prepare, launch, compile_configs = entry_points(
+        simplicial_fwd_ws_kv_kernel, variant_config, supports, forms=PIPELINED_FORMS,
+        det_pack=det_keys_side, packed=True)
+    return dict(supports=supports, config=variant_config, prepare=prepare, launch=launch,
+                compile_configs=compile_configs)
 
 
 prepare, launch, compile_configs = entry_points(simplicial_fwd_ws_kv_kernel, config, supports,

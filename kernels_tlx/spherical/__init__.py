@@ -1,2 +1,2 @@
 """TLX (warp-specialized, Hopper) spherical-attention kernels: fwd_common.py holds the forward's one
-kernel body; ws.py, pipelined.py, pingpong.py pick its switches."""
+kernel body, whose switches make its three variants (`variant`)."""

@@ -1,7 +1,20 @@
-"""The TLX spherical-attention forward every variant shares: one kernel body with constexpr switches
-(PIPELINE, PINGPONG, PERSISTENT), its producer loop, consumer step, epilogue, and the host side
-(descriptors, launch, compile configs). A variant file (ws.py, pipelined.py, pingpong.py) holds only
-its choice of switches.
+"""The TLX spherical-attention forward: one kernel body with constexpr switches (PIPELINE,
+PINGPONG, PERSISTENT), its producer loop, consumer step, epilogue, and the host side (descriptors,
+launch, compile configs). Its three variants are this module with switches (`variant`;
+altattn/spherical/family.py names them):
+- `tlx_ws` (PIPELINE off, PINGPONG off): FlashAttention-3's forward shape with softmax replaced
+  by the square-accumulate; each consumer waits for each of its GEMMs, and the two consumers
+  overlap each other on the tensor cores on their own.
+- `tlx_pipelined` (PIPELINE): FlashAttention-3's intra-warp-group overlap. Step j issues QK(j),
+  then PV(j-1) (P(j-1) held in registers), waits for QK(j) only (`async_dot_wait(1)`), frees the
+  K slot, squares and sums S(j) while PV(j-1) still runs, then waits for PV(j-1), frees its V
+  slot and only then converts P(j) = bf16(S(j)) (so ptxas cannot write P(j) into the registers
+  PV(j-1) reads). Prologue QK(0), epilogue PV(last). Registers at D 128: acc 64 + S 64 + P 32.
+- `tlx_pingpong` (PIPELINE, PINGPONG): the two consumers take turns on the tensor cores
+  (inter-warp-group pingpong): consumer c waits on named barrier 11 + c before issuing its
+  step's wgmma pair and arrives on the other's once they are issued, so the pairs alternate;
+  consumer 1 arrives once at the start so consumer 0 goes first. Both consumers of a tile issue
+  the same number of pairs (they share its key blocks), across persistent tiles too.
 
 Math (docs/MATH.md §2), per query row y of head h, kv head
 g = h // G:  t = q_y . k_x (fp32);  z = sum_{visible x} t^2;  acc = sum_{visible x} bf16(t) v_x;
@@ -450,9 +463,17 @@ def _signature(spec: SphericalSpec, cfg: dict) -> dict:
             "B": "i32", "N": "i32", "NK": "i32", "sm_scale": "fp32", "eps": "fp32"}
 
 
+def variant(pipeline: bool, pingpong: bool) -> dict:
+    """The variant of these switches (altattn/registry.py: Variant.switches): its `supports`,
+    `config`, `prepare`, `launch` and `compile_configs`."""
+    cfg, prepare, launch, compile_configs = entry_points(pipeline, pingpong)
+    return dict(supports=supports, config=cfg, prepare=prepare, launch=launch,
+                compile_configs=compile_configs)
+
+
 def entry_points(pipeline: bool, pingpong: bool):
-    """A variant module's `config`, `prepare`, `launch` and `compile_configs`
-    (altattn/registry.py) for the shared kernel run with the variant's switches."""
+    """`config`, `prepare`, `launch` and `compile_configs` (altattn/registry.py) of the shared
+    kernel run with these switches."""
 
     def variant_config(spec: SphericalSpec, persistent: bool | None = None) -> dict:
         return config(spec, pipeline, pingpong, persistent)

@@ -2,7 +2,10 @@
 kernel where it takes the shape, the plain-Triton one elsewhere. The Triton passes
 (kernels_triton/triple/fwd.py, bwd.py, causal.py) take this module as their `impl`, as they take
 kernels_triton/triple/host.py: `n_splits`, and `prepare_partials` / `prepare_apply`, each a launch
-made once per shape that returns its `run`.
+made once per shape that returns its `run`. The `tlx` variants of both passes are those passes
+with this `impl` (`variant`, altattn/registry.py: Variant.switches): the state, dS and the causal
+chunk states from the warp-specialized `partials`; the output and the five input gradients from
+the resident-state `apply` at Dq = Dv = 32 and from the Triton `apply` elsewhere.
 
     partials   partials.py (Y 64 or 128 wide), partials_pairs.py (32); Triton otherwise
     apply      apply.py at Dx = Dy = Do = 32, non-causal; Triton otherwise
@@ -26,6 +29,24 @@ def prepare_apply(B: int, N: int, H: int, dx: int, dy: int, do: int, c: float, c
 def compile_configs():
     from kernels_tlx.triple import partials as ws
     return ws.compile_configs() + resident.compile_configs()
+
+
+def variant(pass_: str) -> dict:
+    """The `tlx` variant of pass `pass_` ("fwd" or "bwd"): kernels_triton/triple/fwd.py's or
+    bwd.py's `prepare` with this module as its `impl`."""
+    import importlib
+    import sys
+    passes = importlib.import_module(f"kernels_triton.triple.{pass_}")
+    impl = sys.modules[__name__]
+
+    def prepare(spec, profile: bool = False):
+        return passes.prepare(spec, profile, impl=impl)
+
+    def launch(spec, *kernel_args, profile: bool = False) -> None:
+        prepare(spec, profile)(*kernel_args)
+
+    return dict(supports=host.supports, prepare=prepare, launch=launch,
+                compile_configs=compile_configs, profiled_kernels=profiled_kernels)
 
 
 def profiled_kernels(spec) -> dict[bool, int]:

@@ -5,7 +5,6 @@ naming the argument, and the FLOP model. The reference itself: tests/triple/test
 from __future__ import annotations
 
 import contextlib
-import sys
 import types
 
 import pytest
@@ -213,14 +212,15 @@ def test_bad_input_is_refused_naming_the_argument(kwargs, kind, words):
 
 @pytest.fixture
 def kernels(monkeypatch):
-    """Stand-in kernel modules (fwd, bwd) that record each launch's arguments; the device check
-    passed (CPU tensors)."""
+    """Stand-in kernels for every triple variant (fwd, bwd) that record each launch's arguments;
+    the device check passed (CPU tensors)."""
     seen = {}
-    for v in registry.get_family("triple").variants:
-        m = types.ModuleType(v.module)
-        m.supports = lambda s: None
-        m.launch = lambda s, *a, profile=False, p=v.pass_: seen.setdefault(p, []).append((s, a))
-        monkeypatch.setitem(sys.modules, v.module, m)
+    stand_ins = {v: types.SimpleNamespace(
+        supports=lambda s: None,
+        launch=lambda s, *a, profile=False, p=v.pass_: seen.setdefault(p, []).append((s, a)))
+        for v in registry.get_family("triple").variants}
+    load = registry.Variant.load
+    monkeypatch.setattr(registry.Variant, "load", lambda v: stand_ins.get(v) or load(v))
     monkeypatch.setattr(launcher, "check_device", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     return seen
