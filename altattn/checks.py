@@ -60,9 +60,9 @@ def check_bool(name: str, value) -> bool:
 
 
 def validate_aux(name: str, t, shape: tuple, layout: str, device: torch.device,
-                 inputs: str = "q, k1, k2, v1, v2") -> None:
-    """Check a tensor that comes with the inputs (`inputs` names them; 2-simplicial attention's
-    by default): the forward's out and lse, the incoming gradients dout and dlse: a
+                 inputs: str) -> None:
+    """Check a tensor that comes with the inputs (`inputs` names them, e.g. "q, k, v"): the
+    forward's out and lse, the incoming gradients dout and dlse: a
     floating-point torch.Tensor of `shape` (`layout` names its dims, e.g. "[B, Hq, N]") on
     `device`. Its dtype is the caller's to cast; a shape that only has the right element count
     (dlse as [B, N, Hq]) is refused, since a reshape would take it silently."""

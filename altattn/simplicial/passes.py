@@ -80,7 +80,7 @@ class Backward:
         if dlse is not None:
             aux.append(("dlse", dlse, lses, "[B, Hq, N]"))
         for name, t, shape, layout in aux:
-            validate_aux(name, t, shape, layout, q.device)
+            validate_aux(name, t, shape, layout, q.device, ", ".join(NAMES))
         return Backward.bind(spec, dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale,
                              form)
 

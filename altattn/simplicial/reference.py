@@ -31,7 +31,7 @@ import math
 import torch
 
 from ..checks import validate_aux
-from .spec import REFERENCE_DTYPES, check_form, validate
+from .spec import NAMES, REFERENCE_DTYPES, check_form, validate
 
 _CHUNK_ELEMENTS = 1 << 25  # elements of the largest per-chunk intermediate
 
@@ -177,9 +177,9 @@ def reference_backward(q, k1, k2, v1, v2, w1, w2, dout, dlse=None, *, sm_scale=N
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, dtypes=REFERENCE_DTYPES, form=form)
     B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
     w1, w2, c = spec.w1, spec.w2, spec.sm_scale
-    validate_aux("dout", dout, (B, N, Hq, D), "[B, N, Hq, D]", q.device)
+    validate_aux("dout", dout, (B, N, Hq, D), "[B, N, Hq, D]", q.device, ", ".join(NAMES))
     if dlse is not None:  # [B, N, Hq] has the right size: the reshape below would take it
-        validate_aux("dlse", dlse, (B, Hq, N), "[B, Hq, N]", q.device)
+        validate_aux("dlse", dlse, (B, Hq, N), "[B, Hq, N]", q.device, ", ".join(NAMES))
     q, k1, k2, v1, v2 = _in_spec_order(q, k1, k2, v1, v2, spec)
     q, k1, k2, v1, v2, dout = (t.to(dtype) for t in (q, k1, k2, v1, v2, dout))
     dq = torch.zeros_like(q)

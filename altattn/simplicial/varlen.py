@@ -135,7 +135,7 @@ def backward_varlen(dout, dlse, q, k1, k2, v1, v2, out, lse, cu_seqlens, w1, w2,
                                    ("lse", lse, (Hq, T), "[Hq, T]"),
                                    ("dout", dout, (T, Hq, D), "[T, Hq, D]")) + (
             () if dlse is None else (("dlse", dlse, (Hq, T), "[Hq, T]"),)):
-        validate_aux(name, t, shape, layout, q.device)
+        validate_aux(name, t, shape, layout, q.device, ", ".join(NAMES))
     v = packing.packed_variant(spec, variant, q.device, "bwd", deterministic)
     if v is None:
         def one(do, dl, *x):

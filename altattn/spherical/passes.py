@@ -76,7 +76,7 @@ class Backward:
         if dr is not None:
             aux.append(("dr", dr, norms, "[B, Hq, N]"))
         for name, t, shape, layout in aux:
-            validate_aux(name, t, shape, layout, q.device)
+            validate_aux(name, t, shape, layout, q.device, ", ".join(NAMES))
         return Backward.bind(spec, dout, dr, q, k, v, out, r, causal, sm_scale, eps, seqlens)
 
     @staticmethod

@@ -153,6 +153,16 @@ def test_bad_input_is_refused_naming_the_argument(kwargs, kind, words):
         altattn.spherical_attention(q, k, v, **args)
 
 
+def test_the_backward_names_its_own_inputs_for_a_tensor_elsewhere():
+    """An `out` on another device than q, k, v: the error names spherical attention's inputs."""
+    from altattn.spherical import backward
+    x = [torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16) for _ in range(3)]
+    out = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16, device="meta")
+    r = torch.zeros(1, 2, 4)
+    with pytest.raises(ValueError, match=r"out is on meta but q, k, v are on cpu"):
+        backward(torch.zeros_like(x[0]), None, *x, out, r)
+
+
 def test_flops_count_visible_pairs_on_real_tokens():
     s = PRESETS["p1"]
     assert pass_flops(s) == 4 * 4 * 128 * 16384 * 16384 * 128
