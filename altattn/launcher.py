@@ -137,12 +137,18 @@ class Plan:
         outs = io.allocate(call, outputs or {})
         kernel_args = io.kernel_args(call, outs)
         if kernel_args is not None:
-            if self.device.index is not None and self.device.index != _current_device():
-                with torch.cuda.device(self.device):
-                    self.launch(*kernel_args)
-            else:
-                self.launch(*kernel_args)
+            on_device(self.device, self.launch, *kernel_args)
         return io.result(call, outs)
+
+
+def on_device(device: torch.device, fn: Callable, *args, **kwargs) -> None:
+    """fn(*args, **kwargs) with `device` current (Triton launches on the current device): a
+    context switch only where another device is current."""
+    if device.index is None or device.index == _current_device():
+        fn(*args, **kwargs)
+    else:
+        with torch.cuda.device(device):
+            fn(*args, **kwargs)
 
 
 _PLANS: dict[tuple, Plan] = {}

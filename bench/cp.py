@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import statistics
 
@@ -34,7 +33,7 @@ import torch.distributed as dist
 from altattn.simplicial import attention, context_parallel_attention, flops
 from altattn.simplicial.context_parallel import attend_extended
 from altattn.simplicial.shapes import make_inputs
-from profiling.common import print_table, run_metadata
+from profiling.common import report
 
 HQ, HK, D, W1, W2 = 128, 1, 128, 32, 512
 
@@ -118,14 +117,10 @@ def main(argv=None) -> int:
     for r in rows:
         r["efficiency"] = round(r["tflops_per_gpu"] / rows[0]["tflops_per_gpu"], 3)
     if rank == 0:
-        meta = run_metadata()
-        print(f"P {P} ({a.backend}), {n} tokens per rank ({P * n} in all), Hq {HQ} Hk {HK} "
-              f"D {D} w {W1}x{W2}, {a.pass_}, {meta['gpu']}")
-        print_table(rows, [("path", "path"), ("ms", "ms"), ("tflops_per_gpu", "TFLOPS/GPU"),
-                           ("efficiency", "efficiency"), ("peak_gib_per_gpu", "peak GiB/GPU")])
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        report(rows, [("path", "path"), ("ms", "ms"), ("tflops_per_gpu", "TFLOPS/GPU"),
+                      ("efficiency", "efficiency"), ("peak_gib_per_gpu", "peak GiB/GPU")], a.json,
+               lambda meta: f"P {P} ({a.backend}), {n} tokens per rank ({P * n} in all), Hq {HQ} "
+                            f"Hk {HK} D {D} w {W1}x{W2}, {a.pass_}, {meta['gpu']}")
     dist.destroy_process_group()
     return 0
 

@@ -17,7 +17,6 @@ TFLOPS: useful FLOPs (spherical 4 B H N^2 D forward, 2.5x backward; triple 4 B H
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
@@ -149,7 +148,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> int:
-    from profiling.common import metadata_line, print_table, run_metadata
+    from profiling.common import report
 
     p = argparse.ArgumentParser(prog="python -m bench.everyday",
                                 description=__doc__.split("\n")[0])
@@ -162,15 +161,10 @@ def main(argv=None) -> int:
         p.error("needs a CUDA GPU")
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = [r for fam in a.family for r in time_family(fam, gen)]
-    meta = run_metadata()
-    print(metadata_line(meta))
-    print_table(rows, [("family", "family"), ("B", "B"), ("N", "N"), ("D", "D"), ("pass", "pass"),
-                       ("op_tflops", "op TFLOPS"), ("graph_tflops", "graph TFLOPS"),
-                       ("sdpa_tflops", "SDPA TFLOPS"), ("op_vs_graph", "op/graph"),
-                       ("op_vs_sdpa", "op/SDPA")])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    report(rows, [("family", "family"), ("B", "B"), ("N", "N"), ("D", "D"), ("pass", "pass"),
+                  ("op_tflops", "op TFLOPS"), ("graph_tflops", "graph TFLOPS"),
+                  ("sdpa_tflops", "SDPA TFLOPS"), ("op_vs_graph", "op/graph"),
+                  ("op_vs_sdpa", "op/SDPA")], a.json)
     if a.plot:
         plot(rows, a.plot)
     return 0

@@ -15,7 +15,6 @@ numbers and what each step of the call path costs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -123,7 +122,7 @@ def decode_rows(gen) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from profiling.common import metadata_line, print_table, run_metadata
+    from profiling.common import metadata_line, report
 
     p = argparse.ArgumentParser(prog="python -m bench.overhead",
                                 description=__doc__.split("\n")[0])
@@ -145,15 +144,11 @@ def main(argv=None) -> int:
         if r["call"] in sdpa:
             r["vs_sdpa"] = round(r["queued_us"] / sdpa[r["call"]], 2)
     rows += decode_rows(gen)
-    meta = run_metadata()
-    print(metadata_line(meta))
-    print(f"{N} tokens a call; queued: {a.calls} calls, one sync (best of 3 rounds)")
-    print_table(rows, [("family", "family"), ("call", "call"), ("queued_us", "queued us"),
-                       ("synced_us", "synced us"), ("vs_sdpa", "x SDPA"), ("us", "us"),
-                       ("vs_graph", "graph/eager")])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    report(rows, [("family", "family"), ("call", "call"), ("queued_us", "queued us"),
+                  ("synced_us", "synced us"), ("vs_sdpa", "x SDPA"), ("us", "us"),
+                  ("vs_graph", "graph/eager")], a.json,
+           lambda meta: f"{metadata_line(meta)}\n{N} tokens a call; queued: {a.calls} calls, "
+                        "one sync (best of 3 rounds)")
     return 0
 
 

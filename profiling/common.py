@@ -9,11 +9,12 @@ import argparse
 import dataclasses
 import datetime
 import importlib
+import json
 import os
 import subprocess
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -322,3 +323,17 @@ def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> st
 def print_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> None:
     """Print `format_table(rows, columns)` to stdout."""
     print(format_table(rows, columns), flush=True)
+
+
+def report(rows: Sequence[dict], columns: Sequence[tuple[str, str]], json_path: str | None = None,
+           header: str | Callable[[dict], str] = metadata_line) -> dict:
+    """A benchmark's ending: the run's metadata (`run_metadata`), `header` (a line, or a function
+    of the metadata; default `metadata_line`), the table, and with `json_path` the JSON
+    {"meta": ..., "rows": ...}. Returns the metadata."""
+    meta = run_metadata()
+    print(header if isinstance(header, str) else header(meta))
+    print_table(rows, columns)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"meta": meta, "rows": list(rows)}, f, indent=1)
+    return meta

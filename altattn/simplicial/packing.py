@@ -113,11 +113,7 @@ def launch(pass_io, v, spec: ProblemSpec, packed: Packed, tensors: dict, outs: d
     args = pass_io.kernel_args(Call(spec, device, tensors), outs)
     if args is None:
         return
-    if device.index is None or device.index == torch.cuda.current_device():
-        v.load().launch(spec, *args, packed=packed)
-    else:
-        with torch.cuda.device(device):
-            v.load().launch(spec, *args, packed=packed)
+    launcher.on_device(device, v.load().launch, spec, *args, packed=packed)
 
 
 def per_sequence(cu: list, fn, *packed: Tensor | None) -> list:

@@ -24,6 +24,7 @@ and returns the `run` that launches it.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -98,14 +99,12 @@ def prepare_delta(spec: ProblemSpec):
     shape = (spec.B, spec.Hq, spec.N)
     rows = spec.B * spec.N * spec.Hq
     grid = (triton.cdiv(rows, DELTA_ROWS),)
-    kernels = {}  # HAS_DLSE -> its Kernel
     N = spec.N
 
+    @functools.cache  # HAS_DLSE -> its Kernel, made at its first call
     def kernel(has_dlse: bool) -> Kernel:
-        if has_dlse not in kernels:
-            kernels[has_dlse] = Kernel(_delta_kernel, grid, HQ=spec.Hq, D=spec.D, ROWS=DELTA_ROWS,
-                                       HAS_DLSE=has_dlse, num_warps=4)
-        return kernels[has_dlse]
+        return Kernel(_delta_kernel, grid, HQ=spec.Hq, D=spec.D, ROWS=DELTA_ROWS,
+                      HAS_DLSE=has_dlse, num_warps=4)
 
     def run(out, dout, dlse) -> torch.Tensor:
         delta = torch.empty(shape, dtype=torch.float32, device=out.device)

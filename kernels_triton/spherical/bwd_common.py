@@ -11,6 +11,8 @@ Layout: [B, Hq, NP] fp32 with each (b, h)'s row padded to NP = N rounded up to a
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -76,15 +78,12 @@ def prepare_row_coeffs(spec, ratio: bool = False, zero_dq: bool = False):
     scratch; no memset launch of its own)."""
     shape = (2, spec.B, spec.Hq, padded_rows(spec.N))
     grid = (spec.B * spec.Hq, triton.cdiv(spec.N, ROWS))
-    kernels = {}  # HAS_DR -> its Kernel
     N, c, eps = spec.N, spec.sm_scale, spec.eps
 
+    @functools.cache  # HAS_DR -> its Kernel, made at its first call
     def kernel(has_dr: bool) -> Kernel:
-        if has_dr not in kernels:
-            kernels[has_dr] = Kernel(_row_coeffs_kernel, grid, HQ=spec.Hq, D=spec.D,
-                                     HAS_DR=has_dr, VARLEN=spec.varlen, ROWS=ROWS, RATIO=ratio,
-                                     ZERO_DQ=zero_dq, num_warps=4)
-        return kernels[has_dr]
+        return Kernel(_row_coeffs_kernel, grid, HQ=spec.Hq, D=spec.D, HAS_DR=has_dr,
+                      VARLEN=spec.varlen, ROWS=ROWS, RATIO=ratio, ZERO_DQ=zero_dq, num_warps=4)
 
     def run(out, dout, r, dr, seqlens, dq0=None) -> tuple[torch.Tensor, torch.Tensor]:
         A, Bt = torch.empty(shape, dtype=torch.float32, device=out.device).unbind(0)

@@ -242,8 +242,8 @@ def test_dkv1_reduce_kernel_in_the_interpreter():
     DET = +-1 the two partial buffers through their column rotations (kernels_triton/simplicial/det.py)."""
     import subprocess
     import sys
-    from pathlib import Path
-    root = str(Path(__file__).resolve().parents[2])
+    from conftest import ROOT
+    root = str(ROOT)
     p = subprocess.run([sys.executable, "-c", REDUCE_PROBE.format(root=root)], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]

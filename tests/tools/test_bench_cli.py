@@ -12,15 +12,13 @@ import sys
 import pytest
 import torch
 
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+from altattn import registry
+from altattn.simplicial import flops as simplicial_flops
+from bench import common, peers
+from conftest import ROOT, no_gpu_env
+from profiling.common import PRESETS, Shape, format_table, make_inputs, run_metadata
 
-from altattn import registry  # noqa: E402
-from altattn.simplicial import flops as simplicial_flops  # noqa: E402
-from bench import common, peers  # noqa: E402
-from conftest import no_gpu_env  # noqa: E402
-from profiling.common import PRESETS, Shape, format_table, make_inputs, run_metadata  # noqa: E402
+REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
 META_KEYS = ("gpu", "torch", "triton", "commit", "time_utc")
 
@@ -399,3 +397,21 @@ def test_make_inputs_cpu() -> None:
     again = make_inputs(2, 16, 4, 2, 64, device="cpu", seed=3)
     assert all(torch.equal(a, b) for a, b in zip((q, k1, k2, v1, v2), again))
     assert not torch.equal(k1, k2)
+
+
+def test_report_prints_the_header_and_table_and_writes_meta_and_rows(tmp_path, capsys):
+    """profiling.common.report, every benchmark's ending: header (a line or a function of the
+    run's metadata), the table, and the JSON {"meta", "rows"}."""
+    import json
+
+    from profiling.common import report
+    rows = [{"call": "op fwd", "us": 40.9}, {"call": "forward", "us": 38.2}]
+    path = tmp_path / "rows.json"
+    meta = report(rows, [("call", "call"), ("us", "us")], str(path),
+                  lambda m: f"on {m['gpu']}: 128 tokens")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"on {meta['gpu']}: 128 tokens"
+    assert out[1].split() == ["call", "us"] and out[3].split() == ["op", "fwd", "40.9"]
+    assert json.loads(path.read_text()) == {"meta": meta, "rows": rows}
+    report(rows, [("call", "call")], None, "a plain line")
+    assert capsys.readouterr().out.startswith("a plain line\n")

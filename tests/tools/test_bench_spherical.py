@@ -13,14 +13,12 @@ import sys
 import pytest
 import torch
 
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+from altattn import launcher, registry
+from bench import check, common, peers, spherical_peers
+from conftest import ROOT, no_gpu_env
+from profiling import common as pcommon
 
-from altattn import launcher, registry  # noqa: E402
-from bench import check, common, peers, spherical_peers  # noqa: E402
-from conftest import no_gpu_env  # noqa: E402
-from profiling import common as pcommon  # noqa: E402
+REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
 FAM = registry.get_family("spherical")
 SHAPE = FAM.shape_type

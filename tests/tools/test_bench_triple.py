@@ -9,19 +9,17 @@ import argparse
 import dataclasses
 import importlib.util
 import os
-import sys
 
 import pytest
 import torch
 
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+from altattn import launcher, registry
+from altattn.triple.reference import reference, reference_backward
+from bench import check, common, triple_peers
+from profiling import common as pcommon
+from conftest import ROOT
 
-from altattn import launcher, registry  # noqa: E402
-from altattn.triple.reference import reference, reference_backward  # noqa: E402
-from bench import check, common, triple_peers  # noqa: E402
-from profiling import common as pcommon  # noqa: E402
+REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
 FAM = registry.get_family("triple")
 SHAPE = FAM.shape_type

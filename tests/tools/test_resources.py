@@ -12,19 +12,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # plain `pytest` from anywhere
-    sys.path.insert(0, str(ROOT))
-
-from profiling import resources  # noqa: E402
-from profiling.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx,  # noqa: E402
-                                 parse_ptxas, parse_sass_clobbered_operands,
-                                 parse_sass_overlap)
-from altattn import registry  # noqa: E402
+from conftest import ROOT
+from profiling import resources
+from profiling.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx, parse_ptxas,
+                                 parse_sass_clobbered_operands, parse_sass_overlap)
+from altattn import registry
 
 REQUIRED_KEYS = {"pass", "variant", "config", "registers", "spill_bytes", "smem_bytes", "wgmma",
                  "setmaxnreg", "named_barriers", "ex2_overlap", "total_warps"}

@@ -14,8 +14,10 @@ import pytest
 from tools import sanitize, sanitize_report
 from tools.sanitize import Allowance, Report, Run, judge, parse_report
 from altattn import registry
+from conftest import ROOT
 
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
+
 FAMILY = registry.get_family()
 SMALL = FAMILY.sanitizer_shapes[0][0]
 RAGGED = FAMILY.sanitizer_shapes[1][0]

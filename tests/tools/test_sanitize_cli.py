@@ -11,14 +11,15 @@ import textwrap
 import time
 
 import pytest
-from conftest import no_gpu_env
+from conftest import ROOT, no_gpu_env
 
 from altattn import registry
 from tools import sanitize
 from tools.sanitize import Run
 from test_sanitize import SMALL
 
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
+
 
 
 # ---------------------------------------------------------------------------------------------

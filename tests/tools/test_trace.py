@@ -15,8 +15,10 @@ from profiling import trace_capture, trace_kernels, trace_plot, trace_summary
 from profiling.common import Shape
 from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS
 from altattn import registry
+from conftest import ROOT
 
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
+
 DATA = os.path.join(REPO_ROOT, "tests", "tools", "data")
 TRITON = os.path.join(DATA, "triton_small.chrome_trace")
 TLX_WS = os.path.join(DATA, "tlx_ws_small.chrome_trace")
