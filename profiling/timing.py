@@ -1,10 +1,14 @@
 """The one timing routine of the repo (bench/, profiling/), and throughput from its times."""
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable
 
-H100_SXM_BF16_DENSE_TFLOPS = 989.0  # H100 SXM dense bf16 tensor-core peak (datasheet)
+# dense bf16 tensor-core peaks (datasheets, TFLOP/s) by what the device's name contains, the more
+# specific names first; "% of peak" columns use the GPU's own (peak_tflops)
+BF16_DENSE_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0),
+                          ("H100", 989.0), ("H200", 989.0), ("H800", 989.0))
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # what do_bench writes before every timed call (> any L2)
 
 
@@ -48,9 +52,31 @@ def tflops(flop_count: float, ms: float) -> float:
     return flop_count / (ms * 1e-3) / 1e12
 
 
-def pct_of_peak(tf: float) -> float:
-    """`tf` TFLOP/s as a percentage of H100_SXM_BF16_DENSE_TFLOPS."""
-    return 100.0 * tf / H100_SXM_BF16_DENSE_TFLOPS
+def peak_for(name: str) -> float | None:
+    """The dense bf16 peak of the GPU called `name` (BF16_DENSE_PEAK_TFLOPS), None if unknown."""
+    return next((tf for key, tf in BF16_DENSE_PEAK_TFLOPS if key in name), None)
+
+
+@functools.cache
+def peak_tflops() -> float | None:
+    """The current GPU's dense bf16 peak, None without a GPU or for one not in the table."""
+    import torch
+
+    return peak_for(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+
+
+def pct_of_peak(tf: float, peak: float | None = None) -> float | None:
+    """`tf` TFLOP/s as a percentage of `peak` (default: this GPU's, peak_tflops); None when the
+    peak is unknown."""
+    peak = peak or peak_tflops()
+    return 100.0 * tf / peak if peak else None
+
+
+def peak_words() -> str:
+    """The peak "% of peak" columns divide by, in words (a table's caption)."""
+    peak = peak_tflops()
+    return f"% of peak: of {peak:.0f} TFLOPS, the GPU's dense bf16 datasheet peak" if peak else \
+        "% of peak: this GPU's peak is not in profiling/timing.py's table"
 
 
 def captured(fn: Callable[[], object]):

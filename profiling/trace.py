@@ -53,7 +53,7 @@ from altattn import registry  # noqa: E402
 from profiling.common import (add_family_arg, add_pass_arg, add_shape_args,  # noqa: E402
                               check_variants, family_in, format_table, metadata_line,
                               positive_int, run_metadata, shape_from_args)
-from profiling.timing import H100_SXM_BF16_DENSE_TFLOPS  # noqa: E402
+from profiling.timing import peak_words  # noqa: E402
 from profiling.trace_capture import (DEFAULT_CTAS, PASSES, capture, kernel_level,  # noqa: E402
                                      sampled_warps, trace_name)
 from profiling.trace_kernels import BREAKDOWN_COLUMNS, KERNEL_COLUMNS  # noqa: E402
@@ -94,8 +94,8 @@ def build_parser(family: str = registry.DEFAULT_FAMILY) -> argparse.ArgumentPars
     mode.add_argument("--compare", nargs=2, metavar=("A", "B"), choices=names,
                       help="capture two variants; summaries side by side, OUT/compare_A_B.png")
     mode.add_argument("--kernels", action="store_true",
-                      help="kernel-level CUPTI table (median of --reps calls, TFLOPS, %% of "
-                           f"{H100_SXM_BF16_DENSE_TFLOPS:.0f}; backward: also per kernel) for the "
+                      help="kernel-level CUPTI table (median of --reps calls, TFLOPS, %% of the "
+                           "GPU's dense bf16 peak; backward: also per kernel) for the "
                            "--variant(s), default every variant that takes the shape")
     mode.add_argument("--summarize", nargs="+", metavar="TRACE",
                       help="summarize .chrome_trace file(s) (no GPU); two or more: side by side")
@@ -116,6 +116,9 @@ def build_parser(family: str = registry.DEFAULT_FAMILY) -> argparse.ArgumentPars
                    help="warps to sample, e.g. 0,4,8 or 'all' (default: the first warp of every "
                         "warp group); each traced kernel must have them (a backward traces "
                         "kernels of 4, 8 and 12 warps)")
+    p.add_argument("--buffer-size", type=positive_int, default=None, metavar="BYTES",
+                   help="Proton's profile buffer per CTA (default: Proton's, and a capture whose "
+                        "warps lost events is made again with a buffer that holds them all)")
     p.add_argument("--max-ctas", type=positive_int, default=None, metavar="K",
                    help="CTAs per trace in a timeline picture (default: 4, 2 per trace when "
                         "comparing)")
@@ -201,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  if v.cannot_take(shape.spec()) is None]
     for n in names if not args.kernels else ():
         try:  # every traced kernel must have the sampled warps (Proton refuses others)
-            sampled_warps(n, shape, args.pass_, args.warps, args.family)
+            sampled_warps(n, shape, args.pass_, args.warps, family=args.family)
         except ValueError as e:
             parser.error(str(e))
         except ImportError:  # e.g. TLX under upstream Triton: the run itself says so
@@ -225,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if any(r["kernels"] > 1 for r in rows):
                 print("\nper kernel:\n" + format_table(per_kernel, BREAKDOWN_COLUMNS))
             print(f"CUPTI kernel time per call (median of {args.reps}, L2 flushed before each; "
-                  f"TFLOPS: useful FLOPs, {args.pass_}); raw tree: "
+                  f"TFLOPS: useful FLOPs, {args.pass_}; {peak_words()}); raw tree: "
                   f"{os.path.join(args.out, 'kernels.hatchet')}")
         return 0
 
@@ -233,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in names:
         try:
             path = capture(n, shape, args.out, ctas=args.ctas, warps=args.warps, seed=args.seed,
-                           keep_full=args.keep_full, pass_=args.pass_, family=args.family)
+                           keep_full=args.keep_full, pass_=args.pass_, family=args.family,
+                           buffer_size=args.buffer_size)
         except (RuntimeError, ValueError, OSError, json.JSONDecodeError) as e:
             print(f"{PROG}: capture of {n} failed: {e}", file=sys.stderr)
             return 1

@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
@@ -18,9 +20,15 @@ from profiling.trace_kernels import kernel_breakdown, kernel_table
 from profiling.trace_summary import (MAX_TRACE_BYTES, WARPS_PER_GROUP, ctas_per_kernel,
                                      read_trace_file, write_trimmed)
 
-DEFAULT_FAMILY = registry.DEFAULT_FAMILY
-
 DEFAULT_CTAS = 8
+# Proton keeps each sampled warp's events in a circular buffer of its CTA's share of the profile
+# buffer (8 bytes an event at 32-bit clocks) and says on stderr when the first ones were
+# overwritten; a capture that lost events is made again once with a buffer that holds them all,
+# unless the whole grid's buffers would pass this (GPU memory)
+MAX_PROFILE_BYTES = 16 << 30
+EVENT_BYTES = 8
+_DROPPED = re.compile(r"first (\d+) events are dropped due to insufficient buffer size "
+                      r"\((\d+)/(\d+)\)")
 PASSES = ("fwd", "bwd")  # the passes whose variants can be captured (launcher.run)
 
 
@@ -89,19 +97,54 @@ def one_buffer_per_kernel() -> Iterator[None]:
         knobs.runtime.launch_exit_hook.remove(forget)
 
 
-def pass_inputs(pass_: str, s, seed: int = 0, family: str = DEFAULT_FAMILY) -> tuple:
+@contextlib.contextmanager
+def stderr_lines(lines: list[str]) -> Iterator[None]:
+    """Within it, what the process writes to file descriptor 2 (Proton's C++ messages too) is
+    kept, then written to stderr as well and appended to `lines` line by line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors="replace")
+            sys.stderr.write(text)
+            lines.extend(text.splitlines())
+
+
+def dropped_events(lines: Sequence[str]) -> tuple[int, int] | None:
+    """(events a warp's buffer held, most events a warp wrote) from Proton's "events are
+    dropped" messages among `lines`, or None when no event was lost."""
+    found = [(int(m[2]), int(m[3])) for m in map(_DROPPED.search, lines) if m]
+    return (min(c for c, _ in found), max(n for _, n in found)) if found else None
+
+
+def buffer_for(dropped: tuple[int, int], warps: int, ctas: int) -> int | None:
+    """Bytes of profile buffer per CTA that hold every event of the `warps` sampled warps (the
+    most one wrote, a power of two), or None when the `ctas` CTAs' buffers would pass
+    MAX_PROFILE_BYTES."""
+    need = 1 << (dropped[1] * EVENT_BYTES * warps - 1).bit_length()
+    return need if need * ctas <= MAX_PROFILE_BYTES else None
+
+
+def pass_inputs(pass_: str, s, seed: int, family: str) -> tuple:
     """One call's arguments of pass `pass_` on shape `s`, on the GPU (the family's make_inputs)."""
     return registry.get_family(family).make_inputs(s, pass_, seed=seed, device="cuda")
 
 
-def run_pass(pass_: str, variant: str, inputs, family: str = DEFAULT_FAMILY,
+def run_pass(pass_: str, variant: str, inputs, family: str,
              profile: bool | str = False) -> tuple:
     """One call of `variant` of (family, pass_) on `inputs` (launcher.run)."""
     return launcher.run(family, pass_, *inputs, variant=variant, profile=profile)
 
 
-def sampled_warps(variant: str, s, pass_: str = "fwd", warps: str | None = None,
-                  family: str = DEFAULT_FAMILY) -> list[tuple[bool | str, int, list[int]]]:
+def sampled_warps(variant: str, s, pass_: str = "fwd", warps: str | None = None, *,
+                  family: str) -> list[tuple[bool | str, int, list[int]]]:
     """(launch's `profile` argument, warps per CTA, warps to sample) per capture session of
     `variant` on `s`: one per scoped kernel (registry.Variant.profiled_kernels), each sampling
     `warps` (parse_warps), default the first warp of every warp group of that kernel. ValueError
@@ -118,18 +161,42 @@ def sampled_warps(variant: str, s, pass_: str = "fwd", warps: str | None = None,
     return out
 
 
-def capture(variant: str, s, out_dir: str, ctas: int = DEFAULT_CTAS,
-            warps: str | None = None, seed: int = 0, keep_full: bool = False,
-            log=print, pass_: str = "fwd", family: str = DEFAULT_FAMILY) -> str:
-    """Capture one trace of `variant` (of pass `pass_`) on shape `s` and write
-    OUT/<trace_name>.chrome_trace, trimmed to `ctas` CTAs per kernel (fewer if it would pass
-    MAX_TRACE_BYTES). One Proton session per scoped kernel (sampled_warps: its own warps); their
-    events are merged into one file, a kernel per "cat". Returns the path."""
+def _session(path: str, sampled: list[int], buffer_size: int, run) -> list[str]:
+    """One Proton instrumentation session around `run()`, sampling warps `sampled` with
+    `buffer_size` bytes of profile buffer per CTA (0: Proton's default); returns the stderr
+    lines written meanwhile."""
     import torch
     import triton.profiler as proton
     from triton.profiler import mode
 
-    sessions = sampled_warps(variant, s, pass_, warps, family)
+    lines: list[str] = []
+    with stderr_lines(lines):
+        proton.start(path, data="trace", backend="instrumentation",
+                     mode=mode.Default(metric_type="cycle", optimizations="clock32,time_shift",
+                                       sampling_strategy="selective",
+                                       sampling_options=", ".join(map(str, sampled)),
+                                       buffer_type="global", buffer_size=buffer_size))
+        try:
+            with one_buffer_per_kernel():
+                run()
+                torch.cuda.synchronize()
+        finally:
+            proton.finalize()
+    return lines
+
+
+def capture(variant: str, s, out_dir: str, ctas: int = DEFAULT_CTAS,
+            warps: str | None = None, seed: int = 0, keep_full: bool = False,
+            log=print, pass_: str = "fwd", *, family: str, buffer_size: int | None = None) -> str:
+    """Capture one trace of `variant` (of pass `pass_`) on shape `s` and write
+    OUT/<trace_name>.chrome_trace, trimmed to `ctas` CTAs per kernel (fewer if it would pass
+    MAX_TRACE_BYTES). One Proton session per scoped kernel (sampled_warps: its own warps); their
+    events are merged into one file, a kernel per "cat". buffer_size: bytes of profile buffer
+    per CTA; None: Proton's default, and a session whose warps lost events is captured again
+    with a buffer that holds them all (buffer_for), or says why it was not. Returns the path."""
+    import torch
+
+    sessions = sampled_warps(variant, s, pass_, warps, family=family)
     name = trace_name(variant, pass_)
     inputs = pass_inputs(pass_, s, seed, family)
     run_pass(pass_, variant, inputs, family)  # compile and warm the plain kernels
@@ -140,22 +207,35 @@ def capture(variant: str, s, out_dir: str, ctas: int = DEFAULT_CTAS,
     merged: dict | None = None
     try:
         for i, (profile, total, sampled) in enumerate(sessions):
+            def run(profile=profile) -> None:
+                run_pass(pass_, variant, inputs, family, profile=profile)
+
             session_dir = os.path.join(raw_dir, str(i))
             os.makedirs(session_dir)
-            proton.start(os.path.join(session_dir, name), data="trace", backend="instrumentation",
-                         mode=mode.Default(metric_type="cycle", optimizations="clock32,time_shift",
-                                           sampling_strategy="selective",
-                                           sampling_options=", ".join(map(str, sampled)),
-                                           buffer_type="global"))
-            try:
-                with one_buffer_per_kernel():
-                    run_pass(pass_, variant, inputs, family, profile=profile)
-                    torch.cuda.synchronize()
-            finally:
-                proton.finalize()
+            lost = dropped_events(_session(os.path.join(session_dir, name), sampled,
+                                           buffer_size or 0, run))
+            trace = read_trace_file(_written_file(session_dir, ".chrome_trace"))
+            if lost and buffer_size is None:
+                n_ctas = max(map(len, ctas_per_kernel(trace["traceEvents"]).values()), default=1)
+                bigger = buffer_for(lost, len(sampled), n_ctas)
+                if bigger is None:
+                    log(f"{name}: a warp wrote {lost[1]} events and its buffer held {lost[0]}: "
+                        f"the first ones are lost; a buffer for all of them would pass "
+                        f"{MAX_PROFILE_BYTES >> 30} GiB over {n_ctas} CTAs (a smaller shape, or "
+                        f"--buffer-size BYTES per CTA, keeps more)")
+                else:
+                    log(f"{name}: a warp wrote {lost[1]} events, its buffer held {lost[0]}: "
+                        f"captured again with {bigger} bytes per CTA")
+                    shutil.rmtree(session_dir)
+                    os.makedirs(session_dir)
+                    lost = dropped_events(_session(os.path.join(session_dir, name), sampled,
+                                                   bigger, run))
+                    trace = read_trace_file(_written_file(session_dir, ".chrome_trace"))
+            if lost:
+                log(f"warning: {name}: events lost (a warp wrote {lost[1]}, its buffer held "
+                    f"{lost[0]}); the trace holds each warp's last ones")
             raw_path = _written_file(session_dir, ".chrome_trace")
             size = os.path.getsize(raw_path)
-            trace = read_trace_file(raw_path)
             for kernel, pids in ctas_per_kernel(trace["traceEvents"]).items():
                 log(f"{name}: {kernel} on {s.short()}, {total} warps/CTA, sampled "
                     f"{', '.join(map(str, sampled))}; full trace {len(pids)} CTAs "
@@ -182,7 +262,7 @@ def capture(variant: str, s, out_dir: str, ctas: int = DEFAULT_CTAS,
 
 
 def kernel_level(names: Sequence[str], s, out_dir: str, reps: int = 5, seed: int = 0,
-                 pass_: str = "fwd", family: str = DEFAULT_FAMILY
+                 pass_: str = "fwd", *, family: str
                  ) -> tuple[list[dict], list[dict]]:
     """CUPTI kernel times of each variant (of pass `pass_`) on `s`: `reps` calls per variant,
     each in its own proton scope "<variant>#<i>" with the call's useful FLOPs (Family.flops), L2

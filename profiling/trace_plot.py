@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from altattn import registry
 from profiling.trace_summary import WARPS_PER_GROUP, ScopeRoles, group_labels, middle
 
 # Colours (tab10, then more) given to a family's scopes in its kernel order, so every picture of
@@ -14,8 +13,8 @@ _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 _EXTRA_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94")
 
 
-def scope_color(name: str, roles: ScopeRoles | None = None) -> str:
-    order = (roles or ScopeRoles.of()).order
+def scope_color(name: str, roles: ScopeRoles) -> str:
+    order = roles.order
     if name in order:
         i = order.index(name)
         return (_COLORS + _EXTRA_COLORS)[i % (len(_COLORS) + len(_EXTRA_COLORS))]
@@ -62,8 +61,8 @@ def _draw_cta(ax, evs: list[dict], t0: float, lanes: list[int], labels: dict[int
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def plot_timelines(traces: Sequence[tuple[str, list[dict]]], png: str, max_ctas: int = 4,
-                   family: str = registry.DEFAULT_FAMILY) -> str:
+def plot_timelines(traces: Sequence[tuple[str, list[dict]]], png: str, max_ctas: int,
+                   family: str) -> str:
     """One PNG: for each (title, events) up to max_ctas CTAs from the middle of the trace, stacked;
     each CTA gets its whole span (left; one common x scale when there are several traces) and a
     zoom on ~4 steps in its middle (right). One lane per sampled warp, labelled with its warp
@@ -117,8 +116,8 @@ def plot_timelines(traces: Sequence[tuple[str, list[dict]]], png: str, max_ctas:
     return png
 
 
-def plot_timeline(events: list[dict], png: str, max_ctas: int = 4, title: str = "",
-                  family: str = registry.DEFAULT_FAMILY) -> str:
+def plot_timeline(events: list[dict], png: str, family: str, max_ctas: int = 4,
+                  title: str = "") -> str:
     """Timeline of up to max_ctas CTAs of one trace (see plot_timelines)."""
     kernel = title or ", ".join(sorted({e["kernel"] for e in events})) or "trace"
     return plot_timelines([(kernel, events)], png, max_ctas, family)

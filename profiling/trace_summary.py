@@ -41,7 +41,7 @@ class ScopeRoles:
     role: Mapping[str, str]
 
     @classmethod
-    def of(cls, family: str = registry.DEFAULT_FAMILY) -> ScopeRoles:
+    def of(cls, family: str) -> ScopeRoles:
         scopes = registry.get_family(family).scopes
         return cls(tuple(scopes), dict(scopes))
 
@@ -56,10 +56,6 @@ class ScopeRoles:
     @property
     def step(self) -> tuple[str, ...]:    # the work of one step of a consumer
         return self.named("gemm", "softmax", "scale")
-
-    @property
-    def paired(self) -> tuple[str, ...]:  # one of each per step: unequal counts, dropped events
-        return self.named("gemm", "softmax")
 
     def group_role(self, scope_names: Iterable[str]) -> str:
         """'consumer' for a warp group that runs a gemm scope, 'producer' for one that only loads
@@ -87,9 +83,6 @@ class ScopeRoles:
             ("cycles are the SM clock of the sampled warps; spans run from a group's first scope "
              "entry to its last scope exit in each CTA"),
         )
-
-
-CAVEATS = ScopeRoles.of().caveats()  # the default family's
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,12 +220,9 @@ def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def group_labels(events: Iterable[dict], roles: ScopeRoles | None = None
-                 ) -> tuple[dict[int, str], dict[int, str]]:
+def group_labels(events: Iterable[dict], roles: ScopeRoles) -> tuple[dict[int, str], dict[int, str]]:
     """(role, label) per warp group of the events: 'wg1 consumer 0', 'wg0 producer', ...
-    Consumers are numbered only when there are several. `roles`: the family's (default: the
-    default family's)."""
-    roles = roles or ScopeRoles.of()
+    Consumers are numbered only when there are several. `roles`: the family's."""
     names: dict[int, set[str]] = {}
     for e in events:
         names.setdefault(e["warp"] // WARPS_PER_GROUP, set()).add(e["name"])
@@ -257,15 +247,10 @@ def split_kernels(events: list[dict], name: str) -> list[tuple[str, list[dict]]]
     return [(f"{name} {k}", by_kernel[k]) for k in sorted(by_kernel)]
 
 
-def ordered_scopes(names: Iterable[str], roles: ScopeRoles | None = None) -> list[str]:
-    """`names` in the family's kernel order (ScopeRoles.ordered; default: the default family)."""
-    return (roles or ScopeRoles.of()).ordered(names)
-
-
-def summarize(events: list[dict], family: str = registry.DEFAULT_FAMILY) -> dict:
+def summarize(events: list[dict], family: str) -> dict:
     """Per warp group and scope: count, mean and total cycles, share of the group's span;
     tensor-core busy per consumer group; bubble fraction per CTA and overall. `events` as from
-    load_trace; the roles of their scopes are `family`'s (ScopeRoles: gemm, step and paired scopes
+    load_trace; the roles of their scopes are `family`'s (ScopeRoles: gemm and step scopes
     below are the family's scopes of those roles).
 
     Returns {"kernel", "frequency_mhz", "ctas", "cta_ids", "warps", "cta_span_cycles" (mean
@@ -302,11 +287,6 @@ def summarize(events: list[dict], family: str = registry.DEFAULT_FAMILY) -> dict
                 counts[e["name"]] = counts.get(e["name"], 0) + 1
         per_warp[w] = {"group": w // WARPS_PER_GROUP, "counts": counts}
     for (cta, w), evs in sorted(by_cta_warp.items()):
-        if roles[w // WARPS_PER_GROUP] == "consumer":
-            c = {s: sum(1 for e in evs if e["name"] == s) for s in sr.paired}
-            if len(set(c.values())) > 1:
-                warnings.append(f"{cta} warp {w}: {'/'.join(sr.paired)} counts differ {c} "
-                                f"(events dropped? proton's buffer is circular)")
         ordered = sorted(evs, key=lambda e: e["start"])
         if any(b["start"] < a["end"] - 1e-6 for a, b in itertools.pairwise(ordered)):
             warnings.append(f"{cta} warp {w}: scopes overlap (nested scopes): shares can add up "
@@ -447,9 +427,9 @@ def format_comparison(named: Sequence[tuple[str, dict]]) -> str:
     keys: list[tuple[str, object]] = [("CTAs", lambda s: s["ctas"]),
                                       ("CTA span (cycles)", lambda s: round(s["cta_span_cycles"])),
                                       ("bubble %", lambda s: _pct(s["bubble"]))]
-    roles = ScopeRoles.of(named[0][1].get("family", registry.DEFAULT_FAMILY)) if named else None
-    scope_names = ordered_scopes({n for _, s in named for g in s["groups"]
-                                  if g["role"] == "consumer" for n in g["scopes"]}, roles)
+    scope_names = ScopeRoles.of(named[0][1]["family"]).ordered(
+        {n for _, s in named for g in s["groups"] if g["role"] == "consumer"
+         for n in g["scopes"]}) if named else []
 
     def consumers(s: dict) -> list[dict]:
         return [g for g in s["groups"] if g["role"] == "consumer"]

@@ -1,6 +1,6 @@
 """The trace tool's command line (profiling/trace.py) on the CPU, its capture plumbing with Proton
 and the GPU replaced by stand-ins (file names, sampling, trimming), and (gpu marker) a capture of
-every registered variant of both passes. The summaries, trims and plots: test_trace.py."""
+every registered variant of every family and pass. The summaries, trims and plots: test_trace.py."""
 from __future__ import annotations
 
 import json
@@ -27,7 +27,7 @@ def test_cli_summarize_prints_and_exits_0():
     assert r.returncode == 0, r.stderr
     for text in ("wg0 producer", "wg1 consumer 0", "qk_gemm", "tensor-core busy", "bubble"):
         assert text in r.stdout
-    for caveat in trace_summary.CAVEATS:  # printed with the numbers, whatever their wording
+    for caveat in trace_summary.ScopeRoles.of("simplicial").caveats():  # printed with the numbers, whatever their wording
         assert f"note: {caveat}" in r.stdout
 
 
@@ -88,29 +88,39 @@ def test_cli_capture_without_gpu_exits_2(tmp_path, args):
 # GPU: capture every registered variant
 
 
+def _trace_shape(fam: registry.Family, v: registry.Variant):
+    """A small shape of `fam` the variant takes: 2-simplicial N 256 (Hq 64 or 128, as the variant
+    needs), the others their `small` preset."""
+    if fam.name != "simplicial":
+        return fam.presets["small"]
+    return next(s for h in (64, 128) for s in [Shape(B=1, N=256, Hq=h, Hk=1, D=128, w1=32, w2=256)]
+                if v.cannot_take(s.spec()) is None)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", list(registry.FAMILIES))
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
-def test_capture_every_variant(tmp_path, pass_):
-    for v in registry.all_variants(pass_):
-        hq = next(h for h in (64, 128)
-                  if v.cannot_take(Shape(1, 256, h, 1, 128, 32, 256).spec()) is None)
-        s = Shape(B=1, N=256, Hq=hq, Hk=1, D=128, w1=32, w2=256)
+def test_capture_every_variant(tmp_path, family, pass_):
+    fam = registry.get_family(family)
+    for v in registry.all_variants(pass_, family):
+        s = _trace_shape(fam, v)
         path = trace_capture.capture(v.name, s, str(tmp_path), ctas=2, log=lambda msg: None,
-                                     pass_=pass_)
+                                     pass_=pass_, family=family)
         assert os.path.getsize(path) < trace_summary.MAX_TRACE_BYTES
         events = trace_summary.load_trace(path)
         names = {e["name"] for e in events}
-        # the GEMM scopes, and no name outside the record; not every scope of the record: at this
-        # size the trace of tlx_pipelined_kv held no softmax event (H100, 2026-11-24), and the
-        # summary's warnings (scope counts that differ: Proton's buffer is circular) are
+        # the GEMM scopes, and no name outside the record; not every scope of the record: at a
+        # small size the trace of tlx_pipelined_kv held no softmax event (H100, 2026-11-24), and
+        # the summary's warnings (scope counts that differ: Proton's buffer is circular) are
         # diagnostics, not failures
-        assert {"qk_gemm", "pv_gemm"} <= names, (v.name, names)
+        gemms = {n for n in v.scopes if fam.scopes[n] == "gemm"}
+        assert gemms and gemms <= names, (v.name, names)
         assert names <= set(v.scopes), (v.name, names - set(v.scopes))
         parts = trace_summary.split_kernels(events, v.name)
         assert len(parts) == len(v.profiled_kernels(s.spec())), [k for k, _ in parts]
         for _, ev in parts:
             assert len({e["cta"] for e in ev}) == 2
-            summary = trace_summary.summarize(ev)
+            summary = trace_summary.summarize(ev, family)
             assert any(g["role"] == "consumer" for g in summary["groups"])
 
 
@@ -154,7 +164,7 @@ def test_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
     calls = _stand_ins(monkeypatch, [TRITON])
     out = tmp_path / "out"
     path = trace_capture.capture("triton", Shape(1, 256, 64, 1, 128, 32, 256), str(out), ctas=2,
-                                 log=lambda msg: None)
+                                 log=lambda msg: None, family="simplicial")
     assert path == str(out / "triton.chrome_trace")
     # warm the plain kernel, then the profiled one
     assert calls["launch"] == [("triton", False), ("triton", True)]
@@ -171,7 +181,8 @@ def test_backward_capture_plumbing_with_stand_ins(tmp_path, monkeypatch):
     calls = _stand_ins(monkeypatch, [TLX_WS, TRITON])  # stand-ins for the k-owner and row-owner
     out = tmp_path / "out"
     path = trace_capture.capture("tlx_ws", Shape(1, 2048, 64, 1, 128, 32, 256), str(out),
-                                 ctas=2, log=lambda msg: None, pass_="bwd", keep_full=True)
+                                 ctas=2, log=lambda msg: None, pass_="bwd", keep_full=True,
+                                 family="simplicial")
     assert path == str(out / "tlx_ws_bwd.chrome_trace")
     assert calls["launch"] == [("tlx_ws", False), ("tlx_ws", "dkv2"), ("tlx_ws", "dq")]
     modes = [str(kw["mode"]) for _, kw in calls["start"]]
