@@ -9,21 +9,24 @@ from .shapes import PRESETS, SWEEP, Shape, pass_flops, pass_inputs
 from .spec import TripleSpec
 
 # Proton scopes, in kernel order, and the role each plays (registry.SCOPE_ROLES): "build" is the
-# outer product (K1 (x) V, or Q1 (x) Q2) a GEMM phase reads as one operand
-SCOPES = {"load": "load", "build": "build", "gemm": "gemm", "epilogue": "epilogue"}
-TRITON_SCOPES = tuple(SCOPES)
+# outer product (K1 (x) V, or Q1 (x) Q2) a GEMM phase reads as one operand; the TLX kernels'
+# consumers also "wait" for a producer's slot
+SCOPES = {"load": "load", "wait": "wait", "build": "build", "gemm": "gemm", "epilogue": "epilogue"}
+TRITON_SCOPES = ("load", "build", "gemm", "epilogue")
 
 _ANY = "any B, N, H; Dq, Dv in {32, 64, 128}; causal"
 # Ranks: the speed order on an H200 (docs/perf-triple.md)
 FWD = (
     Variant(name="tlx", family="triple", pass_="fwd", module="kernels_tlx.triple.contractions",
-            switches=(("pass_", "fwd"),), needs_hopper=True, rank=2, supports=_ANY, warps=16, scopes=TRITON_SCOPES),
+            switches=(("pass_", "fwd"),), needs_hopper=True, rank=2, supports=_ANY, warps=16,
+            scopes=tuple(SCOPES)),
     Variant(name="triton", family="triple", pass_="fwd", module="kernels_triton.triple.fwd",
             needs_hopper=True, rank=1, supports=_ANY, warps=8, scopes=TRITON_SCOPES),
 )
 BWD = (
     Variant(name="tlx", family="triple", pass_="bwd", module="kernels_tlx.triple.contractions",
-            switches=(("pass_", "bwd"),), needs_hopper=True, rank=2, supports=_ANY, warps=16, scopes=TRITON_SCOPES),
+            switches=(("pass_", "bwd"),), needs_hopper=True, rank=2, supports=_ANY, warps=16,
+            scopes=tuple(SCOPES)),
     Variant(name="triton", family="triple", pass_="bwd", module="kernels_triton.triple.bwd",
             needs_hopper=True, rank=1, supports=_ANY, warps=8, scopes=TRITON_SCOPES),
 )

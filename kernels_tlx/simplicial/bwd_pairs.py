@@ -68,6 +68,7 @@ from kernels_tlx.simplicial.pairs_parts import (
     tile_tokens,
 )
 from kernels_triton.launch import Desc, Kernel
+from kernels_triton.proton import profiled
 from kernels_triton.simplicial.bwd_common import (
     compile_specs,
     kernel_config,
@@ -285,8 +286,7 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     packed=True (spec.varlen): run takes `bounds=` too, each token's sequence start and end
     (altattn/simplicial/varlen.py's Packed.bounds, per call), `_pairs_kernel`'s keyword
     argument `Seq`."""
-    if isinstance(profile, str) and profile != "pairs":
-        raise ValueError(f"profile={profile!r}: this backward's scoped kernel is 'pairs'")
+    profile = profiled(profile, "pairs", ("pairs",))
     delta_of = prepare_delta(spec)
     r = min(spec.G, ROWS.value)  # a token's rows in a tile
     rows = spec.B * spec.N * spec.Hq

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from altattn.registry import CompileConfig
+from kernels_triton.proton import profiled
 from kernels_triton.spherical.bwd_common import prepare_row_coeffs
 from kernels_tlx.spherical.bwd_common import (
     compile_specs,
@@ -41,10 +42,8 @@ def prepare(spec, profile: bool | str = False):
     """row_coeffs (A and R = Bt / A), `_dkv_kernel` (dk, dv, dQ into a zeroed fp32 scratch),
     convert to dq: run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv). profile: True or "dkv"
     scopes the key-block kernel."""
-    if isinstance(profile, str) and profile != "dkv":
-        raise ValueError(f"profile={profile!r}: the scoped kernel is 'dkv'")
     coeffs = prepare_row_coeffs(spec, ratio=True, zero_dq=True)
-    dkv = prepare_dkv(spec, True, bool(profile))
+    dkv = prepare_dkv(spec, True, profiled(profile, "dkv", ("dkv",)))
     convert = prepare_convert(spec.B * spec.N * spec.Hq * spec.D)
 
     def run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv) -> None:

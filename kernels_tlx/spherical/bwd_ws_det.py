@@ -32,7 +32,7 @@ from kernels_tlx.spherical.bwd_common import (
     spec_name,
 )
 from kernels_tlx.spherical.bwd_common import supports as common_supports
-from kernels_triton.proton import BF16_BYTES, enter, leave
+from kernels_triton.proton import BF16_BYTES, enter, leave, profiled
 from kernels_triton.launch import Kernel, constexprs
 from kernels_triton.spherical.bwd_common import coeff_row0, prepare_row_coeffs
 from kernels_tlx.ring import empty_phase, full_phase
@@ -191,11 +191,9 @@ def prepare(spec, profile: bool | str = False):
     """row_coeffs (A and R = Bt / A), then dk, dv (`_dkv_kernel`) and dq (`_dq_kernel`):
     run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv). profile: True (both kernels scoped),
     False, or "dkv" / "dq"."""
-    if isinstance(profile, str) and profile not in ("dkv", "dq"):
-        raise ValueError(f"profile={profile!r}: the scoped kernels are 'dkv' and 'dq'")
     coeffs = prepare_row_coeffs(spec, ratio=True)
-    dkv = prepare_dkv(spec, False, profile is True or profile == "dkv")
-    dq_rows = prepare_dq(spec, profile is True or profile == "dq")
+    dkv = prepare_dkv(spec, False, profiled(profile, "dkv", ("dkv", "dq")))
+    dq_rows = prepare_dq(spec, profiled(profile, "dq", ("dkv", "dq")))
 
     def run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv) -> None:
         A, R = coeffs(out, dout, r, dr, seqlens)

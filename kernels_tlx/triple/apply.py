@@ -24,6 +24,7 @@ import triton.language.extra.tlx as tlx
 
 from altattn.registry import CompileConfig
 from kernels_triton.launch import Desc, Kernel, sm_count
+from kernels_triton.proton import enter, leave
 from kernels_tlx.consumers import NUM_CONSUMERS
 from kernels_tlx.ring import empty_phase, full_phase
 
@@ -71,7 +72,7 @@ def _step(xa, ya, p: tl.constexpr):
 @triton.jit
 def apply_resident_kernel(Xd, Yd, Wd, Out, N, c, w_head, tiles_per_head,
                           H: tl.constexpr, NUM_BUFFERS: tl.constexpr,
-                          CONSUMER_REGS: tl.constexpr):
+                          CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
     BM: tl.constexpr = NUM_CONSUMERS * ROWS
     bh = tl.program_id(1)
     b = bh // H
@@ -89,12 +90,15 @@ def apply_resident_kernel(Xd, Yd, Wd, Out, N, c, w_head, tiles_per_head,
 
     with tlx.async_tasks():
         with tlx.async_task("default"):
+            enter("load", PROFILE)
             wf = tlx.local_view(w_full, 0)
             tlx.barrier_expect_bytes(wf, D * D * D * BF16)
             for p in tl.static_range(D):
                 tlx.async_descriptor_load(Wd, tlx.local_view(w_tiles, p), [bh * w_head + p * D, 0],
                                           wf)
+            leave("load", PROFILE)
             for t in range(n_tiles):
+                enter("load", PROFILE)
                 buf = t % NUM_BUFFERS
                 tlx.barrier_wait(tlx.local_view(empties, buf), empty_phase(t, NUM_BUFFERS))
                 full = tlx.local_view(fulls, buf)
@@ -106,27 +110,38 @@ def apply_resident_kernel(Xd, Yd, Wd, Out, N, c, w_head, tiles_per_head,
                                               [b, n0 + cc * ROWS, h * D], full)
                     tlx.async_descriptor_load(Yd, tlx.local_view(y_tiles, slot),
                                               [b, n0 + cc * ROWS, h * D], full)
+                leave("load", PROFILE)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
+            enter("wait", PROFILE)
             tlx.barrier_wait(tlx.local_view(w_full, 0), 0)
+            leave("wait", PROFILE)
             rows = tl.arange(0, ROWS)
             cols = tl.arange(0, D)
             for t in range(n_tiles):
                 buf = t % NUM_BUFFERS
+                enter("wait", PROFILE)
                 tlx.barrier_wait(tlx.local_view(fulls, buf), full_phase(t, NUM_BUFFERS))
+                leave("wait", PROFILE)
+                enter("build", PROFILE)
                 slot = buf * NUM_CONSUMERS + cid
                 xa = tlx.local_load(tlx.local_view(x_tiles, slot), layout=A32)
                 ya = tlx.local_load(tlx.local_view(y_tiles, slot), layout=A32)
                 tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
+                leave("build", PROFILE)
+                enter("gemm", PROFILE)
                 acc = tl.zeros([ROWS, D], tl.float32)
                 for p in tl.static_range(D):
                     acc = tlx.async_dot(_step(xa, ya, p), tlx.local_view(w_tiles, p), acc)
                     acc = tlx.async_dot_wait(1, acc)  # step p - 1 done: its A registers free
                 acc = tlx.async_dot_wait(0, acc)
+                leave("gemm", PROFILE)
+                enter("epilogue", PROFILE)
                 n = (first + t * step) * BM + cid * ROWS + rows
                 orow = ((b.to(tl.int64) * N + n) * H + h) * D
                 tl.store(Out + orow[:, None] + cols[None, :], (acc * c).to(Out.dtype.element_ty),
                          mask=(n < N)[:, None])
+                leave("epilogue", PROFILE)
 
 
 # ---- host side ---------------------------------------------------------------------------------
@@ -139,7 +154,7 @@ def takes(dx: int, dy: int, do: int, chunk: int) -> bool:
     return (dx, dy, do) == (32, 32, 32) and not chunk
 
 
-def prepare_apply(B: int, N: int, H: int, c: float):
+def prepare_apply(B: int, N: int, H: int, c: float, profile: bool = False):
     """kernels_triton.triple.host.prepare_apply's launch at Dx = Dy = Do = 32, chunk 0, made
     once: run(x, y, w, out), w [B, H, 32, 32, 32] bf16 contiguous, out bf16. The grid: each
     head's token tiles over min(tiles, multiprocessors of the current GPU / (B * H)) CTAs."""
@@ -148,7 +163,7 @@ def prepare_apply(B: int, N: int, H: int, c: float):
     per_head = max(1, min(tiles, sm_count() // max(B * H, 1)))
     rows = Desc([B, N, H * d], [N * H * d, H * d, 1], [1, int(ROWS), d])
     w_layout = Desc([B * H * d * d, d], [d, 1], [d, d])
-    kernel = Kernel(apply_resident_kernel, (per_head, B * H), H=H,
+    kernel = Kernel(apply_resident_kernel, (per_head, B * H), H=H, PROFILE=bool(profile),
                     **{k: v for k, v in CONFIG.items() if k.isupper()},
                     num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"])
     c = float(c)

@@ -13,17 +13,32 @@ the resident-state `apply` at Dq = Dv = 32 and from the Triton `apply` elsewhere
 from __future__ import annotations
 
 from kernels_triton.triple import host
+from kernels_tlx.consumers import NUM_CONSUMERS
 from kernels_tlx.triple import apply as resident
-from kernels_tlx.triple.partials import n_splits, prepare_partials  # noqa: F401
+from kernels_tlx.triple.partials import n_splits, prepare_partials, takes  # noqa: F401
 
 
 def prepare_apply(B: int, N: int, H: int, dx: int, dy: int, do: int, c: float, chunk: int = 0,
                   profile: bool = False):
-    """kernels_triton.triple.host.prepare_apply's contract (`profile`: the Triton kernel's
-    only)."""
+    """kernels_triton.triple.host.prepare_apply's contract (`profile`: the Proton-scoped
+    copy)."""
     if resident.takes(dx, dy, do, chunk):
-        return resident.prepare_apply(B, N, H, c)
+        return resident.prepare_apply(B, N, H, c, profile)
     return host.prepare_apply(B, N, H, dx, dy, do, c, chunk, profile)
+
+
+def partials_warps(d1: int, dy: int, d2: int) -> int:
+    """Warps per CTA of the `partials` kernel: a producer and the consumer warp groups (and
+    partials_pairs.py's copier), or the Triton kernel's."""
+    if not takes(dy):
+        return host.partials_warps(d1, dy, d2)
+    return 4 * (1 + int(NUM_CONSUMERS) + (dy == 32))
+
+
+def apply_warps(dx: int, dy: int, do: int, chunk: int) -> int:
+    if resident.takes(dx, dy, do, chunk):
+        return 4 * (1 + int(NUM_CONSUMERS))
+    return host.apply_warps(dx, dy, do, chunk)
 
 
 def compile_configs():
@@ -39,18 +54,14 @@ def variant(pass_: str) -> dict:
     passes = importlib.import_module(f"kernels_triton.triple.{pass_}")
     impl = sys.modules[__name__]
 
-    def prepare(spec, profile: bool = False):
+    def prepare(spec, profile: bool | str = False):
         return passes.prepare(spec, profile, impl=impl)
 
-    def launch(spec, *kernel_args, profile: bool = False) -> None:
+    def launch(spec, *kernel_args, profile: bool | str = False) -> None:
         prepare(spec, profile)(*kernel_args)
+
+    def profiled_kernels(spec) -> dict[str, int]:
+        return host.profiled_kernels(spec, pass_, impl)
 
     return dict(supports=host.supports, prepare=prepare, launch=launch,
                 compile_configs=compile_configs, profiled_kernels=profiled_kernels)
-
-
-def profiled_kernels(spec) -> dict[bool, int]:
-    """Proton scopes live in the Triton kernels a `tlx` pass runs (its TLX kernels have none): the
-    `triton` variant's width, not the pass's widest kernel (`Variant.warps`, the Dv = 32
-    partials' 16 warps)."""
-    return {True: 8}

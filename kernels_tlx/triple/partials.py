@@ -29,6 +29,7 @@ import triton.language.extra.tlx as tlx
 
 from altattn.registry import CompileConfig
 from kernels_triton.launch import Desc, Kernel, sm_count
+from kernels_triton.proton import enter, leave
 from kernels_triton.triple import host as triton_host
 from kernels_triton.triple.core import split_program
 from kernels_tlx.consumers import NUM_CONSUMERS
@@ -122,7 +123,8 @@ def store_accs(ptrs, step, acc0, acc1, acc2, acc3, ACC: tl.constexpr):
 def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                        H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
                        BI: tl.constexpr, ACC: tl.constexpr,
-                       NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr):
+                       NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+                       PROFILE: tl.constexpr = False):
     NJB: tl.constexpr = DY // ROWS       # 64-row blocks of j (2 at DY = 128)
     tl.static_assert(NJB * (BI // ACC) == NUM_CONSUMERS, "consumers = j blocks x i groups")
     tl.static_assert(ACC <= 4, "at most four accumulators")
@@ -137,6 +139,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
     with tlx.async_tasks():
         with tlx.async_task("default"):
             for t in range(n_steps):
+                enter("load", PROFILE)
                 buf = t % NUM_BUFFERS
                 tlx.barrier_wait(tlx.local_view(empties, buf), empty_phase(t, NUM_BUFFERS))
                 full = tlx.local_view(fulls, buf)
@@ -146,6 +149,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 tlx.async_descriptor_load(X2d, tlx.local_view(x2_tiles, buf), [b, n0, h * D2],
                                           full)
                 prefetch_x1(X1P, bh, D1, ib * BI, BI, NP, n0)
+                leave("load", PROFILE)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             jb: tl.constexpr = cid % NJB
@@ -156,19 +160,27 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
             acc3 = tl.zeros([ROWS, D2], tl.float32)
             for t in range(n_steps):
                 buf = t % NUM_BUFFERS
+                enter("wait", PROFILE)
                 tlx.barrier_wait(tlx.local_view(fulls, buf), full_phase(t, NUM_BUFFERS))
+                leave("wait", PROFILE)
+                enter("build", PROFILE)
                 y = tlx.local_slice(tlx.local_view(y_tiles, buf), [0, jb * ROWS], [BN, ROWS])
                 vt = tlx.local_load(tlx.local_trans(y), layout=A_LAYOUT)
                 x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)
+                leave("build", PROFILE)
+                enter("gemm", PROFILE)
                 acc0, acc1, acc2, acc3 = step_gemms(vt, x1p, NP, 0, tlx.local_view(x2_tiles, buf),
                                                     acc0, acc1, acc2, acc3, ACC)
+                leave("gemm", PROFILE)
                 tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
             # P[b, h, s, i, j, k]: accumulator a is i = ib BI + i0 + a, its rows j = jb 64 + r
             r = jb * ROWS + tl.arange(0, ROWS)
             k = tl.arange(0, D2)
             offs = r[:, None] * D2 + k[None, :]
             base = ((bh.to(tl.int64) * n_splits + s) * D1 + ib * BI + i0) * (DY * D2)
+            enter("epilogue", PROFILE)
             store_accs(P + base + offs, DY * D2, acc0, acc1, acc2, acc3, ACC)
+            leave("epilogue", PROFILE)
 
 
 # ---- host side ---------------------------------------------------------------------------------
@@ -259,8 +271,8 @@ def _layout(B: int, L: int, H: int, D: int) -> Desc:
 def prepare_partials(B: int, N: int, H: int, d1: int, dy: int, d2: int, splits: int,
                      split_len: int | None = None, profile: bool = False):
     """kernels_triton.triple.host.prepare_partials' contract: run(x1, y, x2) -> P [B, H, splits,
-    D1, DY, D2] fp32 (the Triton kernel's launch where `takes` says no; `profile` is the Triton
-    kernel's only). run permutes x1 (`prepare_permute_x1`), then launches the TLX kernel."""
+    D1, DY, D2] fp32 (the Triton kernel's launch where `takes` says no; `profile`: the
+    Proton-scoped copy). run permutes x1 (`prepare_permute_x1`), then launches the TLX kernel."""
     if not takes(dy):
         return triton_host.prepare_partials(B, N, H, d1, dy, d2, splits, split_len, profile)
     cfg = config(d1, dy, d2)
@@ -271,7 +283,7 @@ def prepare_partials(B: int, N: int, H: int, d1: int, dy: int, d2: int, splits: 
     permute = prepare_permute_x1(B, N, H, d1)
     y_layout, x2_layout = _layout(B, N, H, dy), _layout(B, N, H, d2)
     fn, consts = _kernel(d1, dy, d2, H)
-    kernel = Kernel(fn, (B * H * splits * (d1 // cfg["BI"]),), **consts,
+    kernel = Kernel(fn, (B * H * splits * (d1 // cfg["BI"]),), **consts, PROFILE=bool(profile),
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     shape = (B, H, splits, d1, dy, d2)
 

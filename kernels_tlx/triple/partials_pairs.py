@@ -20,6 +20,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx.consumers import NUM_CONSUMERS
+from kernels_triton.proton import enter, leave
 from kernels_triton.triple.core import split_program
 from kernels_tlx.ring import empty_phase
 from kernels_tlx.triple.partials import (A_LAYOUT, BF16, BN, ROWS, prefetch_x1, step_gemms,
@@ -32,7 +33,8 @@ DY = tl.constexpr(32)
 def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                           H: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
                           BI: tl.constexpr, ACC: tl.constexpr, NUM_BUFFERS: tl.constexpr,
-                          COPIER_REGS: tl.constexpr, CONSUMER_REGS: tl.constexpr):
+                          COPIER_REGS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+                          PROFILE: tl.constexpr = False):
     tl.static_assert(BI == NUM_CONSUMERS * ACC * 2, "two values of i per accumulator")
     tl.static_assert(ACC <= 4, "at most four accumulators")
     ib, s, bh, b, h, start, end = split_program(N, split_len, n_splits, H, D1 // BI)
@@ -49,6 +51,7 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
     with tlx.async_tasks():
         with tlx.async_task("default"):
             for t in range(n_steps):
+                enter("load", PROFILE)
                 buf = t % NUM_BUFFERS
                 tlx.barrier_wait(tlx.local_view(empties, buf), empty_phase(t, NUM_BUFFERS))
                 n0 = start + t * BN
@@ -61,8 +64,10 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 tlx.barrier_expect_bytes(vfull, BN * DY * BF16)
                 tlx.async_descriptor_load(Yd, tlx.local_view(v_tiles, buf), [b, n0, h * DY],
                                           vfull)
+                leave("load", PROFILE)
         with tlx.async_task(num_warps=4, registers=COPIER_REGS):
             for t in range(n_steps):
+                enter("build", PROFILE)
                 buf = t % NUM_BUFFERS
                 phase = (t // NUM_BUFFERS) & 1
                 tlx.barrier_wait(tlx.local_view(vfulls, buf), phase)
@@ -71,6 +76,7 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 both = tl.reshape(tl.permute(tl.join(v, v), (0, 2, 1)), (BN, 2 * DY))
                 tlx.local_store(tlx.local_view(y_tiles, buf), both)
                 tlx.barrier_arrive(tlx.local_view(copied, buf), 1)
+                leave("build", PROFILE)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             i0: tl.constexpr = cid * ACC * 2
@@ -82,15 +88,23 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
             for t in range(n_steps):
                 buf = t % NUM_BUFFERS
                 phase = (t // NUM_BUFFERS) & 1
+                enter("wait", PROFILE)
                 tlx.barrier_wait(tlx.local_view(fulls, buf), phase)
                 tlx.barrier_wait(tlx.local_view(copied, buf), phase)
+                leave("wait", PROFILE)
+                enter("build", PROFILE)
                 vt = tlx.local_load(tlx.local_trans(tlx.local_view(y_tiles, buf)), layout=A_LAYOUT)
                 x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)
+                leave("build", PROFILE)
+                enter("gemm", PROFILE)
                 acc0, acc1, acc2, acc3 = step_gemms(vt, x1p, 2 * NP, pair,
                                                     tlx.local_view(x2_tiles, buf),
                                                     acc0, acc1, acc2, acc3, ACC)
+                leave("gemm", PROFILE)
                 tlx.barrier_arrive(tlx.local_view(empties, buf), 1)
             # P[b, h, s, (i, j), k]: accumulator a is rows (i0 + 2a) * 32 + r, r < 64
             offs = tl.arange(0, ROWS)[:, None] * D2 + tl.arange(0, D2)[None, :]
             base = ((bh.to(tl.int64) * n_splits + s) * D1 + ib * BI + i0) * (DY * D2)
+            enter("epilogue", PROFILE)
             store_accs(P + base + offs, 2 * DY * D2, acc0, acc1, acc2, acc3, ACC)
+            leave("epilogue", PROFILE)

@@ -58,9 +58,10 @@ import triton
 import triton.language as tl
 
 from kernels_triton.launch import Kernel, sm_count
+from kernels_triton.proton import profiled
 from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, Scratch, compile_specs,
                                                   fresh_rows, key_block_program, kernel_config,
-                                                  kv_rows, prepare_delta, prepare_dkv1, profiled,
+                                                  kv_rows, prepare_delta, prepare_dkv1,
                                                   row_stats, scalars, tile, visible, visible_t)
 # the Delta and reduce kernels, which tests launch through this module
 from kernels_triton.simplicial.bwd_common import (DKV1_ROWS, _delta_kernel,  # noqa: F401
@@ -441,8 +442,8 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, k_owner=None, row_ow
     if det and (k_owner is not None or row_owner is not None):
         raise ValueError("form 'det' runs the Triton k-owner and row-owner only")
     delta_of = prepare_delta(spec)
-    dkv2 = (k_owner or prepare_dkv2)(spec, profiled(profile, "dkv2"))
-    dq_dkv1 = (row_owner or prepare_dq)(spec, profiled(profile, "dq"))
+    dkv2 = (k_owner or prepare_dkv2)(spec, profiled(profile, "dkv2", ("dkv2", "dq")))
+    dq_dkv1 = (row_owner or prepare_dq)(spec, profiled(profile, "dq", ("dkv2", "dq")))
 
     def run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2) -> None:
         if det:

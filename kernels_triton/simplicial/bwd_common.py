@@ -10,8 +10,6 @@ TLX ones that reuse its split (kernels_tlx/simplicial/bwd_ws.py, bwd_dq_ws.py) o
 - `_sum_parts_kernel` / `prepare_sum_parts`: dK = sm_scale * the sum of fp32 partials, dV theirs,
   in part order, in bf16 (the k-owner's head halves in bwd_ws.py; bwd_pairs.py's accumulators).
 - `Scratch`: a row-owner's grid and scratch sizes.
-- `profiled`: which of the two Proton-scoped kernels (k-owner "dkv2", row-owner "dq") a launch's
-  `profile` argument selects.
 - Inlined @triton.jit helpers: `fresh_rows` (an arange the compiler cannot hoist), `tile` and
   `kv_rows` (row pointers/offsets of a dense block, of a [B, N, HK, D] tensor), `row_stats` (a row
   tile's tokens, heads, LSE and Delta), `visible` / `visible_t` (the pair-window mask),
@@ -61,16 +59,6 @@ class Scratch(NamedTuple):
         return (torch.zeros(n * self.partial, dtype=torch.float32, device=device),
                 torch.zeros(self.partial, dtype=torch.float32, device=device),
                 torch.empty(self.acc_tiles * self.dq_tiles, dtype=torch.float32, device=device))
-
-
-def profiled(profile: bool | str, kernel: str) -> bool:
-    """Whether `kernel` ("dkv2" or "dq") runs its Proton-scoped copy under a backward `launch`'s
-    `profile` (kernels_triton/simplicial/bwd.py): True (both), False, or one kernel's name."""
-    if isinstance(profile, str):
-        if profile not in ("dkv2", "dq"):
-            raise ValueError(f"profile={profile!r}: the scoped kernels are 'dkv2' and 'dq'")
-        return profile == kernel
-    return bool(profile)
 
 
 @triton.jit

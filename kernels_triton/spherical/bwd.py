@@ -29,7 +29,7 @@ import triton.language as tl
 from altattn.registry import CompileConfig
 from altattn.spherical.spec import SphericalSpec
 from kernels_triton.launch import Kernel, constexprs
-from kernels_triton.proton import enter, leave
+from kernels_triton.proton import enter, leave, profiled
 from kernels_triton.spherical.bwd_common import coeff_row0, prepare_row_coeffs
 from kernels_triton.spherical.host import (
     build_compile_configs,
@@ -200,14 +200,6 @@ def profiled_kernels(spec: SphericalSpec) -> dict[str, int]:
     return {name: cfg[name]["num_warps"] for name in KERNELS}
 
 
-def _profiled(profile: bool | str, kernel: str) -> bool:
-    if isinstance(profile, str):
-        if profile not in KERNELS:
-            raise ValueError(f"profile={profile!r}: the scoped kernels are {KERNELS}")
-        return profile == kernel
-    return bool(profile)
-
-
 def prepare(spec: SphericalSpec, profile: bool | str = False, cfg: dict | None = None):
     """The launches of `spec`, made once: run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv)
     writes dq [B, N, Hq, D], dk, dv [B, Nk, Hk, D] (bf16) from the forward's inputs and outputs
@@ -224,7 +216,7 @@ def prepare(spec: SphericalSpec, profile: bool | str = False, cfg: dict | None =
         descs[name] = (layout(spec.B, spec.N, spec.Hq, spec.D, bm),
                        layout(spec.B, spec.Nk, spec.Hk, spec.D, bn))
         kernels[name] = Kernel(fn, grid(spec, bn if name == "dkdv" else bm), **common,
-                               PROFILE=_profiled(profile, name), num_warps=c["num_warps"],
+                               PROFILE=profiled(profile, name, KERNELS), num_warps=c["num_warps"],
                                num_stages=c["num_stages"], **constexprs(c))
     N, Nk = spec.N, spec.Nk
 

@@ -39,7 +39,7 @@ def prepare_gradients(spec, c_S: float, c_dS: float, chunk: int = 0, profile: bo
     return run
 
 
-def prepare(spec, profile: bool = False, impl=host):
+def prepare(spec, profile: bool | str = False, impl=host):
     """The launches of `spec`, made once: run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2,
     dk1, dk2, dv) writes the five input gradients (bf16, the inputs' shapes) given the forward's
     state and the incoming dout (and dstate, or None). dS = sum_n Q1[n] (x) dO[n] (x) Q2[n]
@@ -49,8 +49,10 @@ def prepare(spec, profile: bool = False, impl=host):
         return causal.prepare_backward(spec, profile, impl)
     B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
-    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
-    gradients = prepare_gradients(spec, 1.0, spec.scale, profile=profile, impl=impl)
+    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,
+                                     profile=host.scoped(profile, "partials"))
+    gradients = prepare_gradients(spec, 1.0, spec.scale, profile=host.scoped(profile, "apply"),
+                                  impl=impl)
 
     def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv) -> None:
         dS = partials(q1, dout, q2).sum(2)
@@ -63,8 +65,12 @@ def prepare(spec, profile: bool = False, impl=host):
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
-           profile: bool = False) -> None:
+           profile: bool | str = False) -> None:
     prepare(spec, profile)(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv)
+
+
+def profiled_kernels(spec) -> dict[str, int]:
+    return host.profiled_kernels(spec, "bwd")
 
 
 def compile_configs():

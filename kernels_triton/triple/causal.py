@@ -34,19 +34,20 @@ def _suffix(P, dstate):
     return P if dstate is None else P.add_(dstate[:, :, None])
 
 
-def _prepare_chunk_states(spec, impl):
+def _prepare_chunk_states(spec, impl, profile: bool = False):
     """run(x1, y, x2) -> each chunk's sum, [B, H, chunks, Dq, Dv, Dq] fp32 (`partials` with one
     split per chunk; impl as in fwd.prepare): (K1, V, K2) and (Q1, dO, Q2) alike."""
     return impl.prepare_partials(spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.Dq,
-                                 max(1, -(-spec.N // CHUNK)), split_len=CHUNK)
+                                 max(1, -(-spec.N // CHUNK)), split_len=CHUNK, profile=profile)
 
 
-def prepare_forward(spec, profile: bool = False, impl=host):
+def prepare_forward(spec, profile: bool | str = False, impl=host):
     """fwd.prepare's launches for a causal `spec`: run(q1, q2, k1, k2, v, out, out_state), its
     run's arguments."""
     B, N, H, Dq, Dv, c = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
-    chunk_states = _prepare_chunk_states(spec, impl)
-    apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, c, chunk=CHUNK, profile=profile)
+    chunk_states = _prepare_chunk_states(spec, impl, host.scoped(profile, "partials"))
+    apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, c, chunk=CHUNK,
+                               profile=host.scoped(profile, "apply"))
     intra_forward = intra.prepare_forward(B, N, H, Dq, Dv, CHUNK, c)
 
     def run(q1, q2, k1, k2, v, out, out_state) -> None:
@@ -61,15 +62,15 @@ def prepare_forward(spec, profile: bool = False, impl=host):
     return run
 
 
-def prepare_backward(spec, profile: bool = False, impl=host):
+def prepare_backward(spec, profile: bool | str = False, impl=host):
     """bwd.prepare's launches for a causal `spec`: run(q1, q2, k1, k2, v, state, dout, dstate,
     dq1, dq2, dk1, dk2, dv), its run's arguments (state unused: the chunk states are made again).
     FAMILIES.md's gradients (bwd.prepare_gradients) with S the prefix states (unscaled here, so
     the dQ applies take c) and dS the suffix ones, then intra.py's pairs inside each chunk."""
     from kernels_triton.triple.bwd import prepare_gradients
     B, N, H, Dq, Dv, c = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
-    chunk_states = _prepare_chunk_states(spec, impl)
-    gradients = prepare_gradients(spec, c, c, CHUNK, profile, impl)
+    chunk_states = _prepare_chunk_states(spec, impl, host.scoped(profile, "partials"))
+    gradients = prepare_gradients(spec, c, c, CHUNK, host.scoped(profile, "apply"), impl)
     intra_backward = intra.prepare_backward(B, N, H, Dq, Dv, CHUNK, c)
 
     def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv) -> None:

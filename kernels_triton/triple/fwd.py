@@ -15,20 +15,22 @@ from kernels_triton.triple import host
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
 
 
-def prepare(spec, profile: bool = False, impl=host):
+def prepare(spec, profile: bool | str = False, impl=host):
     """The launches of `spec`, made once: run(q1, q2, k1, k2, v, out, out_state) writes out
     [B, N, H, Dv] bf16 and out_state [B, H, Dq, Dv, Dq] fp32 = scale * sum_n K1[n] (x) V[n] (x)
     K2[n] from the five inputs (bf16, contiguous). impl: the module whose `n_splits`,
     `prepare_partials` and `prepare_apply` make the contractions (host: plain Triton; the TLX
-    variants pass kernels_tlx.triple.contractions)."""
+    variants pass kernels_tlx.triple.contractions). profile: True, or one name of host.KERNELS
+    (a trace samples one kernel's warps at a time): the Proton-scoped copies."""
     if spec.causal:
         from kernels_triton.triple import causal
         return causal.prepare_forward(spec, profile, impl)
     B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
-    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
+    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,
+                                     profile=host.scoped(profile, "partials"))
     state = host.prepare_state(B, H, Dq, Dv, Dq, splits, scale)
-    apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, 1.0, profile=profile)
+    apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, 1.0, profile=host.scoped(profile, "apply"))
 
     def run(q1, q2, k1, k2, v, out, out_state) -> None:
         apply(q2, q1, state(partials(k1, v, k2), out_state), out)
@@ -36,8 +38,12 @@ def prepare(spec, profile: bool = False, impl=host):
     return run
 
 
-def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool = False) -> None:
+def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool | str = False) -> None:
     prepare(spec, profile)(q1, q2, k1, k2, v, out, out_state)
+
+
+def profiled_kernels(spec) -> dict[str, int]:
+    return host.profiled_kernels(spec, "fwd")
 
 
 def compile_configs():

@@ -10,17 +10,21 @@ B * H * Dq^2 * Dv each. Causal passes keep one state per chunk instead (causal.p
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 
 from altattn.registry import CompileConfig
 from kernels_triton.launch import Desc, Kernel, sm_count
+from kernels_triton.proton import profiled
 from kernels_triton.triple.core import apply_kernel, partials_kernel, state_kernel
 
 SUPPORTED_DIMS = (32, 64, 128)
 BLOCK_N = 64      # tokens per step of `partials` (the GEMM's K)
 BLOCK_M = 128     # tokens per tile of `apply`
 WAVES = 4         # `partials` programs per multiprocessor the split count aims at
+KERNELS = ("partials", "apply")  # a pass's Proton-scoped kernels, by the name `profile` takes
 
 
 def supports(spec) -> str | None:
@@ -43,6 +47,32 @@ def apply_config(dx: int, dy: int, do: int) -> dict:
     """One warp group of 128 rows (two at D = 128: 4 warps spill), W by TMA two slabs ahead
     (pointer loads of W gave wrong results under Triton's software pipeline: docs/perf-triple.md)."""
     return {"BM": BLOCK_M, "num_warps": 8 if dx * do > 64 * 128 else 4, "num_stages": 2}
+
+
+def partials_warps(d1: int, dy: int, d2: int) -> int:
+    return partials_config(d1, dy, d2)["num_warps"]
+
+
+def apply_warps(dx: int, dy: int, do: int, chunk: int) -> int:
+    return apply_config(dx, dy, do)["num_warps"]
+
+
+def profiled_kernels(spec, pass_: str, impl=None) -> dict[str, int]:
+    """The pass's Proton-scoped kernels, by the name `profile` takes (one Proton session each,
+    sampling its warps), with their warps per CTA: `partials`, and the pass's applies (the
+    fewest warps among them: every apply must have the warps sampled). impl: the module whose
+    kernels run (fwd.prepare's; default this one)."""
+    impl = impl or sys.modules[__name__]
+    Dq, Dv = spec.Dq, spec.Dv
+    dims = [(Dq, Dq, Dv)] if pass_ == "fwd" else [(Dq, Dv, Dq), (Dv, Dq, Dq), (Dq, Dq, Dv)]
+    chunk = 1 if spec.causal else 0  # causal: chunked slabs (causal.py)
+    return {"partials": impl.partials_warps(Dq, Dv, Dq),
+            "apply": min(impl.apply_warps(dx, dy, do, chunk) for dx, dy, do in dims)}
+
+
+def scoped(profile: bool | str, kernel: str) -> bool:
+    """Whether `kernel` ("partials" or "apply") runs its Proton-scoped copy under `profile`."""
+    return profiled(profile, kernel, KERNELS)
 
 
 def n_splits(B: int, N: int, H: int, d1: int, dy: int, d2: int) -> int:
