@@ -94,6 +94,18 @@ def _small(shape) -> bool:
     return shape[1] * shape[3] * max(shape[3], shape[4]) <= 2048 * 64 * 64
 
 
+def _check(name: str, got, want, bound: float, emu=None) -> None:
+    """rel(got, want) within `bound`, and, where the bf16 emulation was computed, within
+    vs_emulation x its error (+ FLOOR). Few tokens (N = 1) average no rounding away: there the
+    emulation's own error can pass `bound`, and the emulation's bound is the one that holds."""
+    err = rel(got, want)
+    if emu is not None:
+        limit = TOLERANCES["vs_emulation"] * rel(emu, want) + FLOOR
+        assert err <= limit, (name, err, limit)
+        bound = max(bound, limit)
+    assert err <= bound, (name, err, bound)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 @pytest.mark.parametrize("variant", FWD)
 def test_forward(variant, shape, gen):
@@ -101,13 +113,10 @@ def test_forward(variant, shape, gen):
     x = _inputs(*dims, gen)
     out, state = _forward(variant, *x, causal)
     want_out, want_state = reference(*x, causal=causal)
-    tol = TOLERANCES
-    assert rel(out, want_out) <= tol["out_rel"], rel(out, want_out)
-    assert rel(state, want_state) <= tol["state_rel"], rel(state, want_state)
-    if not causal and _small(shape):
-        emu_out, emu_state = emulation(*x, 1.0 / shape[1])
-        assert rel(out, want_out) <= tol["vs_emulation"] * rel(emu_out, want_out) + FLOOR
-        assert rel(state, want_state) <= tol["vs_emulation"] * rel(emu_state, want_state) + FLOOR
+    emu_out, emu_state = (emulation(*x, 1.0 / shape[1]) if not causal and _small(shape)
+                          else (None, None))
+    _check("out", out, want_out, TOLERANCES["out_rel"], emu_out)
+    _check("state", state, want_state, TOLERANCES["state_rel"], emu_state)
     out2, state2 = _forward(variant, *x, causal)
     assert torch.equal(out, out2) and torch.equal(state, state2), "not bitwise repeatable"
 
