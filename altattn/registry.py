@@ -34,7 +34,6 @@ FAMILIES = {
     "spherical": "altattn.spherical.family",
     "triple": "altattn.triple.family",
 }
-DEFAULT_FAMILY = "simplicial"  # what the tools take when no --family is given
 PASSES = ("fwd", "bwd")        # forward, backward
 # the roles a Proton scope can play (Family.scopes); profiling/trace_summary.py reads them:
 # a warp group that runs a "gemm" scope is a consumer, one that only "load"s is a producer
@@ -58,7 +57,7 @@ class Variant:
     # kernels (a backward) records its widest kernel's
     warps: int
     scopes: tuple[str, ...]  # Proton scopes of its profile=True kernel (names of Family.scopes)
-    family: str = DEFAULT_FAMILY
+    family: str          # the family whose record lists it (Family.name)
     # waits for one wgmma while another is in flight and runs its exp2 under it (profiling.
     # resources: its "ex2 under wgmma" is a number)
     pipelined: bool = False
@@ -168,8 +167,7 @@ class Family:
         for v in self.variants:
             if v.pass_ == pass_ and v.name == name:
                 return v
-        where = ("" if pass_ == "fwd" else f" of pass {pass_!r}") + (
-            "" if self.name == DEFAULT_FAMILY else f" of family {self.name!r}")
+        where = ("" if pass_ == "fwd" else f" of pass {pass_!r}") + f" of family {self.name!r}"
         others = [p for p in PASSES if p != pass_ and any(
             v.name == name and v.pass_ == p for v in self.variants)]
         hint = (f" ({name!r} is a {others[0]} variant: ask for pass {others[0]!r}; --pass "
@@ -186,7 +184,7 @@ def _check_pass(pass_: str) -> None:
         raise ValueError(f"unknown pass {pass_!r}; passes: {', '.join(PASSES)}")
 
 
-def get_family(name: str = DEFAULT_FAMILY) -> Family:
+def get_family(name: str) -> Family:
     """The record of family `name`; ValueError naming the known ones."""
     if name not in _LOADED:
         if not isinstance(name, str) or name not in FAMILIES:
@@ -225,13 +223,12 @@ def families() -> list[Family]:
     return [get_family(n) for n in FAMILIES]
 
 
-def get(name: str, pass_: str = "fwd", family: str = DEFAULT_FAMILY) -> Variant:
+def get(name: str, pass_: str, family: str) -> Variant:
     """The record of variant `name` of (family, pass_); ValueError naming the known ones."""
     return get_family(family).variant(name, pass_)
 
 
-def all_variants(pass_: str | None = "fwd", family: str | None = DEFAULT_FAMILY
-                 ) -> list[Variant]:
+def all_variants(pass_: str | None, family: str | None) -> list[Variant]:
     """The records of pass `pass_` of family `family` (None: every pass / every family), in
     registration order."""
     if pass_ is not None:
@@ -240,7 +237,7 @@ def all_variants(pass_: str | None = "fwd", family: str | None = DEFAULT_FAMILY
     return [v for f in fams for v in f.variants if pass_ is None or v.pass_ == pass_]
 
 
-def variants(pass_: str = "fwd", family: str = DEFAULT_FAMILY) -> dict[str, str]:
+def variants(pass_: str, family: str) -> dict[str, str]:
     """Registered variant names of a pass, each with the shapes it supports."""
     return {v.name: v.supports for v in all_variants(pass_, family)}
 
@@ -254,7 +251,7 @@ def refuse_nondeterministic(v: Variant, arg: str = "variant") -> None:
                          f"hardware's order); with deterministic=True use 'auto' or one of: {able}")
 
 
-def compile_configs(pass_: str | None = "fwd", family: str | None = DEFAULT_FAMILY
+def compile_configs(pass_: str | None, family: str | None
                     ) -> list[tuple[Variant, CompileConfig]]:
     """(variant, config) for every default config of pass `pass_` (None: every pass) of
     `family` (None: every family)."""

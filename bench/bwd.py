@@ -69,7 +69,7 @@ COLUMNS = [("variant", "variant"), ("form", "form"), ("pass", "pass"), ("shape",
            ("note", "note")]
 
 
-def check(variant: str, s: Shape, form=None, family: str = registry.DEFAULT_FAMILY) -> str | None:
+def check(variant: str, s: Shape, form, family: str) -> str | None:
     """None when the variant's gradients (in the logits' `form`, where the family has forms)
     match the family's fp32 reference on `s.check_shape()` within its tolerances (bench.check:
     "grad_rel" for each gradient), else which one does not."""

@@ -229,8 +229,7 @@ class Progress:
 # Measurements
 
 
-def check_variant(name: str, s: Shape, seed: int, form=None,
-                  family: str = registry.DEFAULT_FAMILY) -> dict[str, float]:
+def check_variant(name: str, s: Shape, seed: int, form, family: str) -> dict[str, float]:
     """Compare `name` with the family's fp32 reference (in the logits' `form`, where the family
     has forms) on `s.check_shape()` (bench.check); raise CheckFailed above the family's
     tolerances (NaN fails). Returns {tolerance name: error}, e.g. {"out_rel": .., "lse_abs": ..}."""

@@ -13,8 +13,6 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from altattn import registry
-
 WORKER_DONE = "sanitize worker: done"
 DOC = "docs/sanitizers.md"
 DISPATCH_DOC = f"{DOC}#the-warp-specialization-dispatch"
@@ -229,7 +227,7 @@ def judge(run, report: Report, returncode: int | None,
     """(passed, verdict) of a run (tool, pass_, variant, family): its report, the sanitizer's exit
     status (None: timed out) and the allow-list (default: the run's family's)."""
     if allowed is None:
-        allowed = allowed_for(getattr(run, "family", registry.DEFAULT_FAMILY))
+        allowed = allowed_for(run.family)
     if returncode is None:
         return False, "timed out"
     n = report.findings
