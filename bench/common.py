@@ -14,8 +14,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from profiling.common import (Shape, add_family_arg, add_shape_args, check_out_path,
-                              check_variants, forms_of, positive_float, shape_spec)
+from profiling.common import (add_family_arg, add_shape_args, check_out_path, check_variants,
+                              forms_of, positive_float, shape_spec)
 from profiling.timing import pct_of_peak, tflops
 from altattn import registry
 
@@ -25,8 +25,8 @@ WORDS = ("auto", "all")  # --variant's words beside the pass's variant names
 MATMUL_SIZE = 8192       # the --peers matmul: M = N = K (bench/peers.py)
 
 
-def sweep_shapes(base: Shape, sweep: Mapping[str, Sequence]) -> list[Shape]:
-    """`base` with the fields of `sweep` (Family.sweep: field -> values) replaced by every
+def sweep_shapes(base, sweep: Mapping[str, Sequence]) -> list:
+    """`base` (a family's shape record) with the fields of `sweep` (Family.sweep: field -> values) replaced by every
     combination of their values; the first axis innermost (for the simplicial family: w2 outer,
     N inner, each in the order given)."""
     keys = list(sweep)[::-1]
@@ -121,7 +121,7 @@ def check_out_paths(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def variant_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, pass_: str,
-                 shapes: Sequence[Shape], takers_only: bool) -> list[tuple[str, str]]:
+                 shapes: Sequence, takers_only: bool) -> list[tuple[str, str]]:
     """Check --variant and --form against `shapes` before any GPU work (check_forms; exit 2) and
     return the (variant, form) runs, in --variant order, each variant's forms in --form order
     (args.form: duplicates dropped). 'all': every variant of the pass that computes the form
@@ -322,7 +322,7 @@ def table_columns(rows: Sequence[dict], columns: Sequence[tuple[str, str]],
 
 
 def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
-                shapes: Sequence[Shape], family: str) -> None:
+                shapes: Sequence, family: str) -> None:
     """Before any GPU work, exit 2 (parser.error) unless every named variant of pass `pass_`
     computes each of `forms` (the form first: a variant that lacks it fails whatever the shape),
     some variant does, and each shape passes the checks in that form with each named variant

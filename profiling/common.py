@@ -28,13 +28,8 @@ DEFAULT_FAMILY = "simplicial"
 
 # ---------------------------------------------------------------------------------------------
 # Shapes: each family's record holds its shape type (a dataclass: the tools' shape flags are its
-# fields), presets and input maker. These three names are the default family's, for callers that
-# predate --family.
-
-_DEFAULT = registry.get_family(DEFAULT_FAMILY)
-Shape = _DEFAULT.shape_type
-PRESETS = _DEFAULT.presets
-make_inputs = importlib.import_module(Shape.__module__).make_inputs
+# fields), presets and input maker (registry.get_family(name).shape_type, .presets,
+# .make_inputs).
 
 # The flag and words of the shape fields attention families share; any other field of a family's
 # shape record is --<field> (a bool: --<field> / --no-<field>), its help the field's metadata

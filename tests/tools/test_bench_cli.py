@@ -14,9 +14,10 @@ import torch
 
 from altattn import registry
 from altattn.simplicial import flops as simplicial_flops
+from altattn.simplicial.shapes import PRESETS, Shape, make_inputs  # the family these runs are of
 from bench import common, peers
 from conftest import ROOT, no_gpu_env
-from profiling.common import PRESETS, Shape, format_table, make_inputs, run_metadata
+from profiling.common import format_table, run_metadata
 
 REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
