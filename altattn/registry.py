@@ -38,6 +38,13 @@ PASSES = ("fwd", "bwd")        # forward, backward
 # the roles a Proton scope can play (Family.scopes); profiling/trace_summary.py reads them:
 # a warp group that runs a "gemm" scope is a consumer, one that only "load"s is a producer
 SCOPE_ROLES = ("load", "build", "wait", "gemm", "softmax", "scale", "epilogue")
+# The sections of docs/sanitizers.md that explain a compute-sanitizer finding (the `doc` of a
+# SanitizerAllowance)
+SANITIZER_DOC = "docs/sanitizers.md"
+DISPATCH_DOC = f"{SANITIZER_DOC}#the-warp-specialization-dispatch"
+TMA_INIT_DOC = f"{SANITIZER_DOC}#plain-triton-tma-loads-mbarrier-init-then-arrive-in-one-warp"
+TRIPLE_TLX_DOC = f"{SANITIZER_DOC}#triple-attention"
+RELEASE_DOC = f"{SANITIZER_DOC}#a-warp-groups-reads-released-by-one-threads-mbarrier-arrive"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +136,22 @@ class Peer:
     runs: str | None = None
 
 
+@dataclass(frozen=True)
+class SanitizerAllowance:
+    """Findings of one (tool, pass, variant) of a family explained in the docs
+    (Family.sanitizer_allowed; tools/sanitize_report.py judges a run by it): at most `count` per
+    run (None: any number); with `kernel` and `kind`, only racecheck findings whose two accesses
+    are in that kernel (its name in the report) and are a race of that kind (a name of
+    sanitize_report.RACE_KINDS, a fact of the two accesses; a tuple of kinds: any of them); with
+    `pattern`, only findings whose report line matches it (re.search)."""
+
+    doc: str                    # where the explanation is, e.g. DISPATCH_DOC
+    count: int | None = None
+    kernel: str | None = None
+    kind: str | tuple[str, ...] | None = None
+    pattern: str | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Family:
     """Everything generic code needs to know about one attention family."""
@@ -150,6 +173,10 @@ class Family:
     peers: tuple[Peer, ...]          # bench --peers, each with its equal-work rule
     scopes: Mapping[str, str]        # Proton scope name -> role (SCOPE_ROLES), in kernel order
     sanitizer_shapes: tuple          # small shapes compute-sanitizer runs every variant on
+    # (tool, pass, variant) -> the findings of its runs that docs/sanitizers.md explains (every
+    # form of the variant); tools/sanitize.py fails any other finding
+    sanitizer_allowed: Mapping[tuple[str, str, str], SanitizerAllowance] = field(
+        default_factory=dict)
     # named once; bench's and the tests' checks read them. bench checks each output of a pass by
     # its name: "<output>_rel" (relative Frobenius error), "<output>_abs" (max abs error), else,
     # for a backward's gradients, "grad_rel"
@@ -216,6 +243,10 @@ def _check_family(fam: Family, name: str) -> None:
             raise ValueError(f"variant {v.name!r}: accepts {sorted(bad)} not in {name}'s accepts")
     if bad := set(fam.scopes.values()) - set(SCOPE_ROLES):
         raise ValueError(f"family {name}: scope roles {sorted(bad)} not in {SCOPE_ROLES}")
+    for tool, pass_, variant in fam.sanitizer_allowed:
+        if (pass_, variant) not in seen:
+            raise ValueError(f"family {name}: sanitizer allowance ({tool}, {pass_}, {variant}) "
+                             f"names no {pass_} variant of {name}")
 
 
 def families() -> list[Family]:

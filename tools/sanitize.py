@@ -1,8 +1,9 @@
 """Compute-sanitizer runs anyone can repeat: memcheck, racecheck and synccheck on every registered
 variant of a family (--family, default simplicial), forward and backward, in each logits' form it
 computes, at the family's small shapes (Family.sanitizer_shapes), failing on any finding that the
-family's allow-list (sanitize_report.ALLOWED_BY_FAMILY, one entry per explained finding, for every
-form of the variant) does not name. docs/sanitizers.md says what is allowed and why.
+family's allow-list (its record's `sanitizer_allowed`, altattn/<family>/family.py: one entry per
+explained finding, for every form of the variant) does not name. docs/sanitizers.md says what is
+allowed and why.
 
     python3 tools/sanitize.py                                   # everything (GPU)
     python3 tools/sanitize.py --tool racecheck --pass fwd --variant tlx_ws
@@ -20,7 +21,7 @@ Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A finding is what t
 sanitizer's summary counts: memcheck and synccheck "ERROR SUMMARY: N errors", racecheck
 "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (E + W; racecheck looks at shared
 memory only). A run passes when it finished (the worker printed its last line) with no finding,
-or with findings that its ALLOWED entry covers. `--jobs N` runs up to N children at once on the
+or with findings that its allow-list entry covers. `--jobs N` runs up to N children at once on the
 one GPU; the lines and the table stay in the order of the runs.
 
 The probe (`--pass probe`, not a variant, not in the default passes): tools/ws_probe.py's
@@ -62,8 +63,8 @@ from altattn import registry  # noqa: E402
 from profiling.common import (DEFAULT_FAMILY, add_family_arg, form_options,  # noqa: E402
                               format_table, forms_of, gpu_problem, parse_shape, positive_int,
                               shape_spec)
-from tools.sanitize_report import (ALLOWED_BY_FAMILY, WORKER_DONE, Allowance,  # noqa: E402,F401
-                                       Report, allowed_for, judge, parse_report)
+from tools.sanitize_report import (WORKER_DONE, Allowance, Report,  # noqa: E402,F401
+                                       allowed_for, judge, parse_report)
 
 PROG = "tools/sanitize.py"
 SCRIPT = os.path.abspath(__file__)

@@ -96,6 +96,17 @@ def test_register_twice_rejected():
         registry._check_family(twice, fam.name)
 
 
+def test_sanitizer_allowance_must_name_a_variant_of_the_family():
+    """An allowance's (tool, pass, variant) names a variant of its family's pass."""
+    fam = registry.get_family(FAM)
+    # tlx_ws_kv is a forward only; tlx is triple attention's
+    for key in (("racecheck", "bwd", "tlx_ws_kv"), ("racecheck", "fwd", "tlx")):
+        stray = dataclasses.replace(fam, sanitizer_allowed={
+            **fam.sanitizer_allowed, key: registry.SanitizerAllowance(registry.DISPATCH_DOC, 1)})
+        with pytest.raises(ValueError, match=rf"sanitizer allowance \({', '.join(key)}\)"):
+            registry._check_family(stray, fam.name)
+
+
 def test_get_unknown_lists_known():
     with pytest.raises(ValueError) as info:
         registry.get("nope", "fwd", FAM)
