@@ -39,7 +39,7 @@ class Call:
 
 
 def pick(spec, variant: str, hopper: bool = True, pass_: str = "fwd",
-         deterministic: bool = False, family: str = registry.DEFAULT_FAMILY) -> registry.Variant:
+         deterministic: bool = False, *, family: str) -> registry.Variant:
     """Resolve `variant` ("auto" or a name of (family, pass_)) to a registry entry that can run
     `spec`, or raise ValueError (NotImplementedError when no variant of the pass computes a value
     the spec asks for, e.g. form "det"). `hopper=False` makes "auto" skip the sm_90-only
@@ -79,8 +79,7 @@ def pick(spec, variant: str, hopper: bool = True, pass_: str = "fwd",
 
 
 def select(spec, variant: str, device: torch.device | str, pass_: str = "fwd",
-           deterministic: bool = False,
-           family: str = registry.DEFAULT_FAMILY) -> registry.Variant:
+           deterministic: bool = False, *, family: str) -> registry.Variant:
     """The variant that runs `spec` on `device`: `pick` (shape errors first, on any device; on a
     GPU other than sm_90 "auto" skips the Hopper-only variants), then the device check
     (`checks.check_device`). Raises ValueError or RuntimeError."""
@@ -89,12 +88,12 @@ def select(spec, variant: str, device: torch.device | str, pass_: str = "fwd",
     cap = torch.cuda.get_device_capability(device) if on_gpu else None
     hopper = cap is not None and cap[0] == 9
     try:
-        v = pick(spec, variant, hopper or not on_gpu, pass_, deterministic, family)
+        v = pick(spec, variant, hopper or not on_gpu, pass_, deterministic, family=family)
     except ValueError:
         if variant != "auto" or hopper or not on_gpu:
             raise
         try:  # not Hopper: is the shape or the GPU the problem?
-            pick(spec, "auto", True, pass_, deterministic, family)
+            pick(spec, "auto", True, pass_, deterministic, family=family)
         except ValueError as shape_error:
             raise shape_error from None
         raise RuntimeError(
@@ -180,7 +179,7 @@ def plan(family: str, pass_: str, spec, variant: str = "auto", deterministic: bo
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", _current_device())
-    v = choose(spec, variant, device, pass_, deterministic, family)
+    v = choose(spec, variant, device, pass_, deterministic, family=family)
     io = registry.get_family(family).passes[pass_]
     on_gpu = device.type == "cuda"
     with torch.cuda.device(device) if on_gpu else contextlib.nullcontext():  # prepare may ask it
@@ -202,14 +201,13 @@ _CHOSEN: dict[tuple, registry.Variant] = {}
 
 
 def choose(spec, variant: str, device: torch.device, pass_: str = "fwd",
-           deterministic: bool = False, family: str = registry.DEFAULT_FAMILY
-           ) -> registry.Variant:
+           deterministic: bool = False, *, family: str) -> registry.Variant:
     """`select`, remembered for CUDA devices (an op checks its backward's variant at every
     forward with grad: once per problem)."""
     key = (family, pass_, spec, variant, deterministic, device)
     found = _CHOSEN.get(key)
     if found is None:
-        found = select(spec, variant, device, pass_, deterministic, family)
+        found = select(spec, variant, device, pass_, deterministic, family=family)
         if device.type == "cuda" and len(_CHOSEN) < MAX_PLANS:
             _CHOSEN[key] = found
     return found
@@ -243,5 +241,5 @@ def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bo
     call = io.validate(*args, **options)
     if not profile:
         return run_call(family, pass_, call, variant, deterministic, outputs, io)
-    v = select(call.spec, variant, call.device, pass_, deterministic, family)
+    v = select(call.spec, variant, call.device, pass_, deterministic, family=family)
     return Plan(v, io, _prepared(v.load(), call.spec, profile), call.device).execute(call, outputs)

@@ -128,7 +128,7 @@ class Op:
         fam = self.decl.family
         grad = torch.is_grad_enabled() and torch._C._any_requires_grad(*args[:self.n_in])
         if grad:  # a backward variant that cannot take the spec: an error now, not at backward
-            launcher.choose(spec, bwd_variant, x.device, "bwd", deterministic, fam)
+            launcher.choose(spec, bwd_variant, x.device, "bwd", deterministic, family=fam)
         if type(x) is not torch.Tensor:  # fake tensors (shape propagation): the op's fake
             return self.fwd_op(*args, variant, bwd_variant, deterministic)
         plan = launcher.plan(fam, "fwd", spec, variant, False, x.device)

@@ -34,11 +34,17 @@ FAMILIES = {
     "spherical": "altattn.spherical.family",
     "triple": "altattn.triple.family",
 }
-DEFAULT_FAMILY = "simplicial"  # what the tools take when no --family is given
 PASSES = ("fwd", "bwd")        # forward, backward
 # the roles a Proton scope can play (Family.scopes); profiling/trace_summary.py reads them:
 # a warp group that runs a "gemm" scope is a consumer, one that only "load"s is a producer
 SCOPE_ROLES = ("load", "build", "wait", "gemm", "softmax", "scale", "epilogue")
+# The sections of docs/sanitizers.md that explain a compute-sanitizer finding (the `doc` of a
+# SanitizerAllowance)
+SANITIZER_DOC = "docs/sanitizers.md"
+DISPATCH_DOC = f"{SANITIZER_DOC}#the-warp-specialization-dispatch"
+TMA_INIT_DOC = f"{SANITIZER_DOC}#plain-triton-tma-loads-mbarrier-init-then-arrive-in-one-warp"
+TRIPLE_TLX_DOC = f"{SANITIZER_DOC}#triple-attention"
+RELEASE_DOC = f"{SANITIZER_DOC}#a-warp-groups-reads-released-by-one-threads-mbarrier-arrive"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +64,7 @@ class Variant:
     # kernels (a backward) records its widest kernel's
     warps: int
     scopes: tuple[str, ...]  # Proton scopes of its profile=True kernel (names of Family.scopes)
-    family: str = DEFAULT_FAMILY
+    family: str          # the family whose record lists it (Family.name)
     # waits for one wgmma while another is in flight and runs its exp2 under it (profiling.
     # resources: its "ex2 under wgmma" is a number)
     pipelined: bool = False
@@ -130,6 +136,22 @@ class Peer:
     runs: str | None = None
 
 
+@dataclass(frozen=True)
+class SanitizerAllowance:
+    """Findings of one (tool, pass, variant) of a family explained in the docs
+    (Family.sanitizer_allowed; tools/sanitize_report.py judges a run by it): at most `count` per
+    run (None: any number); with `kernel` and `kind`, only racecheck findings whose two accesses
+    are in that kernel (its name in the report) and are a race of that kind (a name of
+    sanitize_report.RACE_KINDS, a fact of the two accesses; a tuple of kinds: any of them); with
+    `pattern`, only findings whose report line matches it (re.search)."""
+
+    doc: str                    # where the explanation is, e.g. DISPATCH_DOC
+    count: int | None = None
+    kernel: str | None = None
+    kind: str | tuple[str, ...] | None = None
+    pattern: str | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Family:
     """Everything generic code needs to know about one attention family."""
@@ -151,6 +173,10 @@ class Family:
     peers: tuple[Peer, ...]          # bench --peers, each with its equal-work rule
     scopes: Mapping[str, str]        # Proton scope name -> role (SCOPE_ROLES), in kernel order
     sanitizer_shapes: tuple          # small shapes compute-sanitizer runs every variant on
+    # (tool, pass, variant) -> the findings of its runs that docs/sanitizers.md explains (every
+    # form of the variant); tools/sanitize.py fails any other finding
+    sanitizer_allowed: Mapping[tuple[str, str, str], SanitizerAllowance] = field(
+        default_factory=dict)
     # named once; bench's and the tests' checks read them. bench checks each output of a pass by
     # its name: "<output>_rel" (relative Frobenius error), "<output>_abs" (max abs error), else,
     # for a backward's gradients, "grad_rel"
@@ -168,8 +194,7 @@ class Family:
         for v in self.variants:
             if v.pass_ == pass_ and v.name == name:
                 return v
-        where = ("" if pass_ == "fwd" else f" of pass {pass_!r}") + (
-            "" if self.name == DEFAULT_FAMILY else f" of family {self.name!r}")
+        where = ("" if pass_ == "fwd" else f" of pass {pass_!r}") + f" of family {self.name!r}"
         others = [p for p in PASSES if p != pass_ and any(
             v.name == name and v.pass_ == p for v in self.variants)]
         hint = (f" ({name!r} is a {others[0]} variant: ask for pass {others[0]!r}; --pass "
@@ -186,7 +211,7 @@ def _check_pass(pass_: str) -> None:
         raise ValueError(f"unknown pass {pass_!r}; passes: {', '.join(PASSES)}")
 
 
-def get_family(name: str = DEFAULT_FAMILY) -> Family:
+def get_family(name: str) -> Family:
     """The record of family `name`; ValueError naming the known ones."""
     if name not in _LOADED:
         if not isinstance(name, str) or name not in FAMILIES:
@@ -218,6 +243,10 @@ def _check_family(fam: Family, name: str) -> None:
             raise ValueError(f"variant {v.name!r}: accepts {sorted(bad)} not in {name}'s accepts")
     if bad := set(fam.scopes.values()) - set(SCOPE_ROLES):
         raise ValueError(f"family {name}: scope roles {sorted(bad)} not in {SCOPE_ROLES}")
+    for tool, pass_, variant in fam.sanitizer_allowed:
+        if (pass_, variant) not in seen:
+            raise ValueError(f"family {name}: sanitizer allowance ({tool}, {pass_}, {variant}) "
+                             f"names no {pass_} variant of {name}")
 
 
 def families() -> list[Family]:
@@ -225,13 +254,12 @@ def families() -> list[Family]:
     return [get_family(n) for n in FAMILIES]
 
 
-def get(name: str, pass_: str = "fwd", family: str = DEFAULT_FAMILY) -> Variant:
+def get(name: str, pass_: str, family: str) -> Variant:
     """The record of variant `name` of (family, pass_); ValueError naming the known ones."""
     return get_family(family).variant(name, pass_)
 
 
-def all_variants(pass_: str | None = "fwd", family: str | None = DEFAULT_FAMILY
-                 ) -> list[Variant]:
+def all_variants(pass_: str | None, family: str | None) -> list[Variant]:
     """The records of pass `pass_` of family `family` (None: every pass / every family), in
     registration order."""
     if pass_ is not None:
@@ -240,7 +268,7 @@ def all_variants(pass_: str | None = "fwd", family: str | None = DEFAULT_FAMILY
     return [v for f in fams for v in f.variants if pass_ is None or v.pass_ == pass_]
 
 
-def variants(pass_: str = "fwd", family: str = DEFAULT_FAMILY) -> dict[str, str]:
+def variants(pass_: str, family: str) -> dict[str, str]:
     """Registered variant names of a pass, each with the shapes it supports."""
     return {v.name: v.supports for v in all_variants(pass_, family)}
 
@@ -254,7 +282,7 @@ def refuse_nondeterministic(v: Variant, arg: str = "variant") -> None:
                          f"hardware's order); with deterministic=True use 'auto' or one of: {able}")
 
 
-def compile_configs(pass_: str | None = "fwd", family: str | None = DEFAULT_FAMILY
+def compile_configs(pass_: str | None, family: str | None
                     ) -> list[tuple[Variant, CompileConfig]]:
     """(variant, config) for every default config of pass `pass_` (None: every pass) of
     `family` (None: every family)."""

@@ -56,7 +56,7 @@ from bench.check import check_pass  # noqa: E402
 from bench.common import (add_form_ratios, build_parser, check_out_paths,  # noqa: E402
                           form_note, presets_text, table_columns, variant_runs, write_rows)
 from bench.peers import bench_matmul, bench_peers  # noqa: E402
-from profiling.common import (gpu_problem, Shape, family_in, form_options,  # noqa: E402
+from profiling.common import (gpu_problem, family_in, form_options,  # noqa: E402
                               forms_of, metadata_line, positive_int, print_table, run_metadata,
                               shape_from_args, shape_spec)
 from profiling.timing import median_ms, tflops  # noqa: E402
@@ -69,7 +69,7 @@ COLUMNS = [("variant", "variant"), ("form", "form"), ("pass", "pass"), ("shape",
            ("note", "note")]
 
 
-def check(variant: str, s: Shape, form=None, family: str = registry.DEFAULT_FAMILY) -> str | None:
+def check(variant: str, s, form, family: str) -> str | None:
     """None when the variant's gradients (in the logits' `form`, where the family has forms)
     match the family's fp32 reference on `s.check_shape()` within its tolerances (bench.check:
     "grad_rel" for each gradient), else which one does not."""
@@ -97,7 +97,7 @@ def fwd_bwd_calls(fam: registry.Family, args: tuple):
     return fwd_args, bwd_args
 
 
-def bench_variant(variant: str, form, s: Shape, args) -> list[dict]:
+def bench_variant(variant: str, form, s, args) -> list[dict]:
     """The backward alone and forward ("auto") + backward, both through launcher.run, as the
     family's op calls them under autograd."""
     fam = registry.get_family(args.family)
@@ -130,7 +130,7 @@ def bench_variant(variant: str, form, s: Shape, args) -> list[dict]:
     return rows
 
 
-def bench_layer(variant: str, form, s: Shape, args, attention_ms: float) -> dict:
+def bench_layer(variant: str, form, s, args, attention_ms: float) -> dict:
     """One layer of the family (Family.layer) of width args.layer in bf16, x [B, N, width]: a
     training step."""
     fam = registry.get_family(args.family)

@@ -14,8 +14,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from profiling.common import (Shape, add_family_arg, add_shape_args, check_out_path,
-                              check_variants, forms_of, positive_float, shape_spec)
+from profiling.common import (add_family_arg, add_shape_args, check_out_path, check_variants,
+                              forms_of, positive_float, shape_spec)
 from profiling.timing import pct_of_peak, tflops
 from altattn import registry
 
@@ -25,8 +25,8 @@ WORDS = ("auto", "all")  # --variant's words beside the pass's variant names
 MATMUL_SIZE = 8192       # the --peers matmul: M = N = K (bench/peers.py)
 
 
-def sweep_shapes(base: Shape, sweep: Mapping[str, Sequence]) -> list[Shape]:
-    """`base` with the fields of `sweep` (Family.sweep: field -> values) replaced by every
+def sweep_shapes(base, sweep: Mapping[str, Sequence]) -> list:
+    """`base` (a family's shape record) with the fields of `sweep` (Family.sweep: field -> values) replaced by every
     combination of their values; the first axis innermost (for the simplicial family: w2 outer,
     N inner, each in the order given)."""
     keys = list(sweep)[::-1]
@@ -121,7 +121,7 @@ def check_out_paths(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def variant_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, pass_: str,
-                 shapes: Sequence[Shape], takers_only: bool) -> list[tuple[str, str]]:
+                 shapes: Sequence, takers_only: bool) -> list[tuple[str, str]]:
     """Check --variant and --form against `shapes` before any GPU work (check_forms; exit 2) and
     return the (variant, form) runs, in --variant order, each variant's forms in --form order
     (args.form: duplicates dropped). 'all': every variant of the pass that computes the form
@@ -205,7 +205,6 @@ def _fixed_params(rows: Iterable[dict], keys: Sequence[str]) -> str:
 # each family's plain form of the logits (the first it accepts), for families that have forms
 PLAIN_FORMS = tuple(dict.fromkeys(f.accepts["form"][0] for f in registry.families()
                                   if "form" in f.accepts))
-PLAIN_FORM = (forms_of(registry.get_family()) or [None])[0]  # the default family's
 
 
 def series_name(row: dict) -> str:
@@ -216,14 +215,13 @@ def series_name(row: dict) -> str:
             else f"{row['variant']} {form}")
 
 
-def panel_field(family: str = registry.DEFAULT_FAMILY) -> str | None:
+def panel_field(family: str) -> str | None:
     """The sweep axis a TFLOPS-vs-N plot draws as panels: the family's first sweep field other
     than N (2-simplicial attention: w2; spherical attention: causal)."""
     return next((k for k in registry.get_family(family).sweep if k != "N"), None)
 
 
-def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str,
-                     family: str = registry.DEFAULT_FAMILY) -> None:
+def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str, family: str) -> None:
     """TFLOPS vs N (log2 x axis): one line per variant and peer, one panel per value of the
     family's other sweep axis (panel_field) when the rows hold several (panels share the y axis,
     so heights compare across them).
@@ -288,17 +286,13 @@ def plot_tflops_vs_n(rows: Sequence[dict], path: str, title: str,
     plt.close(fig)
 
 
-def ratio_column(plain: str | None = PLAIN_FORM) -> tuple[str, str]:
+def ratio_column(plain: str | None) -> tuple[str, str]:
     """(row key, header) of a form's TFLOPS over the plain form's: ("vs_trilinear",
     "x trilinear") for 2-simplicial attention."""
     return f"vs_{plain}", f"x {plain}"
 
 
-# printed after "TFLOPS" when some row has it (a det row with its trilinear twin in the run)
-RATIO_COLUMN = ratio_column()
-
-
-def add_form_ratios(rows: Sequence[dict], plain: str | None = PLAIN_FORM) -> None:
+def add_form_ratios(rows: Sequence[dict], plain: str | None) -> None:
     """Give each row of another form than `plain` (the family's plain form; None: a family
     without forms, nothing to do) `vs_<plain>`: its TFLOPS over those of the `plain` row of the
     same variant, pass and shape (the same run), or None when either was not timed. Other rows
@@ -316,7 +310,7 @@ def add_form_ratios(rows: Sequence[dict], plain: str | None = PLAIN_FORM) -> Non
 
 
 def table_columns(rows: Sequence[dict], columns: Sequence[tuple[str, str]],
-                  plain: str | None = PLAIN_FORM) -> list[tuple[str, str]]:
+                  plain: str | None) -> list[tuple[str, str]]:
     """`columns`, with the ratio column (ratio_column(plain)) after TFLOPS when some row has a
     ratio, and without "form" when no row has one (a family without forms)."""
     cols = [c for c in columns if c[0] != "form" or any(r.get("form") for r in rows)]
@@ -328,14 +322,14 @@ def table_columns(rows: Sequence[dict], columns: Sequence[tuple[str, str]],
 
 
 def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
-                shapes: Sequence[Shape], family: str = registry.DEFAULT_FAMILY) -> None:
+                shapes: Sequence, family: str) -> None:
     """Before any GPU work, exit 2 (parser.error) unless every named variant of pass `pass_`
     computes each of `forms` (the form first: a variant that lacks it fails whatever the shape),
     some variant does, and each shape passes the checks in that form with each named variant
     (profiling.common.check_variants; none named: "auto")."""
     for form in forms:
         if form is None:  # a family without forms: the shapes and the named variants only
-            check_variants(parser, pass_, list(named) or ["auto"], shapes, None, family)
+            check_variants(parser, pass_, list(named) or ["auto"], shapes, None, family=family)
             continue
         computing = [v.name for v in registry.all_variants(pass_, family)
                      if form in v.accepted("form")]
@@ -350,4 +344,4 @@ def check_forms(parser, pass_: str, named: Sequence[str], forms: Sequence[str],
                              f"{', '.join(computing) or 'none'}")
         if not computing:
             parser.error(f"--form {form}: no {pass_} variant computes it")
-        check_variants(parser, pass_, list(named) or ["auto"], shapes, form, family)
+        check_variants(parser, pass_, list(named) or ["auto"], shapes, form, family=family)

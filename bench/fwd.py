@@ -79,7 +79,7 @@ from bench.common import (add_form_ratios, build_parser, check_out_paths,  # noq
                           table_columns, timed_row, variant_runs, write_rows)
 from bench.peers import (bench_frontier, bench_matmul, bench_peers, dense_peer,  # noqa: E402
                          frontier_key)
-from profiling.common import (gpu_problem, Shape, family_in, forms_of,  # noqa: E402
+from profiling.common import (gpu_problem, family_in, forms_of,  # noqa: E402
                               form_options,
                               metadata_line, print_table, run_metadata, shape_flags,
                               shape_from_args, shape_spec)
@@ -142,7 +142,7 @@ def build_fwd_parser(fam: registry.Family) -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None
-               ) -> tuple[argparse.Namespace, list[Shape], list[tuple[str, str]]]:
+               ) -> tuple[argparse.Namespace, list, list[tuple[str, str]]]:
     """Parse and validate everything that needs no GPU, the variants' forms and shape limits
     included; argument errors exit 2 via parser.error. Returns (args, shapes, runs): runs are the
     (variant, form) pairs to time, in --variant order, each variant's forms in --form order
@@ -229,8 +229,7 @@ class Progress:
 # Measurements
 
 
-def check_variant(name: str, s: Shape, seed: int, form=None,
-                  family: str = registry.DEFAULT_FAMILY) -> dict[str, float]:
+def check_variant(name: str, s, seed: int, form, family: str) -> dict[str, float]:
     """Compare `name` with the family's fp32 reference (in the logits' `form`, where the family
     has forms) on `s.check_shape()` (bench.check); raise CheckFailed above the family's
     tolerances (NaN fails). Returns {tolerance name: error}, e.g. {"out_rel": .., "lse_abs": ..}."""
@@ -241,7 +240,7 @@ def check_variant(name: str, s: Shape, seed: int, form=None,
     return {e.key: e.value for e in errors}
 
 
-def bench_variant(name: str, form, s: Shape, inputs: tuple, args: argparse.Namespace,
+def bench_variant(name: str, form, s, inputs: tuple, args: argparse.Namespace,
                   checked: dict, log: Callable[[str], None]) -> dict:
     """One row: the variant's time on `s` (in the logits' `form` where the family has forms;
     "auto": the variant the launcher picks, named in the row), or a note saying why it was not

@@ -22,16 +22,14 @@ import torch
 from altattn import launcher, registry, triton_env
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The family a command line means when it names none (--family; add_family_arg, family_in): the
+# one place that picks a family for the caller. The library (altattn) always takes one.
+DEFAULT_FAMILY = "simplicial"
 
 # ---------------------------------------------------------------------------------------------
 # Shapes: each family's record holds its shape type (a dataclass: the tools' shape flags are its
-# fields), presets and input maker. These three names are the default family's, for callers that
-# predate --family.
-
-_DEFAULT = registry.get_family()
-Shape = _DEFAULT.shape_type
-PRESETS = _DEFAULT.presets
-make_inputs = importlib.import_module(Shape.__module__).make_inputs
+# fields), presets and input maker (registry.get_family(name).shape_type, .presets,
+# .make_inputs).
 
 # The flag and words of the shape fields attention families share; any other field of a family's
 # shape record is --<field> (a bool: --<field> / --no-<field>), its help the field's metadata
@@ -86,8 +84,8 @@ def bool_text(text: str) -> bool:
 
 def add_family_arg(p: argparse.ArgumentParser) -> None:
     """Add --family: the attention family whose variants the tool runs (registry.FAMILIES)."""
-    p.add_argument("--family", choices=list(registry.FAMILIES), default=registry.DEFAULT_FAMILY,
-                   help=f"attention family (default: {registry.DEFAULT_FAMILY}; "
+    p.add_argument("--family", choices=list(registry.FAMILIES), default=DEFAULT_FAMILY,
+                   help=f"attention family (default: {DEFAULT_FAMILY}; "
                         f"{', '.join(f'{f.name}: {f.title}' for f in registry.families())})")
 
 
@@ -95,13 +93,13 @@ def family_in(argv: Sequence[str] | None) -> registry.Family:
     """The family --family names in `argv` (a parser's shape flags and variants depend on it, so
     it is read first); an unknown name gives the default one, whose parser then refuses it."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    name = registry.DEFAULT_FAMILY
+    name = DEFAULT_FAMILY
     for i, a in enumerate(argv):
         if a == "--family" and i + 1 < len(argv):
             name = argv[i + 1]
         elif a.startswith("--family="):
             name = a.split("=", 1)[1]
-    return registry.get_family(name if name in registry.FAMILIES else registry.DEFAULT_FAMILY)
+    return registry.get_family(name if name in registry.FAMILIES else DEFAULT_FAMILY)
 
 
 def shape_fields(fam: registry.Family) -> list[tuple[str, type, str, str]]:
@@ -123,8 +121,8 @@ def shape_flags(fam: registry.Family) -> dict[str, str]:
 FIELD_TYPES = {int: positive_int, float: nonnegative_float, bool: bool_text}
 
 
-def add_shape_args(p: argparse.ArgumentParser, default_preset: str | None = None,
-                   family: str = registry.DEFAULT_FAMILY) -> None:
+def add_shape_args(p: argparse.ArgumentParser, default_preset: str | None = None, *,
+                   family: str) -> None:
     """Add --preset (the family's presets) and one override per field of its shape record: for
     2-simplicial attention --B --N --hq --hk --d --w1 --w2 (positive ints); a bool field is
     --<field> / --no-<field>, a float one a number >= 0."""
@@ -143,8 +141,9 @@ def add_shape_args(p: argparse.ArgumentParser, default_preset: str | None = None
 
 
 def shape_from_args(args: argparse.Namespace, family: str | None = None):
-    """The preset with the command line's overrides (add_shape_args) applied."""
-    fam = registry.get_family(family or getattr(args, "family", registry.DEFAULT_FAMILY))
+    """The preset with the command line's overrides (add_shape_args) applied, of `family`
+    (None: the one args.family names, add_family_arg)."""
+    fam = registry.get_family(family or args.family)
     overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(fam.shape_type)}
     return replace(fam.presets[args.preset],
                    **{k: v for k, v in overrides.items() if v is not None})
@@ -204,7 +203,7 @@ def check_out_path(parser: argparse.ArgumentParser, flag: str, path: str | None)
 
 
 def check_variants(parser: argparse.ArgumentParser, pass_: str, names: Sequence[str],
-                   shapes: Sequence, form=None, family: str = registry.DEFAULT_FAMILY) -> None:
+                   shapes: Sequence, form=None, *, family: str) -> None:
     """Before any GPU work, exit 2 (parser.error) with the launcher's own message unless every
     shape passes the library's checks and each named variant of pass `pass_` of `family` takes it
     in the logits' `form` (None: the family's default; "auto": some variant does).

@@ -192,7 +192,7 @@ class _NoConfig:
 
 
 def report(variant_names=None, keep: str | Path | None = None,
-           pass_: str | None = None, family: str = registry.DEFAULT_FAMILY) -> list[dict]:
+           pass_: str | None = None, *, family: str) -> list[dict]:
     """Compile every config of the named variants of pass `pass_` (None: every pass; no names: all
     of them) and return one dict per config: pass, variant, config, warps (the config's
     num_warps), total_warps (from the PTX

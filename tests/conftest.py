@@ -133,7 +133,7 @@ def hq_taken_by(variant: str, B: int, N: int, Hq: int, Hk: int, D: int, w1: int,
     G = 128-only kernel still runs the shape-generic tests), else Hq (the test skips)."""
     from altattn import registry
     from altattn.simplicial.spec import validate_shape
-    mod = registry.get(variant).load()
+    mod = registry.get(variant, "fwd", "simplicial").load()
     if mod.supports(validate_shape(B, N, Hq, Hk, D, w1, w2)) is None:
         return Hq
     return 128 * Hk if mod.supports(validate_shape(B, N, 128 * Hk, Hk, D, w1, w2)) is None else Hq

@@ -1,8 +1,9 @@
 """Compute-sanitizer runs anyone can repeat: memcheck, racecheck and synccheck on every registered
 variant of a family (--family, default simplicial), forward and backward, in each logits' form it
 computes, at the family's small shapes (Family.sanitizer_shapes), failing on any finding that the
-family's allow-list (sanitize_report.ALLOWED_BY_FAMILY, one entry per explained finding, for every
-form of the variant) does not name. docs/sanitizers.md says what is allowed and why.
+family's allow-list (its record's `sanitizer_allowed`, altattn/<family>/family.py: one entry per
+explained finding, for every form of the variant) does not name. docs/sanitizers.md says what is
+allowed and why.
 
     python3 tools/sanitize.py                                   # everything (GPU)
     python3 tools/sanitize.py --tool racecheck --pass fwd --variant tlx_ws
@@ -20,7 +21,7 @@ Its whole output is OUT/<tool>-<pass>-<variant>-<shape>.log. A finding is what t
 sanitizer's summary counts: memcheck and synccheck "ERROR SUMMARY: N errors", racecheck
 "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" (E + W; racecheck looks at shared
 memory only). A run passes when it finished (the worker printed its last line) with no finding,
-or with findings that its ALLOWED entry covers. `--jobs N` runs up to N children at once on the
+or with findings that its allow-list entry covers. `--jobs N` runs up to N children at once on the
 one GPU; the lines and the table stay in the order of the runs.
 
 The probe (`--pass probe`, not a variant, not in the default passes): tools/ws_probe.py's
@@ -56,13 +57,14 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 
 from altattn import registry  # noqa: E402
-from profiling.common import (add_family_arg, form_options, format_table,  # noqa: E402
-                              forms_of, gpu_problem, parse_shape, positive_int, shape_spec)
-from tools.sanitize_report import (ALLOWED_BY_FAMILY, WORKER_DONE, Allowance,  # noqa: E402,F401
-                                       Report, allowed_for, judge, parse_report)
+from profiling.common import (DEFAULT_FAMILY, add_family_arg, form_options,  # noqa: E402
+                              format_table, forms_of, gpu_problem, parse_shape, positive_int,
+                              shape_spec)
+from tools.sanitize_report import (WORKER_DONE, Allowance, Report,  # noqa: E402,F401
+                                       allowed_for, judge, parse_report)
 
 PROG = "tools/sanitize.py"
 SCRIPT = os.path.abspath(__file__)
@@ -78,7 +80,6 @@ PROBE = "probe"
 PROBE_NAME = "ws_probe"
 PROBE_KERNEL = "ws_probe_kernel"   # its one kernel; the probe's runs check only it
 PASSES = (*registry.PASSES, PROBE)
-ALLOWED = ALLOWED_BY_FAMILY[registry.DEFAULT_FAMILY]  # the default family's allow-list
 
 
 def _kernel_name(fn) -> str:
@@ -86,7 +87,7 @@ def _kernel_name(fn) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def forward_kernel_prefix(family: str = registry.DEFAULT_FAMILY) -> str | None:
+def forward_kernel_prefix(family: str) -> str | None:
     """The longest common start of the names of `family`'s forward kernels (its forward variants'
     compile configs), which no backward kernel's name has: a backward run excludes the kernels
     whose names start with it (its plain forward, for out and LSE, is not what it checks).
@@ -107,7 +108,7 @@ class Run:
     shape: object | None  # the family's shape type; None for the probe (its launch is its own)
     # the logits' form (one of the variant's accepted("form")); None: the family's plain one
     form: str | None = None
-    family: str = registry.DEFAULT_FAMILY
+    family: str = field(kw_only=True)  # whose variant (the probe: the family whose plan has it)
 
     def other_form(self) -> str | None:
         """The form, when it is not the family's plain one (what tags and commands name)."""
@@ -143,8 +144,8 @@ def shapes_for(v: registry.Variant, form: str | None = None) -> list:
 
 
 def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | None,
-         groups: Sequence[int] | None = None, forms: Sequence[str] | None = None,
-         family: str = registry.DEFAULT_FAMILY) -> list[Run]:
+         groups: Sequence[int] | None = None, forms: Sequence[str] | None = None, *,
+         family: str) -> list[Run]:
     """Every (tool, pass, variant, shape, form) of `family` to run: the probe's first (one per
     tool, when PROBE is among `passes`), then grouped by variant and form; `names` None: every
     registered variant of the passes; `groups`: which of each variant's shapes, by the 1-based
@@ -155,7 +156,8 @@ def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | Non
     for g in groups or ():
         if not 1 <= g <= n_groups:
             raise ValueError(f"--shapes {g}: family {family} has {n_groups} shape groups")
-    runs = [Run(t, PROBE, PROBE_NAME, None) for t in tools] if PROBE in passes else []
+    runs = ([Run(t, PROBE, PROBE_NAME, None, family=family) for t in tools] if PROBE in passes
+            else [])
     variants = [v for p in passes if p != PROBE for v in registry.all_variants(p, family)
                 if names is None or v.name in names]
     for n in names or ():
@@ -172,7 +174,7 @@ def plan(tools: Sequence[str], passes: Sequence[str], names: Sequence[str] | Non
                                  f") takes no shape of some "
                                  f"group of {family}'s sanitizer_shapes: add one it takes")
             shapes = [s for g, s in enumerate(shapes, 1) if groups is None or g in groups]
-            runs += [Run(t, v.pass_, v.name, s, form, family) for s in shapes for t in tools]
+            runs += [Run(t, v.pass_, v.name, s, form, family=family) for s in shapes for t in tools]
     return runs
 
 
@@ -205,7 +207,7 @@ def command(sanitizer: str, run: Run, racecheck_report: str = "analysis") -> lis
     if run.pass_ == "bwd" and (prefix := forward_kernel_prefix(run.family)) is not None:
         cmd += ["--kernel-name-exclude", f"kns={prefix}"]
     form = [] if run.other_form() is None else ["--form", run.form]
-    family = [] if run.family == registry.DEFAULT_FAMILY else ["--family", run.family]
+    family = [] if run.family == DEFAULT_FAMILY else ["--family", run.family]
     return cmd + [sys.executable, SCRIPT, "--worker", "--pass", run.pass_, "--variant",
                   run.variant, "--shape", *map(str, dataclasses.astuple(s)), *form, *family]
 
@@ -300,8 +302,7 @@ def run_all(runs: Sequence[Run], sanitizer: str, out_dir: str, timeout: int, job
     return rows
 
 
-def worker(pass_: str, variant: str | None, s, form: str | None = None,
-           family: str = registry.DEFAULT_FAMILY) -> int:
+def worker(pass_: str, variant: str | None, s, form: str | None, family: str) -> int:
     """One call of `variant` of (family, pass_) on `s` in the logits' `form` (what a run checks),
     or the probe's one launch (pass_ PROBE), then WORKER_DONE."""
     import torch
@@ -378,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         if args.passes == [PROBE]:
-            return worker(PROBE, None, None)
+            return worker(PROBE, None, None, None, args.family)
         if not args.shape or not args.variant or len(args.variant) != 1 or len(args.passes) != 1:
             parser.error("--worker needs --shape (the shape's fields), one --variant and one "
                          "--pass")
@@ -391,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker(args.passes[0], args.variant[0], shape, (args.form or [None])[0],
                       args.family)
     try:
-        runs = plan(args.tool, args.passes, args.variant, args.shapes, args.form, args.family)
+        runs = plan(args.tool, args.passes, args.variant, args.shapes, args.form,
+                    family=args.family)
     except ValueError as e:
         parser.error(str(e))
     sanitizer = find_sanitizer()

@@ -1,5 +1,6 @@
 """Reading a compute-sanitizer log and judging it against the allow-list (tools/sanitize.py's
-runs; no GPU). docs/sanitizers.md says what is allowed and why.
+runs; no GPU): each family's is its record's `sanitizer_allowed` (altattn/<family>/family.py,
+registry.SanitizerAllowance). docs/sanitizers.md says what is allowed and why.
 
 An allowance names a finding by what the report itself says, never by the kernel's source text:
 the kernel's name, the severity of the race, and a `kind` (RACE_KINDS) that is a fact of the two
@@ -16,11 +17,6 @@ from dataclasses import dataclass, field
 from altattn import registry
 
 WORKER_DONE = "sanitize worker: done"
-DOC = "docs/sanitizers.md"
-DISPATCH_DOC = f"{DOC}#the-warp-specialization-dispatch"
-TMA_INIT_DOC = f"{DOC}#plain-triton-tma-loads-mbarrier-init-then-arrive-in-one-warp"
-TRIPLE_TLX_DOC = f"{DOC}#triple-attention"
-RELEASE_DOC = f"{DOC}#a-warp-groups-reads-released-by-one-threads-mbarrier-arrive"
 # mbarrier init, then arrive, in one warp's straight-line code: the arrive this many SASS bytes
 # after the init at most (0x30-0xb0 in the 2-simplicial builds of docs/sanitizers.md; up to 0x300
 # in the spherical kernels, whose loads of Q, K and V sit among more address arithmetic)
@@ -81,96 +77,32 @@ RACE_KINDS: dict[str, Callable[[Race], bool]] = {
     "dispatch": _dispatch, "mbarrier_init": _mbarrier_init, "released_read": _released_read}
 
 
-@dataclass(frozen=True)
-class Allowance:
-    """Findings of one (tool, pass, variant) explained in the docs: at most `count` per run (None:
-    any number); with `kernel` and `kind`, only racecheck findings whose two accesses are in that
-    kernel (its name in the report) and are a race of that kind (RACE_KINDS; a tuple of kinds:
-    any of them); with `pattern`,
-    only findings whose report line matches it (re.search)."""
-
-    doc: str                    # where the explanation is, e.g. "docs/sanitizers.md#a-section"
-    count: int | None = None
-    kernel: str | None = None
-    kind: str | tuple[str, ...] | None = None
-    pattern: str | None = None
-
-    def admits(self, line: str, race: Race | None) -> bool:
-        if self.pattern is not None and not re.search(self.pattern, line):
-            return False
-        if self.kernel is None and self.kind is None:
-            return True
-        if race is None:
-            return False
-        if self.kernel is not None and self.kernel not in (race.first.kernel, race.second.kernel):
-            return False
-        if self.kernel is not None and race.first.kernel != race.second.kernel:
-            return False
-        kinds = (self.kind,) if isinstance(self.kind, str) else self.kind
-        return kinds is None or any(RACE_KINDS[k](race) for k in kinds)
+# An allowance of a family's record (Family.sanitizer_allowed)
+Allowance = registry.SanitizerAllowance
 
 
-# The allow-list of each family, keyed by (tool, pass, variant): the one place that excuses a
-# finding, each entry pointing at the docs section that explains it.
-ALLOWED_BY_FAMILY: dict[str, dict[tuple[str, str, str], Allowance]] = {
-    "simplicial": {
-        # the compiler's warp-specialization dispatch: the exit-code store against a worker's load
-        ("racecheck", "fwd", "tlx_ws"): Allowance(DISPATCH_DOC, 1, "simplicial_fwd_ws_kernel",
-                                                  "dispatch"),
-        ("racecheck", "fwd", "tlx_pingpong"): Allowance(DISPATCH_DOC, 1,
-                                                        "simplicial_fwd_ws_kernel", "dispatch"),
-        # the same in the pipelined tlx_ws_kv kernels, reported in their form "det" runs only
-        ("racecheck", "fwd", "tlx_pipelined_kv"): Allowance(
-            DISPATCH_DOC, 1, "simplicial_fwd_ws_kv_kernel", "dispatch"),
-        ("racecheck", "fwd", "tlx_pipelined_pingpong"): Allowance(
-            DISPATCH_DOC, 1, "simplicial_fwd_ws_kv_kernel", "dispatch"),
-        # tlx_ws's backward: its k-owner's dispatch (its row-owner is clean); tlx_pairs's
-        ("racecheck", "bwd", "tlx_ws"): Allowance(DISPATCH_DOC, 1, "_dkv2_ws_kernel", "dispatch"),
-        ("racecheck", "bwd", "tlx_pairs"): Allowance(DISPATCH_DOC, 1, "_pairs_kernel",
-                                                     "dispatch"),
-        # Triton's TMA load: warp 0 inits an mbarrier, then thread 0 arrives on it (in SASS order)
-        ("racecheck", "fwd", "triton"): Allowance(TMA_INIT_DOC, 2, "simplicial_fwd_kernel",
-                                                  "mbarrier_init"),
-        ("racecheck", "bwd", "triton"): Allowance(TMA_INIT_DOC, 1, "_dq_kernel",
-                                                  "mbarrier_init"),
-        # a producer's store into a slot whose last reads (plain loads of a consumer warp group)
-        # are released by one thread's mbarrier arrive (seen once in three runs)
-        ("racecheck", "fwd", "tlx_ws_keys"): Allowance(RELEASE_DOC, 1,
-                                                       "simplicial_fwd_ws_keys_kernel",
-                                                       "released_read"),
-    },
-    "spherical": {
-        # Triton's TMA loads of Q, K, V (forward) and of Q, dO, K, V (backward's two kernels)
-        ("racecheck", "fwd", "triton"): Allowance(TMA_INIT_DOC, 3, "spherical_fwd_kernel",
-                                                  "mbarrier_init"),
-        ("racecheck", "bwd", "triton"): Allowance(TMA_INIT_DOC, 8, None, "mbarrier_init"),
-        # the warp-specialization dispatch of the key-block kernel (and tlx_ws_det's dQ kernel)
-        ("racecheck", "bwd", "tlx_ws"): Allowance(DISPATCH_DOC, 1, "_dkv_kernel", "dispatch"),
-        ("racecheck", "bwd", "tlx_ws_det"): Allowance(DISPATCH_DOC, 2, None, "dispatch"),
-    },
-    "triple": {
-        # Triton's TMA loads: `apply`'s slabs of W, and (causal) intra.py's tiles in its three
-        # kernels; one finding per load site a run reaches (1 non-causal forward, 6 causal; 6
-        # and 26 backward)
-        ("racecheck", "fwd", "triton"): Allowance(TMA_INIT_DOC, 6, None, "mbarrier_init"),
-        # (+1: the forward run before the backward is `auto`'s, the `tlx` forward, whose
-        # partials kernel may add its dispatch finding)
-        ("racecheck", "bwd", "triton"): Allowance(TRIPLE_TLX_DOC, 27, None,
-                                                  ("mbarrier_init", "dispatch")),
-        # `tlx` runs the same Triton kernels, and its TLX partials kernel adds at most one
-        # warp-specialization dispatch finding per launch (1 forward; 3 in a causal backward run,
-        # the forward's launch included)
-        ("racecheck", "fwd", "tlx"): Allowance(TRIPLE_TLX_DOC, 7, None,
-                                               ("mbarrier_init", "dispatch")),
-        ("racecheck", "bwd", "tlx"): Allowance(TRIPLE_TLX_DOC, 29, None,
-                                               ("mbarrier_init", "dispatch")),
-    },
-}
+def admits(entry: Allowance, line: str, race: Race | None) -> bool:
+    """Whether the finding on report line `line` (racecheck's `race`, None for other tools) is
+    one that `entry` explains: its `pattern`, `kernel` and `kind`."""
+    if entry.pattern is not None and not re.search(entry.pattern, line):
+        return False
+    if entry.kernel is None and entry.kind is None:
+        return True
+    if race is None:
+        return False
+    if entry.kernel is not None and entry.kernel not in (race.first.kernel, race.second.kernel):
+        return False
+    if entry.kernel is not None and race.first.kernel != race.second.kernel:
+        return False
+    kinds = (entry.kind,) if isinstance(entry.kind, str) else entry.kind
+    return kinds is None or any(RACE_KINDS[k](race) for k in kinds)
 
 
 def allowed_for(family: str) -> Mapping[tuple[str, str, str], Allowance]:
-    """The allow-list of `family` (empty: every finding fails)."""
-    return ALLOWED_BY_FAMILY.get(family, {})
+    """The allow-list of `family`, keyed by (tool, pass, variant): its record's
+    `sanitizer_allowed`, the one place that excuses a finding, each entry pointing at the docs
+    section that explains it (a family without one: every finding fails)."""
+    return registry.get_family(family).sanitizer_allowed
 
 
 @dataclass
@@ -229,7 +161,7 @@ def judge(run, report: Report, returncode: int | None,
     """(passed, verdict) of a run (tool, pass_, variant, family): its report, the sanitizer's exit
     status (None: timed out) and the allow-list (default: the run's family's)."""
     if allowed is None:
-        allowed = allowed_for(getattr(run, "family", registry.DEFAULT_FAMILY))
+        allowed = allowed_for(run.family)
     if returncode is None:
         return False, "timed out"
     n = report.findings
@@ -246,7 +178,7 @@ def judge(run, report: Report, returncode: int | None,
         return False, f"{n} findings, not allowed"
     if entry.count is not None and n > entry.count:
         return False, f"{n} findings, {entry.count} allowed ({entry.doc})"
-    stray = [line for line in report.lines if not entry.admits(line, report.races.get(line))]
+    stray = [line for line in report.lines if not admits(entry, line, report.races.get(line))]
     if stray:
         what = (f"kind ({entry.kind} in {entry.kernel})" if entry.kind or entry.kernel
                 else "pattern")

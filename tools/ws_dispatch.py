@@ -356,17 +356,17 @@ def compiled_sass(config) -> tuple[str, dict[int, list[int]]]:
         return sass, indirect_targets(elf)
 
 
-def warp_specialized_configs(pass_: str | None = None, names: Sequence[str] | None = None,
-                             family: str | None = None):
+def warp_specialized_configs(pass_: str | None = None, names: Sequence[str] | None = None, *,
+                             family: str):
     """(label, CompileConfig) of every compile config whose kernel uses tlx.async_tasks (the
-    probe's first), of the variants named (default: all) of the pass (default: both) of `family`
-    (default: the registry's default family)."""
+    probe's first), of the variants named (default: all) of the pass (default: both) of
+    `family`."""
     from tools import ws_probe
     from altattn import registry
     out = [("probe ws_probe", ws_probe.compile_config())] if pass_ in (None, "probe") else []
     if pass_ == "probe":
         return out
-    for v, c in registry.compile_configs(pass_, family or registry.DEFAULT_FAMILY):
+    for v, c in registry.compile_configs(pass_, family):
         if names and v.name not in names:
             continue
         import inspect
@@ -387,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_family_arg(p)
     args = p.parse_args(argv)
     bad = 0
-    for label, c in warp_specialized_configs(args.pass_, args.variant, args.family):
+    for label, c in warp_specialized_configs(args.pass_, args.variant, family=args.family):
         sass, indirect = compiled_sass(c)
         d = check(sass, indirect)
         verdict = "ordered" if not d.problems else "NOT PROVEN"

@@ -95,10 +95,10 @@ def packed_variant(spec: ProblemSpec, variant: str, device, pass_: str,
     packed = replace(spec, varlen=True)
     if variant != "auto":
         v = launcher.select(replace(spec, varlen=False), variant, device, pass_, deterministic,
-                            FAMILY)
+                            family=FAMILY)
         return v if True in v.accepted("varlen") and v.cannot_take(packed) is None else None
     try:
-        return launcher.select(packed, "auto", device, pass_, deterministic, FAMILY)
+        return launcher.select(packed, "auto", device, pass_, deterministic, family=FAMILY)
     except (ValueError, NotImplementedError):
         return None
 

@@ -101,7 +101,7 @@ def test_layer_trains_on_cpu(gen):
     (dict(bwd_variant="nope"), ValueError, "unknown variant 'nope' of pass 'bwd'"),
     (dict(bwd_variant=3), TypeError, "bwd_variant must be a str"),
     # the CPU runs the reference whatever the name, but a misspelt one still fails here
-    (dict(variant="nope"), ValueError, "unknown variant 'nope'; known: "),
+    (dict(variant="nope"), ValueError, "unknown variant 'nope' of family 'simplicial'; known: "),
     (dict(variant="triton", bwd_variant="tlx_pipelined_kv"), ValueError,
      "unknown variant 'tlx_pipelined_kv' of pass"),
     (dict(bwd_variant="tlx_pairs", deterministic=True), ValueError,

@@ -50,7 +50,7 @@ LSE_TOL = 1e-2
 FP64_MAX_FLOPS = 3e12      # reference and emulation in fp64 up to this size, fp32 above
 EMU_CHUNK_ELEMENTS = 1 << 25
 
-VARIANTS = registry.all_variants()
+VARIANTS = registry.all_variants("fwd", "simplicial")
 VIDS = [v.name for v in VARIANTS]
 
 
@@ -136,7 +136,7 @@ SLOW_FLOPS = 5e11
 
 def takes_on_hopper(shape: Shape) -> str | None:
     try:
-        return pick(validate_shape(*shape), "auto", True).name
+        return pick(validate_shape(*shape), "auto", True, family="simplicial").name
     except ValueError:
         return None
 
@@ -395,7 +395,7 @@ def test_det_form_matches_reference(v, name, rand, seed):
     out2, lse2, guards_ok = launch_into_nan(v, spec, x, shape.w1, shape.w2, shape.sm_scale,
                                             form="det")
     assert_written_and_repeatable(out, lse, out2, lse2, guards_ok, label)
-    if pick(spec, "auto", True).name == v.name:
+    if pick(spec, "auto", True, family="simplicial").name == v.name:
         auto = forward(*x, shape.w1, shape.w2, sm_scale=shape.sm_scale, form="det")
         assert torch.equal(out, auto[0]) and torch.equal(lse, auto[1]), label
     check_accuracy(out, lse, x, shape, label, roundings(v), form="det")
@@ -429,7 +429,7 @@ def test_auto(name, rand, seed):
     spec = validate(*x, shape.w1, shape.w2)
     hopper = torch.cuda.get_device_capability()[0] == 9
     try:
-        chosen = pick(spec, "auto", hopper)
+        chosen = pick(spec, "auto", hopper, family="simplicial")
     except ValueError as e:
         pytest.skip(f"no variant for this GPU: {e}")
     out, lse = forward(*x, shape.w1, shape.w2)

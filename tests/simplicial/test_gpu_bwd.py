@@ -65,7 +65,7 @@ SHAPES = {
 }
 
 
-VARIANTS = registry.all_variants("bwd")
+VARIANTS = registry.all_variants("bwd", "simplicial")
 
 
 def cases(shapes: dict) -> list:
@@ -210,7 +210,7 @@ def test_gradients_match_reference(variant, shape, gen, seed):
         assert torch.isfinite(g).all(), f"{shape} seed={seed}: non-finite {name}"
     check_grads(grads, x, out.detach(), lse.detach(), dout, dlse, shape,
                 f"{variant} backward {shape} seed={seed}",
-                keys_side="rounds_keys_side" in registry.get(variant, "bwd").traits)
+                keys_side="rounds_keys_side" in registry.get(variant, "bwd", "simplicial").traits)
 
 
 # Form "det" (the determinant logits) on the backward variants that compute it: N < w1,
@@ -260,7 +260,7 @@ def test_bitwise_reproducible_and_every_element_written(variant, shape, form, ge
     into NaN-filled buffers have no NaN (every variant)."""
     x, dout, dlse = draw(shape, gen)
     out, lse = sa.forward(*x, shape.w1, shape.w2, form=form)
-    if registry.get(variant, "bwd").deterministic:
+    if registry.get(variant, "bwd", "simplicial").deterministic:
         runs = [bwd_launcher.backward(dout, dlse, *x, out, lse, shape.w1, shape.w2,
                                       variant=variant, form=form)
                 for _ in range(3)]
@@ -272,8 +272,8 @@ def test_bitwise_reproducible_and_every_element_written(variant, shape, form, ge
     if spec.swapped:
         k1, v1, k2, v2 = k2, v2, k1, v1
     grads = [torch.full_like(t, math.nan) for t in (q, k1, k2, v1, v2)]
-    registry.get(variant, "bwd").load().launch(spec, q, k1, k2, v1, v2, out, lse, dout, dlse,
-                                               *grads)
+    registry.get(variant, "bwd", "simplicial").load().launch(
+        spec, q, k1, k2, v1, v2, out, lse, dout, dlse, *grads)
     torch.cuda.synchronize()
     for name, g in zip(GRAD_NAMES, grads):
         assert not torch.isnan(g).any(), f"{shape}: {name} has {int(torch.isnan(g).sum())} NaN"

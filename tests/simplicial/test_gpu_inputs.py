@@ -29,7 +29,7 @@ def test_empty(variant, B, N, rand):
         Hq = hq_taken_by(variant, B, N, Hq, Hk, D, 4, 8)
     x = rand(B, N, Hq, Hk, D, device="cuda")
     if variant != "auto":
-        why = skip_reason(registry.get(variant), validate(*x, 4, 8))
+        why = skip_reason(registry.get(variant, "fwd", "simplicial"), validate(*x, 4, 8))
         if why:
             pytest.skip(why)
     out, lse = forward(*x, 4, 8, variant=variant)
@@ -117,7 +117,7 @@ BIG_CODE = """
 import sys, torch
 from altattn import registry
 from altattn.simplicial import forward
-v = registry.get(sys.argv[1])
+v = registry.get(sys.argv[1], "fwd", "simplicial")
 N, HQ, HK, D = (int(a) for a in sys.argv[3:7])
 keys_side = sys.argv[7] == "1"
 G = HQ // HK

@@ -133,7 +133,7 @@ def test_named_variant_cannot_take_g12(name, rand):
     q, k1, k2, v1, v2 = rand(1, 4, 12, 1, 64)
     from altattn import registry
     from altattn.simplicial.spec import validate
-    why = registry.get(name).cannot_take(validate(q, k1, k2, v1, v2, 2, 2))
+    why = registry.get(name, "fwd", "simplicial").cannot_take(validate(q, k1, k2, v1, v2, 2, 2))
     if why is None:
         pytest.skip(f"{name} takes G=12")
     with pytest.raises(ValueError) as info:
@@ -242,7 +242,8 @@ def test_auto_on_sm80_shape_error_stays_a_shape_error(sm80):
 
 def _det_variants(pass_: str = "fwd") -> list[str]:
     from altattn import registry
-    return [v.name for v in registry.all_variants(pass_) if "det" in v.accepted("form")]
+    return [v.name for v in registry.all_variants(pass_, "simplicial")
+            if "det" in v.accepted("form")]
 
 
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
@@ -260,8 +261,9 @@ def test_auto_takes_a_det_kernel_on_hopper(pass_):
         want = "triton"
         if pass_ == "fwd" and hq // hk == 128:
             want = "tlx_pipelined_pingpong" if d == 128 else "tlx_pipelined_kv"
-        assert pick(spec, "auto", True, pass_).name == want, (hq, hk, d)
-        assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True, pass_).accepted("form")
+        assert pick(spec, "auto", True, pass_, family="simplicial").name == want, (hq, hk, d)
+        assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True, pass_,
+                    family="simplicial").accepted("form")
 
 
 @pytest.mark.parametrize("pass_, variant", [(p, v) for p in ("fwd", "bwd") for v in variants(p)
@@ -274,7 +276,7 @@ def test_named_variant_without_det_refuses_it(pass_, variant):
     spec = dataclasses.replace(validate_shape(1, 300, 128, 1, 128, 32, 512), form="det")
     can = ", ".join(_det_variants(pass_))
     with pytest.raises(ValueError, match=rf"not 'det'.*variants that can: {re.escape(can)}$"):
-        pick(spec, variant, True, pass_)
+        pick(spec, variant, True, pass_, family="simplicial")
 
 
 @pytest.mark.parametrize("bwd_variant", [v for v in variants("bwd") if v not in _det_variants("bwd")])
@@ -303,8 +305,9 @@ def test_det_form_on_hopper_selects_det_kernels_both_passes(monkeypatch):
     from altattn.launcher import select
     x = _fake_cuda_inputs(128, 1)
     spec = validate(*x, 2, 4, form="det")
-    assert select(spec, "auto", x[0].device).name == "tlx_pipelined_pingpong"  # D = 128
-    assert select(spec, "auto", x[0].device, "bwd").name == "triton"
+    assert select(spec, "auto", x[0].device,  # D = 128
+                  family="simplicial").name == "tlx_pipelined_pingpong"
+    assert select(spec, "auto", x[0].device, "bwd", family="simplicial").name == "triton"
     out, lse = simplicial_attn.attention(*x, 2, 4, form="det")
     assert out.shape == x[0].shape and lse.shape == (1, 128, 8)
 
@@ -312,7 +315,7 @@ def test_det_form_on_hopper_selects_det_kernels_both_passes(monkeypatch):
 @pytest.mark.parametrize("name", list(variants()))
 def test_named_variant_on_sm80_names_the_gpu(sm80, name):
     from altattn import registry
-    if not registry.get(name).needs_hopper:
+    if not registry.get(name, "fwd", "simplicial").needs_hopper:
         pytest.skip(f"{name} runs on sm_80")
     hq = hq_taken_by(name, 1, 8, 64, 1, 128, 2, 4)
     x = _fake_cuda_inputs(hq, 1)

@@ -14,11 +14,11 @@ from profiling.resources import compile_config  # noqa: E402
 from altattn import registry  # noqa: E402
 
 CASES = [pytest.param(v, c, id=f"{v.pass_}-{v.name}-{c.name}")
-         for v, c in registry.compile_configs(None)]
+         for v, c in registry.compile_configs(None, "simplicial")]
 
 
 def test_every_variant_has_configs():
-    for v in registry.all_variants(None):
+    for v in registry.all_variants(None, "simplicial"):
         assert v.compile_configs(), f"{v.pass_}/{v.name} lists no compile configs"
 
 
@@ -40,7 +40,7 @@ def test_compiles_for_hopper_with_wgmma(variant, c):
 def test_every_form_of_a_variant_has_configs():
     """A variant that computes form "det" compiles it too (config names end in _det, and
     _det_swapped for the kernel of the exchanged pairs), so the resource gate covers it."""
-    for v in registry.all_variants(None):
+    for v in registry.all_variants(None, "simplicial"):
         names = [c.name for c in v.compile_configs()]
         if "det" in v.accepted("form"):
             assert any(n.endswith("_det") for n in names), (v.pass_, v.name, names)

@@ -13,7 +13,8 @@ from altattn.registry import CompileConfig, Variant
 from altattn.simplicial.family import TRITON_SCOPES
 from altattn.simplicial.spec import FORMS, ProblemSpec
 
-ALL = registry.all_variants()
+FAM = "simplicial"  # the family these tests are about
+ALL = registry.all_variants("fwd", FAM)
 IDS = [v.name for v in ALL]
 
 
@@ -48,16 +49,17 @@ def test_variants_match_registry():
 def test_names_unique_and_get():
     assert len(set(IDS)) == len(IDS)
     for v in ALL:
-        assert registry.get(v.name) is v
-        assert registry.get(v.name, v.pass_) is v
+        assert registry.get(v.name, "fwd", FAM) is v
+        assert registry.get(v.name, v.pass_, FAM) is v
 
 
-@pytest.mark.parametrize("v", registry.all_variants(None), ids=lambda v: f"{v.pass_}-{v.name}")
+@pytest.mark.parametrize("v", registry.all_variants(None, FAM),
+                         ids=lambda v: f"{v.pass_}-{v.name}")
 def test_record_fields(v):
     """What the code reads from a record is there and well-formed (the warp count is checked
     against the compiled kernels in test_resources.py)."""
     assert v.pass_ in registry.PASSES
-    assert v in registry.all_variants(v.pass_) and v in registry.all_variants(None)
+    assert v in registry.all_variants(v.pass_, FAM) and v in registry.all_variants(None, FAM)
     assert v.warps >= 4 and v.warps % 4 == 0, f"{v.name}: {v.warps} warps is not whole warp groups"
     assert v.scopes and set(v.scopes) <= set(registry.get_family(v.family).scopes), v
     assert len(set(v.scopes)) == len(v.scopes), (v.name, v.scopes)
@@ -67,7 +69,8 @@ def test_record_fields(v):
     assert v.accepted("form") and set(v.accepted("form")) <= set(FORMS), (v.name, v.accepted("form"))
 
 
-@pytest.mark.parametrize("v", registry.all_variants(None), ids=lambda v: f"{v.pass_}-{v.name}")
+@pytest.mark.parametrize("v", registry.all_variants(None, FAM),
+                         ids=lambda v: f"{v.pass_}-{v.name}")
 def test_variant_refuses_a_form_it_does_not_compute(v):
     for form in set(FORMS) - set(v.accepted("form")):
         why = v.cannot_take(dataclasses.replace(spec(), form=form))
@@ -75,28 +78,38 @@ def test_variant_refuses_a_form_it_does_not_compute(v):
 
 
 def test_passes():
-    assert registry.all_variants() == registry.all_variants("fwd")
-    assert set(registry.all_variants(None)) == {v for p in registry.PASSES
-                                               for v in registry.all_variants(p)}
+    assert set(registry.all_variants(None, FAM)) == {v for p in registry.PASSES
+                                                    for v in registry.all_variants(p, FAM)}
     with pytest.raises(ValueError, match="unknown pass 'sideways'"):
-        registry.all_variants("sideways")
-    if not registry.all_variants("bwd"):  # (until a backward variant is registered)
+        registry.all_variants("sideways", FAM)
+    if not registry.all_variants("bwd", FAM):  # (until a backward variant is registered)
         with pytest.raises(ValueError, match="unknown variant 'triton' of pass 'bwd'; known: none"):
-            registry.get("triton", "bwd")
-    pairs = registry.compile_configs(None)
-    assert {v for v, _ in pairs} == set(registry.all_variants(None))
+            registry.get("triton", "bwd", FAM)
+    pairs = registry.compile_configs(None, FAM)
+    assert {v for v, _ in pairs} == set(registry.all_variants(None, FAM))
 
 
 def test_register_twice_rejected():
-    fam = registry.get_family()
+    fam = registry.get_family(FAM)
     twice = dataclasses.replace(fam, variants=(*fam.variants, ALL[0]))
     with pytest.raises(ValueError, match="registered twice"):
         registry._check_family(twice, fam.name)
 
 
+def test_sanitizer_allowance_must_name_a_variant_of_the_family():
+    """An allowance's (tool, pass, variant) names a variant of its family's pass."""
+    fam = registry.get_family(FAM)
+    # tlx_ws_kv is a forward only; tlx is triple attention's
+    for key in (("racecheck", "bwd", "tlx_ws_kv"), ("racecheck", "fwd", "tlx")):
+        stray = dataclasses.replace(fam, sanitizer_allowed={
+            **fam.sanitizer_allowed, key: registry.SanitizerAllowance(registry.DISPATCH_DOC, 1)})
+        with pytest.raises(ValueError, match=rf"sanitizer allowance \({', '.join(key)}\)"):
+            registry._check_family(stray, fam.name)
+
+
 def test_get_unknown_lists_known():
     with pytest.raises(ValueError) as info:
-        registry.get("nope")
+        registry.get("nope", "fwd", FAM)
     for name in IDS:
         assert name in str(info.value)
 
@@ -140,11 +153,11 @@ def test_auto_picks_a_variant_that_supports(s, hopper):
     able = [o for o in ALL if o.cannot_take(s) is None and (hopper or not o.needs_hopper)]
     if not able:  # e.g. every variant is Hopper-only: "auto" on sm_80 must say so
         with pytest.raises(ValueError, match="no variant can take") as info:
-            launcher.pick(s, "auto", hopper)
+            launcher.pick(s, "auto", hopper, family=FAM)
         if not hopper:
             assert "needs sm_90" in str(info.value)
         return
-    v = launcher.pick(s, "auto", hopper)
+    v = launcher.pick(s, "auto", hopper, family=FAM)
     assert v.cannot_take(s) is None
     if not hopper:
         assert not v.needs_hopper
@@ -165,18 +178,18 @@ MEASURED_FASTEST = {
 
 @pytest.mark.parametrize("s, name", MEASURED_FASTEST.values(), ids=MEASURED_FASTEST.keys())
 def test_auto_takes_the_measured_fastest(s, name):
-    assert launcher.pick(s, "auto").name == name
+    assert launcher.pick(s, "auto", family=FAM).name == name
 
 
 def test_auto_takes_every_headline_shape_on_hopper():
     """At least one registered variant runs each of SPECS on an sm_90 GPU."""
     for name, s in SPECS.items():
-        assert launcher.pick(s, "auto", True).cannot_take(s) is None, name
+        assert launcher.pick(s, "auto", True, family=FAM).cannot_take(s) is None, name
 
 
 def test_auto_with_no_taker_explains_each_variant():
     with pytest.raises(ValueError) as info:
-        launcher.pick(spec(Hq=12), "auto")
+        launcher.pick(spec(Hq=12), "auto", family=FAM)
     msg = str(info.value)
     assert "no variant can take" in msg
     for v in ALL:
@@ -187,7 +200,7 @@ def test_auto_with_no_taker_explains_each_variant():
 def test_named_variant_that_supports(v):
     for s in SPECS.values():
         if v.cannot_take(s) is None:
-            assert launcher.pick(s, v.name) is v
+            assert launcher.pick(s, v.name, family=FAM) is v
 
 
 @pytest.fixture
@@ -203,13 +216,13 @@ def fake_variants(monkeypatch):
         return name
 
     top = max(v.rank_for(spec(D=d)) for v in ALL for d in (64, 128))
-    fields = {"pass_": "fwd", "warps": 4, "scopes": TRITON_SCOPES}
+    fields = {"family": FAM, "pass_": "fwd", "warps": 4, "scopes": TRITON_SCOPES}
     narrow = Variant(name="narrow", module=module("_fake_narrow", lambda s: None if s.G == 1 else
                                                   f"G = {s.G}: narrow takes G = 1 only"),
                      needs_hopper=False, rank=top + 2, supports="G = 1 only", **fields)
     hop = Variant(name="hopper-only", module=module("_fake_hopper", lambda s: None),
                   needs_hopper=True, rank=top + 1, supports="any shape", **fields)
-    fam = registry.get_family()
+    fam = registry.get_family(FAM)
     monkeypatch.setitem(registry._LOADED, fam.name,
                         dataclasses.replace(fam, variants=(*fam.variants, narrow, hop)))
     return narrow, hop
@@ -219,7 +232,7 @@ def test_unsupported_named_variant_names_one_that_can(fake_variants):
     narrow, hop = fake_variants
     s = spec(Hq=16)  # G = 16
     with pytest.raises(ValueError) as info:
-        launcher.pick(s, "narrow")
+        launcher.pick(s, "narrow", family=FAM)
     msg = str(info.value)
     assert "variant 'narrow' cannot take" in msg and "narrow takes G = 1 only" in msg, msg
     assert "variants that can:" in msg and "hopper-only" in msg, msg
@@ -234,20 +247,20 @@ def test_real_variant_refusal_names_fake_taker(fake_variants):
     for v in ALL:
         if v.cannot_take(s) is not None:
             with pytest.raises(ValueError, match="variants that can: .*hopper-only"):
-                launcher.pick(s, v.name)
+                launcher.pick(s, v.name, family=FAM)
 
 
 def test_auto_rank_order_and_hopper_filter(fake_variants):
     narrow, hop = fake_variants
-    assert launcher.pick(spec(Hq=1), "auto") is narrow          # highest rank that takes G = 1
-    assert launcher.pick(spec(Hq=16), "auto") is hop            # narrow refuses; hop next
+    assert launcher.pick(spec(Hq=1), "auto", family=FAM) is narrow  # highest rank taking G = 1
+    assert launcher.pick(spec(Hq=16), "auto", family=FAM) is hop    # narrow refuses; hop next
     real_sm80 = [v for v in ALL if not v.needs_hopper and v.cannot_take(spec(Hq=16)) is None]
     if real_sm80:  # sm_80: hop skipped, a real non-Hopper variant taken
-        not_hop = launcher.pick(spec(Hq=16), "auto", hopper=False)
+        not_hop = launcher.pick(spec(Hq=16), "auto", hopper=False, family=FAM)
         assert not not_hop.needs_hopper and not_hop.name not in ("narrow", "hopper-only")
     else:
         with pytest.raises(ValueError, match="hopper-only: needs sm_90"):
-            launcher.pick(spec(Hq=16), "auto", hopper=False)
+            launcher.pick(spec(Hq=16), "auto", hopper=False, family=FAM)
     assert variants()["narrow"] == "G = 1 only"
 
 
@@ -257,13 +270,14 @@ def test_deterministic_backward_selection():
     `tlx_pairs` by name."""
     for G in (16, 32, 64, 128):
         s = spec(Hq=G, Hk=1, D=128)
-        assert launcher.pick(s, "auto", True, "bwd").name == "tlx_pairs"
-        v = launcher.pick(s, "auto", True, "bwd", deterministic=True)
+        assert launcher.pick(s, "auto", True, "bwd", family=FAM).name == "tlx_pairs"
+        v = launcher.pick(s, "auto", True, "bwd", deterministic=True, family=FAM)
         assert v.deterministic and v.name == ("tlx_ws" if G >= 64 else "triton"), v.name
         with pytest.raises(ValueError, match="'tlx_pairs' is not deterministic"):
-            launcher.pick(s, "tlx_pairs", True, "bwd", deterministic=True)
-    assert [v.name for v in registry.all_variants("bwd") if not v.deterministic] == ["tlx_pairs"]
+            launcher.pick(s, "tlx_pairs", True, "bwd", deterministic=True, family=FAM)
+    assert [v.name for v in registry.all_variants("bwd", FAM)
+            if not v.deterministic] == ["tlx_pairs"]
     huge = spec(B=2 ** 31 // (4096 * 128) + 1)  # B*N*Hq >= 2**31: tlx_pairs's int32 TMA rows
-    assert "int32" in registry.get("tlx_pairs", "bwd").cannot_take(huge)
-    assert launcher.pick(huge, "auto", True, "bwd").name == "tlx_ws"
-    assert all(v.deterministic for v in registry.all_variants("fwd"))
+    assert "int32" in registry.get("tlx_pairs", "bwd", FAM).cannot_take(huge)
+    assert launcher.pick(huge, "auto", True, "bwd", family=FAM).name == "tlx_ws"
+    assert all(v.deterministic for v in registry.all_variants("fwd", FAM))

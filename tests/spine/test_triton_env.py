@@ -43,7 +43,8 @@ def attempt(name, fn):
 
 attempt("import kernels_tlx.simplicial.ws", lambda: importlib.import_module("kernels_tlx.simplicial.ws"))
 attempt("import kernels_triton.simplicial.fwd", lambda: importlib.import_module("kernels_triton.simplicial.fwd"))
-attempt("load every variant", lambda: [v.load() for v in registry.all_variants()])
+attempt("load every variant",
+        lambda: [v.load() for v in registry.all_variants("fwd", "simplicial")])
 attempt("forward auto", lambda: sa.forward(*x, 2, 3))
 attempt("forward triton", lambda: sa.forward(*x, 2, 3, variant="triton"))
 print(json.dumps(res))

@@ -14,9 +14,10 @@ import torch
 
 from altattn import registry
 from altattn.simplicial import flops as simplicial_flops
+from altattn.simplicial.shapes import PRESETS, Shape, make_inputs  # the family these runs are of
 from bench import common, peers
 from conftest import ROOT, no_gpu_env
-from profiling.common import PRESETS, Shape, format_table, make_inputs, run_metadata
+from profiling.common import format_table, run_metadata
 
 REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
@@ -140,12 +141,12 @@ def test_help_lists_only_the_pass_variants(script: str, pass_: str) -> None:
     assert res.returncode == 0, res.stderr
     help_ = _variant_help(res.stdout)
     assert "'auto'" in help_ and "'all'" in help_
-    names = {v.name for v in registry.all_variants(None)}
-    own = {v.name for v in registry.all_variants(pass_)}
+    names = {v.name for v in registry.all_variants(None, "simplicial")}
+    own = {v.name for v in registry.all_variants(pass_, "simplicial")}
     listed = {n for n in names if f" {n}," in help_ or f" {n};" in help_}
     assert listed == own, help_
     assert "--family" in res.stdout and "--pass" not in res.stdout
-    rule = registry.get_family().peers[0].rule
+    rule = registry.get_family("simplicial").peers[0].rule
     assert rule in " ".join(res.stdout.split())
 
 
@@ -153,7 +154,7 @@ def test_auto_and_all_runs() -> None:
     """fwd: 'auto' is one run per form (resolved on the GPU, its row names the variant), 'all'
     every forward variant; both together: auto first, then the rest, no duplicates."""
     fwd = _fwd_module()
-    names = [v.name for v in registry.all_variants("fwd")]
+    names = [v.name for v in registry.all_variants("fwd", "simplicial")]
     assert fwd.parse_args(["--variant", "auto"])[2] == [("auto", "trilinear")]
     assert fwd.parse_args(["--variant", "all"])[2] == [(n, "trilinear") for n in names]
     runs = fwd.parse_args(["--variant", "auto", "--variant", "all", "--variant", "triton"])[2]
@@ -243,7 +244,7 @@ def test_form_selects_the_variants_that_compute_it() -> None:
     means the variants that compute the form; duplicates dropped."""
     from altattn import registry
     fwd = _fwd_module()
-    variants = registry.all_variants("fwd")
+    variants = registry.all_variants("fwd", "simplicial")
     det = [v.name for v in variants if "det" in v.accepted("form")]
     assert det, "no forward variant computes form 'det'"
     assert fwd.parse_args([])[2] == [(v.name, "trilinear") for v in variants]
@@ -289,15 +290,15 @@ def test_det_rows_get_their_ratio_to_trilinear() -> None:
             row("triton", "det", "c", 440.0), row("tlx_ws", "trilinear", "a", 600.0),
             {"kind": "peer", "variant": "cudnn_sdpa", "shape": "a", "tflops": 630.0}]
     plain = [dict(r) for r in rows if r.get("form") != "det"]
-    assert common.table_columns(plain, fwd.TABLE_COLUMNS) == fwd.TABLE_COLUMNS
-    common.add_form_ratios(plain)
+    assert common.table_columns(plain, fwd.TABLE_COLUMNS, "trilinear") == fwd.TABLE_COLUMNS
+    common.add_form_ratios(plain, "trilinear")
     assert all("vs_trilinear" not in r for r in plain)
 
-    common.add_form_ratios(rows)
+    common.add_form_ratios(rows, "trilinear")
     assert rows[1]["vs_trilinear"] == pytest.approx(0.92)
     assert rows[2]["vs_trilinear"] is None and rows[4]["vs_trilinear"] is None
     assert all("vs_trilinear" not in r for r in rows if r.get("form") != "det")
-    cols = common.table_columns(rows, fwd.TABLE_COLUMNS)
+    cols = common.table_columns(rows, fwd.TABLE_COLUMNS, "trilinear")
     keys = [k for k, _ in cols]
     assert keys[keys.index("tflops") + 1] == "vs_trilinear"
     header = format_table(rows, cols).splitlines()[0]
@@ -314,7 +315,7 @@ def test_plot_series_name_keeps_the_forms_apart() -> None:
 def test_sweep_shapes() -> None:
     """The family record's sweep axes: w2 outer, N inner."""
     base = PRESETS["small"]
-    sweep = registry.get_family().sweep
+    sweep = registry.get_family("simplicial").sweep
     shapes = common.sweep_shapes(base, sweep)
     assert len(shapes) == len(sweep["N"]) * len(sweep["w2"]) == 15
     assert {(s.N, s.w2) for s in shapes} == {(n, w) for n in (1024, 2048, 4096, 8192, 16384)
@@ -350,7 +351,7 @@ def test_plot_tflops_vs_n_writes_png(tmp_path) -> None:
            if r["variant"] == "triton"]
     for rows in (_fake_rows(), _fake_rows()[:1], _fake_rows() + det):
         path = tmp_path / f"plot{len(rows)}.png"
-        common.plot_tflops_vs_n(rows, str(path), "2-simplicial attention forward")
+        common.plot_tflops_vs_n(rows, str(path), "2-simplicial attention forward", "simplicial")
         data = path.read_bytes()
         assert len(data) > 1000
         assert data[:8] == b"\x89PNG\r\n\x1a\n"

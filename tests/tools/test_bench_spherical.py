@@ -52,7 +52,7 @@ def run_cli(path: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_shape_flags_come_from_the_shape_record() -> None:
-    simplicial = pcommon.shape_flags(registry.get_family())
+    simplicial = pcommon.shape_flags(registry.get_family("simplicial"))
     assert simplicial == {"B": "--B", "N": "--N", "Hq": "--hq", "Hk": "--hk", "D": "--d",
                           "w1": "--w1", "w2": "--w2"}
     assert pcommon.shape_flags(FAM) == {"B": "--B", "N": "--N", "Hq": "--hq", "Hk": "--hk",
@@ -268,7 +268,7 @@ def test_frontier_of_a_causal_shape_says_it_is_timed_non_causal() -> None:
 def test_plot_has_one_panel_per_causal_value(tmp_path, monkeypatch) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         pytest.skip("matplotlib not installed")
-    assert common.panel_field("spherical") == "causal" and common.panel_field() == "w2"
+    assert common.panel_field("spherical") == "causal" and common.panel_field("simplicial") == "w2"
     rows = []
     for causal in (False, True):
         for n in (1024, 2048, 4096):
@@ -302,7 +302,7 @@ def test_trace_takes_the_family_shapes(capsys) -> None:
 def test_sanitize_runs_and_worker_shapes() -> None:
     from tools import sanitize
     s = SHAPE(1, 256, 8, 2, 64, causal=True, pad=0.25)
-    run = sanitize.Run("memcheck", "fwd", "triton", s, None, "spherical")
+    run = sanitize.Run("memcheck", "fwd", "triton", s, None, family="spherical")
     cmd = sanitize.command("cs", run)
     i = cmd.index("--shape")
     assert cmd[i + 1:] == ["1", "256", "8", "2", "64", "True", "0.25", "--family", "spherical"]

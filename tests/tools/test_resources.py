@@ -23,8 +23,8 @@ from altattn import registry
 
 REQUIRED_KEYS = {"pass", "variant", "config", "registers", "spill_bytes", "smem_bytes", "wgmma",
                  "setmaxnreg", "named_barriers", "ex2_overlap", "total_warps"}
-CASES = [pytest.param(v, c.name, id=f"{v.pass_}-{v.name}-{c.name}")
-         for v, c in registry.compile_configs(None)]
+CONFIGS = registry.compile_configs(None, "simplicial")
+CASES = [pytest.param(v, c.name, id=f"{v.pass_}-{v.name}-{c.name}") for v, c in CONFIGS]
 
 
 def _key(r: dict) -> tuple:
@@ -33,7 +33,7 @@ def _key(r: dict) -> tuple:
 
 @pytest.fixture(scope="module")
 def rows() -> dict:
-    return {_key(r): r for r in resources.report()}
+    return {_key(r): r for r in resources.report(family="simplicial")}
 
 
 @pytest.mark.parametrize("variant,config", CASES)
@@ -61,7 +61,7 @@ def test_config_resources(rows, variant, config):
         assert r["ex2_overlap"] is None, f"{where} leaves a wgmma in flight: {r['ex2_overlap']}"
 
 
-@pytest.mark.parametrize("variant", sorted({v for v, _ in registry.compile_configs(None)},
+@pytest.mark.parametrize("variant", sorted({v for v, _ in CONFIGS},
                                             key=lambda v: (v.pass_, v.name)),
                          ids=lambda v: f"{v.pass_}-{v.name}")
 def test_record_warps(rows, variant):

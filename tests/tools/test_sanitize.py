@@ -18,7 +18,8 @@ from conftest import ROOT
 
 REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
-FAMILY = registry.get_family()
+FAM = "simplicial"  # the family whose runs these are
+FAMILY = registry.get_family(FAM)
 SMALL = FAMILY.sanitizer_shapes[0][0]
 RAGGED = FAMILY.sanitizer_shapes[1][0]
 DONE = f"{sanitize.WORKER_DONE}: fwd tlx_ws B2 N333 H128/1 D128 w32x96"
@@ -126,13 +127,13 @@ def test_parse_synccheck_and_a_report_without_summary():
 # The allow-list
 
 
-RUN = Run("racecheck", "fwd", "tlx_ws", RAGGED)
+RUN = Run("racecheck", "fwd", "tlx_ws", RAGGED, family=FAM)
 
 
 def test_every_allow_list_entry_points_at_the_docs():
-    assert sanitize.ALLOWED  # the dispatch and the TMA-init findings
-    for (tool, pass_, name), entry in sanitize.ALLOWED.items():
-        assert tool in sanitize.TOOLS and registry.get(name, pass_)
+    assert sanitize_report.allowed_for(FAM)  # the dispatch and the TMA-init findings
+    for (tool, pass_, name), entry in sanitize_report.allowed_for(FAM).items():
+        assert tool in sanitize.TOOLS and registry.get(name, pass_, FAM)
         path, _, anchor = entry.doc.partition("#")
         with open(os.path.join(REPO_ROOT, path)) as f:
             assert anchor and anchor in _anchors(f.read()), entry.doc
@@ -148,7 +149,7 @@ def test_judge_clean_and_unexplained():
     assert judge(RUN, parse_report(RACECHECK_CLEAN, "racecheck"), 0) == (True, "clean")
     ok, why = judge(RUN, parse_report(RACECHECK, "racecheck"), 1, allowed={})
     assert not ok and why == "2 findings, not allowed"
-    ok, why = judge(RUN, parse_report(RACECHECK, "racecheck"), 1)  # ALLOWED: not these lines
+    ok, why = judge(RUN, parse_report(RACECHECK, "racecheck"), 1)  # the allow-list: not these lines
     assert not ok
 
 
@@ -213,7 +214,7 @@ WS, ENTRY = "simplicial_fwd_ws_kernel", "/r/kernels_tlx/simplicial/ws.py:148"
 def test_the_allowed_kinds(key, text, allowed):
     """Each entry admits its explained race, named by kernel and by facts of its two accesses
     (racecheck's line of each, their SASS offsets), and not a neighbour's."""
-    run = Run("racecheck", *key, RAGGED)
+    run = Run("racecheck", *key, RAGGED, family=FAM)
     report = parse_report(text, "racecheck")
     assert report.findings == 1 and len(report.races) == 1
     assert judge(run, report, 1)[0] == allowed
@@ -231,8 +232,8 @@ def test_races_are_parsed_from_the_analysis_report():
 def test_every_allowance_names_a_kernel_of_its_variant():
     """An allowance names its kernel as the report does: one its variant compiles (a renamed
     kernel fails here, not silently on the GPU), with a known kind and a docs section."""
-    for (tool, pass_, name), entry in sanitize.ALLOWED.items():
-        v = registry.get(name, pass_)
+    for (tool, pass_, name), entry in sanitize_report.allowed_for(FAM).items():
+        v = registry.get(name, pass_, FAM)
         kernels = {sanitize._kernel_name(c.fn) for c in v.compile_configs()}
         assert entry.kernel in kernels, (pass_, name, entry.kernel, kernels)
         assert entry.kind in sanitize_report.RACE_KINDS and entry.pattern is None
@@ -252,7 +253,7 @@ def test_judge_by_count_and_pattern():
     assert not ok and "1 outside the allowed pattern: Warning: Race" in why
     # the entry is per (tool, pass, variant): another tool or pass is not covered
     for tool, pass_ in (("memcheck", "fwd"), ("racecheck", "bwd")):
-        other = Run(tool, pass_, "tlx_ws", SMALL)
+        other = Run(tool, pass_, "tlx_ws", SMALL, family=FAM)
         assert not judge(other, Report(2, [], True), 1, {key: Allowance(doc)})[0]
 
 
@@ -266,7 +267,8 @@ def test_judge_runs_that_did_not_finish():
     assert not ok and "without a counted finding" in why
     # even an allowance does not cover a run that did not finish
     allow = {("memcheck", "fwd", "tlx_ws"): Allowance("d#x")}
-    assert not judge(Run("memcheck", "fwd", "tlx_ws", SMALL), Report(3, [], False), 1, allow)[0]
+    run = Run("memcheck", "fwd", "tlx_ws", SMALL, family=FAM)
+    assert not judge(run, Report(3, [], False), 1, allow)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +277,7 @@ def test_judge_runs_that_did_not_finish():
 
 def test_two_shapes_per_variant():
     """Every registered variant takes its two shapes: one with G < 16 or Hk > 1, one ragged N."""
-    for v in registry.all_variants(None):
+    for v in registry.all_variants(None, FAM):
         small, ragged = sanitize.shapes_for(v)
         assert v.cannot_take(small.spec()) is None and v.cannot_take(ragged.spec()) is None
         assert small.Hq // small.Hk < 16 or small.Hk > 1, (v.name, small)
@@ -285,48 +287,52 @@ def test_two_shapes_per_variant():
                 ("fwd", "tlx_pingpong"): (64, 2), ("bwd", "tlx_ws"): (128, 2),
                 ("fwd", "tlx_ws_kv"): (256, 2)}
     for (pass_, name), (hq, hk) in expected.items():
-        small, ragged = sanitize.shapes_for(registry.get(name, pass_))
+        small, ragged = sanitize.shapes_for(registry.get(name, pass_, FAM))
         assert (small.Hq, small.Hk) == (hq, hk), name
         assert ragged == FAMILY.shape_type(B=2, N=333, Hq=128, Hk=1, D=128, w1=32, w2=96)
 
 
 def test_plan_of_the_runs():
-    runs = sanitize.plan(sanitize.TOOLS, registry.PASSES, None)
-    n = sum(len(v.accepted("form")) for v in registry.all_variants(None))  # each form a variant computes
+    runs = sanitize.plan(sanitize.TOOLS, registry.PASSES, None, family=FAM)
+    variants = registry.all_variants(None, FAM)
+    n = sum(len(v.accepted("form")) for v in variants)  # each form a variant computes
     assert len(runs) == 3 * 2 * n and len(set(runs)) == len(runs)
     assert {(r.pass_, r.variant, r.form) for r in runs} == {
-        (v.pass_, v.name, f) for v in registry.all_variants(None) for f in v.accepted("form")}
+        (v.pass_, v.name, f) for v in variants for f in v.accepted("form")}
     assert {(r.pass_, r.variant) for r in runs if r.form == "det"} == {
         ("fwd", "triton"), ("bwd", "triton"), ("fwd", "tlx_pipelined_kv"),
         ("fwd", "tlx_pipelined_pingpong")}
-    assert len(sanitize.plan(sanitize.TOOLS, registry.PASSES, None, forms=["trilinear"])) == (
-        3 * 2 * len(registry.all_variants(None)))
-    runs = sanitize.plan(["racecheck"], ["fwd", "bwd"], ["tlx_ws"])
+    trilinear = sanitize.plan(sanitize.TOOLS, registry.PASSES, None, forms=["trilinear"],
+                              family=FAM)
+    assert len(trilinear) == 3 * 2 * len(variants)
+    runs = sanitize.plan(["racecheck"], ["fwd", "bwd"], ["tlx_ws"], family=FAM)
     assert [(r.pass_, r.shape.Hq, r.shape.Hk) for r in runs] == [
         ("fwd", 64, 2), ("fwd", 128, 1), ("bwd", 128, 2), ("bwd", 128, 1)]
     with pytest.raises(ValueError, match="tlx_ws_kv: not a variant of pass bwd"):
-        sanitize.plan(["memcheck"], ["bwd"], ["tlx_ws_kv"])
-    assert {r.pass_ for r in sanitize.plan(["memcheck"], ["fwd", "bwd"], ["tlx_ws_kv"])} == {"fwd"}
+        sanitize.plan(["memcheck"], ["bwd"], ["tlx_ws_kv"], family=FAM)
+    runs = sanitize.plan(["memcheck"], ["fwd", "bwd"], ["tlx_ws_kv"], family=FAM)
+    assert {r.pass_ for r in runs} == {"fwd"}
 
 
 def test_plan_with_the_probe_and_one_shape_set():
-    runs = sanitize.plan(["racecheck", "synccheck"], ["probe", "bwd"], ["tlx_ws"], [1])
+    runs = sanitize.plan(["racecheck", "synccheck"], ["probe", "bwd"], ["tlx_ws"], [1], family=FAM)
     assert [(r.tool, r.pass_, r.variant, r.shape) for r in runs[:2]] == [
         ("racecheck", "probe", "ws_probe", None), ("synccheck", "probe", "ws_probe", None)]
     assert [(r.pass_, r.shape.N) for r in runs[2:]] == [("bwd", 256), ("bwd", 256)]
-    assert sanitize.plan(["memcheck"], ["probe"], None) == [
-        Run("memcheck", "probe", "ws_probe", None)]
-    ragged = sanitize.plan(["memcheck"], ["fwd"], ["triton"], [2])
+    assert sanitize.plan(["memcheck"], ["probe"], None, family=FAM) == [
+        Run("memcheck", "probe", "ws_probe", None, family=FAM)]
+    ragged = sanitize.plan(["memcheck"], ["fwd"], ["triton"], [2], family=FAM)
     assert [(r.shape, r.form) for r in ragged] == [(s, f) for f in ("trilinear", "det")
                                                    for s in FAMILY.sanitizer_shapes[1]]
     with pytest.raises(ValueError, match="tlx_ws: not a variant of pass probe"):
-        sanitize.plan(["memcheck"], ["probe"], ["tlx_ws"])
+        sanitize.plan(["memcheck"], ["probe"], ["tlx_ws"], family=FAM)
     # the default passes are the registered ones: no probe
-    assert all(r.pass_ != "probe" for r in sanitize.plan(sanitize.TOOLS, registry.PASSES, None))
+    runs = sanitize.plan(sanitize.TOOLS, registry.PASSES, None, family=FAM)
+    assert all(r.pass_ != "probe" for r in runs)
 
 
 def test_the_probes_command_and_tag():
-    run = Run("racecheck", "probe", "ws_probe", None)
+    run = Run("racecheck", "probe", "ws_probe", None, family=FAM)
     cmd = sanitize.command("cs", run, racecheck_report="hazard")
     text = " ".join(cmd)
     assert "--racecheck-report hazard" in text
@@ -338,19 +344,19 @@ def test_the_probes_command_and_tag():
 
 
 def test_the_childs_command():
-    run = Run("racecheck", "bwd", "tlx_ws", SMALL)
+    run = Run("racecheck", "bwd", "tlx_ws", SMALL, family=FAM)
     cmd = sanitize.command("/cuda/bin/compute-sanitizer", run)
     assert cmd[:3] == ["/cuda/bin/compute-sanitizer", "--tool", "racecheck"]
     text = " ".join(cmd)
     assert "--error-exitcode 1" in text and "--racecheck-report analysis" in text
-    assert f"--kernel-name-exclude kns={sanitize.forward_kernel_prefix()}" in text
+    assert f"--kernel-name-exclude kns={sanitize.forward_kernel_prefix(FAM)}" in text
     i = cmd.index(sys.executable)
     assert cmd[i + 1:] == [sanitize.SCRIPT, "--worker", "--pass", "bwd", "--variant", "tlx_ws",
                            "--shape", "1", "256", "8", "1", "64", "32", "64"]
-    fwd = sanitize.command("cs", Run("memcheck", "fwd", "triton", SMALL))
+    fwd = sanitize.command("cs", Run("memcheck", "fwd", "triton", SMALL, family=FAM))
     assert "--kernel-name-exclude" not in fwd and "--racecheck-report" not in fwd
     assert run.tag() == "racecheck-bwd-tlx_ws-B1-N256-H8x1-D64-w32x64"
-    det = Run("memcheck", "bwd", "triton", SMALL, "det")
+    det = Run("memcheck", "bwd", "triton", SMALL, "det", family=FAM)
     assert sanitize.command("cs", det)[-2:] == ["--form", "det"]
     assert det.tag() == "memcheck-bwd-triton-B1-N256-H8x1-D64-w32x64-det"
     assert det.shape_text().endswith(" form=det")
@@ -359,9 +365,9 @@ def test_the_childs_command():
 def test_the_backward_runs_exclude_every_forward_kernel_and_no_backward_one():
     """A backward run checks its own kernels, not the plain forward before it: every forward
     kernel's name has the excluded prefix (derived from the registry), no backward kernel's has."""
-    prefix = sanitize.forward_kernel_prefix()
+    prefix = sanitize.forward_kernel_prefix(FAM)
     assert prefix
-    for v, config in registry.compile_configs(None):
+    for v, config in registry.compile_configs(None, FAM):
         has = sanitize._kernel_name(config.fn).startswith(prefix)
         assert has == (v.pass_ == "fwd"), (v.pass_, v.name, config.fn.__name__)
     import kernels_triton.simplicial.bwd as bwd  # the two kernels without a compile config
@@ -374,6 +380,6 @@ def test_the_backward_runs_exclude_every_forward_kernel_and_no_backward_one():
 
 @pytest.mark.gpu
 def test_the_worker_of_every_run(capsys):
-    for r in sanitize.plan(["memcheck"], sanitize.PASSES, None):
-        assert sanitize.worker(r.pass_, r.variant, r.shape, r.form) == 0, r
+    for r in sanitize.plan(["memcheck"], sanitize.PASSES, None, family=FAM):
+        assert sanitize.worker(r.pass_, r.variant, r.shape, r.form, r.family) == 0, r
         assert sanitize.WORKER_DONE in capsys.readouterr().out

@@ -16,7 +16,7 @@ from conftest import ROOT, no_gpu_env
 from altattn import registry
 from tools import sanitize
 from tools.sanitize import Run
-from test_sanitize import SMALL
+from test_sanitize import FAM, SMALL
 
 REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
@@ -35,7 +35,8 @@ def test_dry_run_needs_no_gpu():
     r = run_cli("--dry-run", "--tool", "memcheck", "--pass", "bwd", env=no_gpu_env())
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 2 * sum(len(v.accepted("form")) for v in registry.all_variants("bwd"))
+    assert len(lines) == 2 * sum(len(v.accepted("form"))
+                                 for v in registry.all_variants("bwd", FAM))
     assert all("--tool memcheck" in line and "--worker --pass bwd" in line for line in lines)
     assert sum(line.endswith("--form det") for line in lines) == 2  # triton's det backward
     r = run_cli("--dry-run", "--tool", "racecheck", "--pass", "probe", "--racecheck-report",
@@ -81,8 +82,13 @@ def fake_sanitizer(tmp_path):
     return str(path)
 
 
+def _run(tool: str, variant: str) -> Run:
+    """A run of the forward `variant` on the small shape."""
+    return Run(tool, "fwd", variant, SMALL, family=FAM)
+
+
 def test_jobs_run_children_at_once_and_keep_the_order(fake_sanitizer, tmp_path):
-    runs = [Run(t, "fwd", v, SMALL) for v in ("triton", "tlx_ws") for t in sanitize.TOOLS]
+    runs = [_run(t, v) for v in ("triton", "tlx_ws") for t in sanitize.TOOLS]
     seen = []
     t0 = time.monotonic()
     rows = sanitize.run_all(runs, fake_sanitizer, str(tmp_path), timeout=60, jobs=6,
@@ -98,8 +104,8 @@ def test_jobs_run_children_at_once_and_keep_the_order(fake_sanitizer, tmp_path):
 
 
 def test_jobs_keep_the_per_run_timeout(fake_sanitizer, tmp_path):
-    runs = [Run("memcheck", "fwd", "tlx_ws_kv", SMALL),  # sleeps 30 s: killed after 1 s
-            Run("memcheck", "fwd", "tlx_ws", SMALL)]
+    runs = [_run("memcheck", "tlx_ws_kv"),  # sleeps 30 s: killed after 1 s
+            _run("memcheck", "tlx_ws")]
     t0 = time.monotonic()
     rows = sanitize.run_all(runs, fake_sanitizer, str(tmp_path), timeout=1, jobs=2)
     assert time.monotonic() - t0 < 10
@@ -108,8 +114,8 @@ def test_jobs_keep_the_per_run_timeout(fake_sanitizer, tmp_path):
 
 
 def test_an_interrupt_kills_the_running_children(fake_sanitizer, tmp_path):
-    runs = [Run("memcheck", "fwd", "tlx_ws", SMALL), Run("memcheck", "fwd", "tlx_ws_kv", SMALL),
-            Run("synccheck", "fwd", "tlx_ws_kv", SMALL), Run("racecheck", "fwd", "tlx_ws_kv", SMALL)]
+    runs = [_run("memcheck", "tlx_ws"), _run("memcheck", "tlx_ws_kv"),
+            _run("synccheck", "tlx_ws_kv"), _run("racecheck", "tlx_ws_kv")]
 
     def interrupt(i, row):
         raise KeyboardInterrupt
@@ -124,7 +130,7 @@ def test_an_interrupt_kills_the_running_children(fake_sanitizer, tmp_path):
 
 
 def test_one_job_runs_one_child_at_a_time(fake_sanitizer, tmp_path):
-    runs = [Run("memcheck", "fwd", "tlx_ws", SMALL), Run("synccheck", "fwd", "tlx_ws", SMALL)]
+    runs = [_run("memcheck", "tlx_ws"), _run("synccheck", "tlx_ws")]
     t0 = time.monotonic()
     rows = sanitize.run_all(runs, fake_sanitizer, str(tmp_path), timeout=60)
     assert time.monotonic() - t0 >= 0.4 and all(r["ok"] for r in rows)

@@ -130,7 +130,7 @@ def test_not_a_warp_specialized_kernel():
 
 
 def _config(pass_: str, name: str, config: str):
-    return next(c for v, c in registry.compile_configs(pass_)
+    return next(c for v, c in registry.compile_configs(pass_, "simplicial")
                 if v.name == name and c.name == config)
 
 
