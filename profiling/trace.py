@@ -50,7 +50,7 @@ import json  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
 from altattn import registry  # noqa: E402
-from profiling.common import (add_family_arg, add_pass_arg, add_shape_args,  # noqa: E402
+from profiling.common import (DEFAULT_FAMILY, add_family_arg, add_pass_arg, add_shape_args,  # noqa: E402
                               check_variants, family_in, format_table, metadata_line,
                               positive_int, run_metadata, shape_from_args)
 from profiling.timing import peak_words  # noqa: E402
@@ -73,7 +73,7 @@ def trace_preset(fam: registry.Family) -> str:
     return DEFAULT_PRESET if DEFAULT_PRESET in fam.presets else fam.default_preset
 
 
-def build_parser(family: str = registry.DEFAULT_FAMILY) -> argparse.ArgumentParser:
+def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
     """The arguments, with the shape flags and presets of `family` (--family's)."""
     # every family's variant names (the family's own are checked after parsing)
     names = list(dict.fromkeys(v.name for v in registry.all_variants(None, None)))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from profiling import timing, trace_capture, trace_kernels, trace_plot, trace_summary
-from profiling.common import Shape
+from altattn.simplicial.shapes import Shape
 from altattn import registry
 from conftest import ROOT
 

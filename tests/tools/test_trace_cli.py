@@ -13,7 +13,7 @@ import torch
 from conftest import no_gpu_env
 
 from profiling import trace_capture, trace_summary
-from profiling.common import Shape
+from altattn.simplicial.shapes import Shape
 from altattn import registry
 from test_trace import REPO_ROOT, TLX_WS, TRITON, run_cli
 
