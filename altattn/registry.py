@@ -12,7 +12,7 @@ its record, or a function of its kernel module read through the record. A varian
                                              # profile=True: the Proton-scoped copy
     launch(spec, *kernel_args, profile=False)  # prepare(spec, profile)(*kernel_args); a module
                                              # without `prepare` is launched through it
-    compile_configs() -> list[CompileConfig] # default configs, compiled by profiling.resources
+    compile_configs() -> list[CompileConfig] # default configs, compiled by tools.resources
 and, where its launch runs several Proton-scoped kernels (a backward),
     profiled_kernels(spec) -> dict[str, int] # their names for launch(..., profile=name) and
                                              # their warps per CTA (Variant.profiled_kernels)
@@ -292,7 +292,7 @@ def compile_configs(pass_: str | None, family: str | None
 @dataclass(frozen=True)
 class CompileConfig:
     """One default config of a variant, compilable for sm_90a without a GPU
-    (profiling.resources)."""
+    (tools.resources)."""
 
     name: str
     fn: object            # the @triton.jit kernel

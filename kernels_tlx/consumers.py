@@ -10,7 +10,7 @@ import triton.language.extra.tlx as tlx
 NUM_CONSUMERS = tl.constexpr(2)
 CONSUMER_THREADS = tl.constexpr(NUM_CONSUMERS * 4 * 32)
 # Named barriers (the compiler emits ids 0-3 for its own partition syncs; fbtriton's tutorials
-# reserve 0-6; profiling.resources lists the ids each kernel uses):
+# reserve 0-6; tools.resources lists the ids each kernel uses):
 TURN_BARRIER = tl.constexpr(11)  # 11 + c: consumer c's turn on the tensor cores (pingpong)
 
 

@@ -1,1 +1,2 @@
-"""Profiling tools: `python -m profiling.resources` reports registers, spills and shared memory."""
+"""Profiling tools: Proton traces (`python -m profiling.trace`), timing and the command-line
+plumbing the benchmarks share. Compiler resources: `python -m tools.resources`."""

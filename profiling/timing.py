@@ -22,7 +22,7 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 100.0, rep_ms: float 
     cache (writes L2_FLUSH_BYTES) before every timed call, so each call starts cold and repeated
     calls on one input set do not measure a warm cache. The defaults give at least ~5 timed calls
     for a 175 ms kernel (the `star` shape).
-    flush_l2=False (a cache's own bandwidth, bench/l2_bandwidth.py): the same call counts, each
+    flush_l2=False (a cache's own bandwidth, tools/l2_bandwidth.py): the same call counts, each
     timed call between CUDA events with no flush, so what the previous call left in L2 stays.
     """
     if flush_l2:

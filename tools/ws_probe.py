@@ -73,7 +73,7 @@ def ws_probe_kernel(Out, Seed, iters, CONSUMER_REGS: tl.constexpr,
 
 
 def compile_config() -> CompileConfig:
-    """The probe as profiling.resources compiles our kernels (sm_90a, no GPU)."""
+    """The probe as tools.resources compiles our kernels (sm_90a, no GPU)."""
     return CompileConfig(name="ws_probe", fn=ws_probe_kernel,
                          signature={"Out": "*i32", "Seed": "*i32", "iters": "i32",
                                     "CONSUMER_REGS": "constexpr",

@@ -15,7 +15,7 @@ from kernels_tlx.ring import empty_phase
 
 # NUM_CONSUMERS, CONSUMER_THREADS, TURN_BARRIER and the pingpong turns: kernels_tlx/consumers.py
 # Named barriers (this build's compiler emits ids 0-3 for its own partition syncs; fbtriton's
-# tutorials reserve 0-6; profiling.resources lists the ids each kernel uses):
+# tutorials reserve 0-6; tools.resources lists the ids each kernel uses):
 MERGE_BARRIER = tl.constexpr(9)    # the split-j hand-over of (acc, m, l): bar.arrive, bar.sync
 EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's epilogue (bwd row- and k-owner, 128)
 

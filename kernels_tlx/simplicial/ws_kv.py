@@ -23,7 +23,7 @@ wgmma of a step together with the PV wgmma of the one before (consume_pipelined)
 previous step is carried in registers, and a consumer holds only acc, S, P and its Q rows (zero
 spills at 224 registers). In the compiled code ptxas writes the new P into the registers that
 PV(c - 1) still reads, so the consumer waits for PV(c - 1) before its softmax ("ex2 under wgmma"
-= 0 in `python -m profiling.resources`): the gain over `tlx_ws_kv` is the pair issue, not a
+= 0 in `python -m tools.resources`): the gain over `tlx_ws_kv` is the pair issue, not a
 softmax under PV (a version whose softmax does run under PV was slower,
 docs/history/perf-notes.md session 12). `PINGPONG` on top of it (`tlx_pipelined_pingpong`) makes
 the two consumers take turns issuing those pairs: consumer c waits on named barrier

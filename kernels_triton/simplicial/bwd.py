@@ -76,7 +76,7 @@ from altattn.simplicial.spec import ProblemSpec
 
 
 # Tile configs, the fastest measured at S* (and its D = 64 and Hq = 64 siblings) among those that
-# compile with no spill (python -m profiling.resources; docs/perf-bwd.md has the measurements).
+# compile with no spill (python -m tools.resources; docs/perf-bwd.md has the measurements).
 # Triton puts all the warps along M of a dot whose result feeds another dot, so the first GEMM's M
 # (keys in _dkv2, rows in _dq) is 16 x num_warps. With 4 warps a program takes at most 255
 # registers per thread, and two programs share an SM: one's softmax runs under the other's GEMMs.

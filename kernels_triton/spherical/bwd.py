@@ -178,7 +178,7 @@ def _dq_kernel(Q, K, V, DO, DQ, A, Bt, Seqlens, N, Nk,
 def config(spec: SphericalSpec) -> dict:
     """{"dkdv": ..., "dq": ...}: each kernel's tile and warps/stages, the fastest measured at P1
     (H200) among those that compile with no spill at every compile spec (python -m
-    profiling.resources). dK/dV: 128 keys (two warp groups of 64 rows) with fp32 dK and dV in
+    tools.resources). dK/dV: 128 keys (two warp groups of 64 rows) with fp32 dK and dV in
     registers (128 of the 255) against query blocks of 64 rows where the masks leave room (D = 64;
     D = 128 without causal or seqlens), else 32 rows, 3 stages (causal); with both masks 32 rows
     x 64 keys, 2 stages (128 keys spill); dQ: 128 rows x 64 keys. docs/perf-spherical.md has

@@ -1,6 +1,6 @@
 """The host side every spherical-attention kernel shares (Triton and TLX): `supports`, the TMA
 descriptors, the grid and its decoding in the kernel (which tile a program owns, the sequence
-bounds, the key blocks it visits), and the compile-config builder of profiling.resources.
+bounds, the key blocks it visits), and the compile-config builder of tools.resources.
 
 Tensors are [B, L, H, D] (q, k, v, out, dout, dq, dk, dv), read and written through one 3-D TMA
 view [B, L, H*D] with boxes [1, BLOCK, D] at [b, first row, head*D]: rows past L read as zeros
@@ -122,7 +122,7 @@ def query_blocks(x0, Lq, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
     return m_lo, tl.minimum(n_diag, n_all), n_all
 
 
-# ---- compile configs (profiling.resources; CI compiles them for sm_90a without a GPU) ----------
+# ---- compile configs (tools.resources; CI compiles them for sm_90a without a GPU) ----------
 
 Config = Callable[[SphericalSpec], dict]        # spec -> constexprs + num_warps, num_stages
 Signature = Callable[[SphericalSpec, dict], dict]  # (spec, config) -> runtime arguments' types

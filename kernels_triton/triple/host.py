@@ -2,7 +2,7 @@
 launches of core.py (`prepare_partials`, `prepare_apply`: made once per shape, run per call; the
 passes take them from an `impl`, this module or kernels_tlx/triple/contractions.py; and
 `prepare_state`, the forward's state and slab from the partials), the bf16 state slabs `apply`
-reads, and the compile configs profiling.resources compiles for sm_90a.
+reads, and the compile configs tools.resources compiles for sm_90a.
 
 Extra memory (beyond inputs and outputs): the split-N partials, n_splits * B * H * Dq^2 * Dv fp32
 (n_splits fills the GPU: 4 at T2), and bf16 copies of the state in the layouts `apply` reads,
@@ -177,7 +177,7 @@ def slab(state, order: str, shift: int = 0) -> torch.Tensor:
     return W
 
 
-# ---- compile configs (profiling.resources; CI compiles them for sm_90a without a GPU) ----------
+# ---- compile configs (tools.resources; CI compiles them for sm_90a without a GPU) ----------
 
 def _partials_config(d1, dy, d2) -> CompileConfig:
     cfg = partials_config(d1, dy, d2)

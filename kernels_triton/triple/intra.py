@@ -375,7 +375,7 @@ def intra_backward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: tor
     return grads
 
 
-# ------------------------------------------- compile configs (profiling.resources, no GPU needed)
+# ------------------------------------------- compile configs (tools.resources, no GPU needed)
 
 def _signature(kernel: str, Dq: int, Dv: int, bm: int, bn: int) -> dict:
     bf, f32 = torch.bfloat16, torch.float32

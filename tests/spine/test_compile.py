@@ -1,6 +1,6 @@
 """Every registered config, of every pass, compiles for sm_90a on a machine with no GPU, down to
 PTX that uses the Hopper tensor-core instruction (wgmma). Resource limits (spills, shared memory)
-are gated in test_resources.py, on the same compiled kernels: profiling.resources.compile_config
+are gated in test_resources.py, on the same compiled kernels: tools.resources.compile_config
 compiles each config once per process."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from profiling.resources import compile_config  # noqa: E402
+from tools.resources import compile_config  # noqa: E402
 from altattn import registry  # noqa: E402
 
 CASES = [pytest.param(v, c, id=f"{v.pass_}-{v.name}-{c.name}")

@@ -1,4 +1,4 @@
-"""CPU tests of the benchmark CLIs (bench/fwd.py, bench/bwd.py, bench/l2_bandwidth.py) and their
+"""CPU tests of the benchmark CLIs (bench/fwd.py, bench/bwd.py, tools/l2_bandwidth.py) and their
 helpers (bench/common.py, profiling/common.py)."""
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 META_KEYS = ("gpu", "torch", "triton", "commit", "time_utc")
 
 
-def run_cli(*args: str, script: str = "fwd.py",
-            env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join("bench", script), *args], cwd=REPO_ROOT,
+def run_cli(*args: str, script: str = "fwd.py", env: dict | None = None,
+            folder: str = "bench") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(folder, script), *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -180,10 +180,10 @@ def test_help_exits_0() -> None:
 
 
 def test_l2_bandwidth_help_exits_0() -> None:
-    res = run_cli("--help", script="l2_bandwidth.py")
+    res = run_cli("--help", script="l2_bandwidth.py", folder="tools")
     assert res.returncode == 0, res.stderr
     assert "L2" in res.stdout and res.stderr == ""
-    assert run_cli("--no-such-flag", script="l2_bandwidth.py").returncode == 2
+    assert run_cli("--no-such-flag", script="l2_bandwidth.py", folder="tools").returncode == 2
 
 
 def test_refused_variant_names_the_takers() -> None:

@@ -1,11 +1,11 @@
 """Resource gate for every registered config of every pass, compiled for sm_90a on CPU
-(profiling.resources).
+(tools.resources).
 
 No spills, shared memory within the Hopper limit, wgmma in the Hopper-only variants, the warp
 count of the variant's record (its widest kernel's), and an exp2 count under an in-flight wgmma only where the record
 says the variant pairs its GEMMs. The kernels are the ones test_compile.py compiled
-(profiling.resources compiles and measures each config once per process); the CLI tests run the
-tool in this process, plus one cheap run as `python -m profiling.resources`.
+(tools.resources compiles and measures each config once per process); the CLI tests run the
+tool in this process, plus one cheap run as `python -m tools.resources`.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from profiling import resources
-from profiling.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx, parse_ptxas,
+from tools import resources
+from tools.resources import (HOPPER_SMEM_LIMIT, parse_cuobjdump, parse_ptx, parse_ptxas,
                                  parse_sass_clobbered_operands, parse_sass_overlap)
 from altattn import registry
 
@@ -55,7 +55,7 @@ def test_config_resources(rows, variant, config):
     if variant.pipelined:
         # QK(c) issued with PV(c - 1), QK(c) waited for alone (wgmma.wait_group 1): the SASS waits
         # for a wgmma while another is in flight, so ex2_overlap is a count (how many exp2 run
-        # under it is a performance figure, reported by profiling.resources, not pinned here)
+        # under it is a performance figure, reported by tools.resources, not pinned here)
         assert r["ex2_overlap"] is not None, f"{where} never waits with a wgmma left in flight"
     else:
         assert r["ex2_overlap"] is None, f"{where} leaves a wgmma in flight: {r['ex2_overlap']}"
@@ -88,8 +88,8 @@ def test_cli_json(rows, capsys):
 
 
 def test_cli_as_a_module():
-    """`python -m profiling.resources` runs as a module (its help; the compiles are above)."""
-    p = subprocess.run([sys.executable, "-m", "profiling.resources", "--help"], cwd=ROOT,
+    """`python -m tools.resources` runs as a module (its help; the compiles are above)."""
+    p = subprocess.run([sys.executable, "-m", "tools.resources", "--help"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr
     assert "--pass" in p.stdout

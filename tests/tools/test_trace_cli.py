@@ -224,7 +224,7 @@ def test_one_buffer_per_kernel_runs_after_protons_exit_hook():
 
 def test_profiling_needs_no_bench():
     """profiling/ is installed without bench/ (not a package): none of its modules imports it."""
-    code = ("import sys, profiling.trace, profiling.resources; "
+    code = ("import sys, profiling.trace, tools.resources; "
             "print(sorted(m for m in sys.modules if m == 'bench' or m.startswith('bench.')))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
                        timeout=300)

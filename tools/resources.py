@@ -1,6 +1,6 @@
 """Registers, spills, shared memory and Hopper features of every registered config, without a GPU.
 
-    python -m profiling.resources [--family F] [--json] [--pass fwd|bwd|all] [--variant NAME ...]
+    python -m tools.resources [--family F] [--json] [--pass fwd|bwd|all] [--variant NAME ...]
                                   [--keep DIR]
 
 Each variant's `compile_configs()` (registry.compile_configs, forward and backward variants alike)
@@ -42,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 from altattn import registry
-from profiling.resource_parsers import (parse_cuobjdump, parse_ptx, parse_ptxas,  # noqa: F401
+from tools.resource_parsers import (parse_cuobjdump, parse_ptx, parse_ptxas,  # noqa: F401
                                         parse_sass_clobbered_operands, parse_sass_overlap)
 
 HOPPER_SMEM_LIMIT = 232448   # bytes per block, sm_90 opt-in maximum (227 KiB), dynamic + static
@@ -294,7 +294,7 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from profiling.common import add_family_arg
     ap = argparse.ArgumentParser(
-        prog="python -m profiling.resources",
+        prog="python -m tools.resources",
         description="Per-config sm_90a resources of the registered variants (no GPU needed).")
     ap.add_argument("--json", action="store_true",
                     help="print a JSON list of rows instead of a table")

@@ -1,6 +1,6 @@
 """Read bandwidth of the GPU's L2 cache and of HBM, for the traffic model in docs/perf.md.
 
-    python3 bench/l2_bandwidth.py
+    python3 tools/l2_bandwidth.py
 
 A Triton kernel streams a buffer REPS times with L2-only loads (cache modifier .cg: L1 bypassed),
 every program reading a disjoint strided subset. A buffer well inside L2 measures L2 -> SM
@@ -56,13 +56,13 @@ def read_bandwidth(nbytes: int, reps: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(
-        prog="bench/l2_bandwidth.py",
+        prog="tools/l2_bandwidth.py",
         description="Read bandwidth of the GPU's L2 cache and of HBM (needs a CUDA GPU): "
                     "buffers of " + ", ".join(f"{mib} MiB" for mib, _ in BUFFERS)
                     + ", each read several times.",
         epilog="Exit status: 0 ok, 2 bad arguments or no GPU.").parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench/l2_bandwidth.py: no CUDA GPU found; this benchmark needs one", file=sys.stderr)
+        print("tools/l2_bandwidth.py: no CUDA GPU found; this benchmark needs one", file=sys.stderr)
         return 2
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 0)

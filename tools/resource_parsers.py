@@ -1,4 +1,4 @@
-"""Parsers of what compiling a config leaves behind (profiling.resources): the PTX text, ptxas -v's
+"""Parsers of what compiling a config leaves behind (tools.resources): the PTX text, ptxas -v's
 log, cuobjdump's -res-usage lines and its SASS. Text in, numbers out: no compiler, no GPU."""
 from __future__ import annotations
 
