@@ -47,7 +47,7 @@ inputs for the largest sweep point already take ~10 GB).
 --peers and --frontier run bench/peers.py: each peer of the family record (cuDNN SDPA on the
 dense shape of its equal-work rule, Peer.dense: Lkv = w1*w2 keys per query for 2-simplicial
 attention, softmax attention at the same B, H, N, D and causal for spherical attention; peers
-that run their own kernel, Peer.runs: bench/spherical_peers.py), a bf16 matmul, and the dense
+that run their own kernel, Peer.runs: altattn/<family>/peers.py), a bf16 matmul, and the dense
 FlashAttention tutorials that ship inside fbtriton (`triton.language.extra.tlx.tutorials.
 hopper_fa_ws*`: warp-specialized, + pipelined, + pingpong, + persistent) on dense self-attention
 of length L = Lkv: the same work as the 2-simplicial shape when N = w1*w2 (as at `star`). They

@@ -98,20 +98,42 @@ def bench_peers(fam: registry.Family, s, args: argparse.Namespace,
     note saying why it did not run)."""
     rows = []
     for p in fam.peers:
-        if p.runs is None:
-            rows += bench_sdpa(fam, s, args, passes, p)
-            continue
-        module, _, function = p.runs.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), function)
-        except (ImportError, AttributeError) as e:
-            rows += [{"kind": "peer", "variant": p.name, "shape": s.short(), **s.fields(),
-                      **({} if q == "fwd" else {"pass": q}), "note": f"not run: {p.runs}: {e}"}
-                     for q in passes]
-            continue
-        rows += fn(fam, p, s, args, passes)
+        rows += bench_sdpa(fam, s, args, passes, p) if p.runs is None else \
+            bench_own(fam, p, s, args, passes)
         torch.cuda.empty_cache()
     return rows
+
+
+def bench_own(fam: registry.Family, p: registry.Peer, s, args: argparse.Namespace,
+              passes: tuple[str, ...]) -> list[dict]:
+    """A peer that runs its own kernel on the family's shape: `p.runs` ("module:function", in
+    the family's package) is function(shape, passes, seed) -> {pass: setup() -> the timed call,
+    or a note saying why the pass is not timed; "note": a remark for the timed rows}. Rows carry
+    the family's useful FLOPs; an out-of-memory error is its rows' note."""
+    flops = {"fwd": fam.flops(s, "fwd"), "bwd": fam.flops(s, "bwd")}
+    flops["fwd+bwd"] = flops["fwd"] + flops["bwd"]
+    rows = peer_rows({"kind": "peer", "variant": p.name, "shape": s.short(), **s.fields()},
+                     passes, flops)
+    module, _, function = p.runs.partition(":")
+    try:
+        plan = getattr(importlib.import_module(module), function)(s, passes, args.seed)
+    except (ImportError, AttributeError) as e:
+        return [{**r, "note": f"not run: {p.runs}: {e}"} for r in rows]
+    except torch.cuda.OutOfMemoryError as e:
+        return [{**r, "note": _oom(e)} for r in rows]
+    out = []
+    for q, r in zip(passes, rows):
+        setup = plan.get(q, "not run")
+        if isinstance(setup, str):
+            out.append({**r, "note": setup})
+            continue
+        r = {**r, "note": plan["note"]} if plan.get("note") else r
+        try:
+            out += time_rows([r], (q,), {q: setup()}, args)
+        except torch.cuda.OutOfMemoryError as e:
+            out.append({**r, "note": _oom(e)})
+        torch.cuda.empty_cache()  # a backward's graph goes with its call
+    return out
 
 
 def bench_sdpa(fam: registry.Family, s, args: argparse.Namespace,

@@ -95,8 +95,8 @@ FAMILY = Family(
     peers=(Peer(name="cudnn_sdpa", rule="softmax attention at the same B, H, N, D (and causal)",
                 dense=_softmax_same_shape),
            Peer(name="torch_bf16", rule="plain PyTorch spherical attention at the same shape "
-                "(bf16 matmuls, S materialised)", runs="bench.spherical_peers:torch_bf16"),
+                "(bf16 matmuls, S materialised)", runs="altattn.spherical.peers:torch_bf16"),
            Peer(name="triton_sigmoid", rule="triton-sigmoid's sigmoid attention at the same "
-                "shape (optional: PyPI triton-sigmoid)", runs="bench.spherical_peers:triton_sigmoid")),
+                "shape (optional: PyPI triton-sigmoid)", runs="altattn.spherical.peers:triton_sigmoid")),
     scopes=SCOPES, sanitizer_shapes=SANITIZER_SHAPES, sanitizer_allowed=SANITIZER_ALLOWED,
     tolerances=TOLERANCES, accepts={}, traits=frozenset(), variants=FWD + BWD, layer=_layer)

@@ -82,9 +82,9 @@ FAMILY = Family(
     make_inputs=pass_inputs, presets=PRESETS, default_preset="t2", sweep=SWEEP,
     peers=(Peer(name="materialised", rule="cuBLAS bf16 on the two GEMM phases at the same shape, "
                 "the outer products K1 (x) V and Q1 (x) Q2 built beforehand and not timed "
-                "(forward only; non-causal)", runs="bench.triple_peers:materialised"),
+                "(forward only; non-causal)", runs="altattn.triple.peers:materialised"),
            Peer(name="torch_einsum", rule="plain PyTorch triple attention at the same shape "
                 "(bf16 einsums chunked over N, fp32 state; backward by autograd)",
-                runs="bench.triple_peers:torch_einsum")),
+                runs="altattn.triple.peers:torch_einsum")),
     scopes=SCOPES, sanitizer_shapes=SANITIZER_SHAPES, sanitizer_allowed=SANITIZER_ALLOWED,
     tolerances=TOLERANCES, accepts={}, traits=frozenset(), variants=FWD + BWD, layer=_layer)

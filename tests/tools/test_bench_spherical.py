@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from altattn import launcher, registry
-from bench import check, common, peers, spherical_peers
+from altattn.spherical import peers as spherical_peers
+from bench import check, common, peers
 from conftest import ROOT, no_gpu_env
 from profiling import common as pcommon
 
@@ -216,7 +217,7 @@ def test_plain_pytorch_peer_matches_the_reference(monkeypatch) -> None:
     from altattn.spherical.reference import reference, reference_backward
     monkeypatch.setattr(spherical_peers, "S_BYTES", 2 * 2 * 48 * 48 * 3)  # several chunks
     for s in (SHAPE(2, 48, 8, 2, 64), SHAPE(3, 48, 4, 1, 64, causal=True, pad=0.3)):
-        q, k, v, lengths = spherical_peers._inputs(s, 0, "cpu")
+        q, k, v, lengths = spherical_peers.inputs(s, 0, "cpu")
         seqlens = None if lengths is None else torch.tensor(lengths)
         out, r = spherical_peers.torch_forward(q, k, v, s.causal, lengths)
         dout = torch.randn_like(out)
@@ -232,7 +233,7 @@ def test_peer_rows_without_a_gpu(monkeypatch) -> None:
     the family's useful FLOPs, nothing launched."""
     monkeypatch.setitem(sys.modules, "triton_sigmoid", None)  # import fails: "not installed"
     fam = dataclasses.replace(FAM, peers=(
-        registry.Peer(name="triton_sigmoid", rule="r", runs="bench.spherical_peers:triton_sigmoid"),
+        registry.Peer(name="triton_sigmoid", rule="r", runs="altattn.spherical.peers:triton_sigmoid"),
         registry.Peer(name="ghost", rule="r", runs="bench.no_such_module:bench")))
     s = SHAPE(2, 256, 4, 4, 64, causal=True)
     args = _module("fwd").parse_args(SPH)[0]

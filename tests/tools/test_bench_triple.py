@@ -1,7 +1,7 @@
 """CPU tests of the tools on the third family (triple attention): shape flags and presets from its
 shape record (--h --dq --dv), refusals before any GPU work, the generic pre-timing check
 (bench/check.py) with the launcher stubbed by the reference, the forward/backward calls of
-bench/bwd.py (the backward takes the state, not out), and the peers (bench/triple_peers.py)
+bench/bwd.py (the backward takes the state, not out), and the peers (altattn/triple/peers.py)
 against the reference."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 
 from altattn import launcher, registry
 from altattn.triple.reference import reference, reference_backward
-from bench import check, common, triple_peers
+from altattn.triple import peers as triple_peers
+from bench import check, common, peers
 from profiling import common as pcommon
 from conftest import ROOT
 
@@ -172,6 +173,6 @@ def test_materialised_peer_is_forward_only() -> None:
     args = argparse.Namespace(seed=0, warmup_ms=1.0, rep_ms=1.0)
     peer = next(p for p in FAM.peers if p.name == "materialised")
     s = SHAPE(1, 64, 2, 32, 32)
-    rows = triple_peers.materialised(FAM, peer, s, args, ("bwd", "fwd+bwd"))
+    rows = peers.bench_own(FAM, peer, s, args, ("bwd", "fwd+bwd"))
     assert [r["note"] for r in rows] == ["forward only"] * 2
     assert rows[0]["flops"] == FAM.flops(s, "bwd") and rows[0]["pass"] == "bwd"

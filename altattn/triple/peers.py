@@ -1,4 +1,5 @@
-"""Triple attention's own peers for bench --peers (registry.Peer.runs names these functions):
+"""Triple attention's peers: what bench --peers times beside its kernels (registry.Peer.runs names
+`materialised` and `torch_einsum`):
 
     materialised   cuBLAS bf16 on the two GEMM phases with the outer products built beforehand
                    (FAMILIES.md §2's "materialised" row), per (b, h):
@@ -18,34 +19,21 @@
                    intermediates (about 4 B N H Dq max(Dq, Dv) bytes: 69 GB at T2).
 
 Both are credited with the family's useful FLOPs (Family.flops), so their TFLOPS compare directly
-with the variants'. An out-of-memory error becomes the row's note. Each function: (fam, peer,
-shape, args, passes) -> rows (bench/peers.py: peer_rows, time_rows).
+with the variants'. Each peer is `peer(shape, passes, seed) -> {pass: setup, or a note}`:
+`setup()` makes what the timed call needs and returns the call; a string says why that pass is
+not timed; "note", a remark every timed row carries. `einsum_forward` and `materialised_forward`
+run on any device.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from altattn import registry
 from altattn.triple.shapes import make_inputs
-from bench.peers import peer_rows, time_rows
 
 MAT_BYTES = 72 << 30      # materialised: its two operands, all groups' heads, under this
 EINSUM_BYTES = 1 << 30    # torch_einsum: one chunk's bf16 [B, chunk, H, Dq, Dv] intermediate
 CAUSAL_CHUNK = 1024       # torch_einsum causal: tokens per chunk (the [B, H, L, L] scores)
 BF16 = torch.bfloat16
-
-
-def _base(fam: registry.Family, peer: registry.Peer, s, passes) -> list[dict]:
-    flops = {"fwd": fam.flops(s, "fwd"), "bwd": fam.flops(s, "bwd")}
-    flops["fwd+bwd"] = flops["fwd"] + flops["bwd"]
-    return peer_rows({"kind": "peer", "variant": peer.name, "shape": s.short(), **s.fields()},
-                     passes, flops)
-
-
-def _oom(e: BaseException) -> str:
-    return f"out of memory: {str(e).splitlines()[0]}"
 
 
 def _scale(N: int, scale) -> float:
@@ -89,48 +77,6 @@ def materialised_forward(q1, q2, k1, k2, v, scale=None) -> torch.Tensor:
     return materialised_phases(*ops, Dv).view(B, H, N, Dv).transpose(1, 2)
 
 
-def materialised(fam: registry.Family, peer: registry.Peer, s, args: argparse.Namespace,
-                 passes: tuple[str, ...]) -> list[dict]:
-    """The two phases on cuBLAS with the outer products built beforehand (module docstring)."""
-    rows = _base(fam, peer, s, passes)
-    if "fwd" not in passes:
-        return [{**r, "note": "forward only"} for r in rows]
-    per_head = 2 * s.N * s.Dq * (s.Dq + s.Dv)
-    heads = max(1, min(s.B * s.H, MAT_BYTES // per_head))
-    notes = ["non-causal (the materialised phases read one global state)"] if s.causal else []
-    ops = None
-    try:
-        x = make_inputs(s, "cuda", args.seed)
-        while ops is None:
-            try:
-                ops = build_operands(*x, 1.0 / max(s.N, 1), heads)
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                if heads == 1:
-                    raise
-                heads //= 2
-    except torch.cuda.OutOfMemoryError as e:
-        return [{**r, "note": f"operands: {_oom(e)}" if p == "fwd" else "forward only"}
-                for p, r in zip(passes, rows)]
-    groups = [min(heads, s.B * s.H - h0) for h0 in range(0, s.B * s.H, heads)]
-    if len(groups) > 1:
-        notes.append(f"operands of {heads} of {s.B * s.H} heads "
-                     f"({heads * per_head / 1e9:.1f} GB), reused by {len(groups)} groups")
-
-    def fwd() -> None:
-        for n in groups:
-            materialised_phases(*(t[:n] for t in ops), s.Dv)
-
-    out = []
-    for p, r in zip(passes, rows):
-        if p != "fwd":
-            out.append({**r, "note": "forward only"})
-            continue
-        out += time_rows([{**r, "note": "; ".join(notes)} if notes else r], ("fwd",),
-                         {"fwd": fwd}, args)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Plain PyTorch einsums
 
@@ -164,38 +110,51 @@ def einsum_forward(q1, q2, k1, k2, v, scale=None, causal: bool = False, chunk: i
     return out, S
 
 
-def torch_einsum(fam: registry.Family, peer: registry.Peer, s, args: argparse.Namespace,
-                 passes: tuple[str, ...]) -> list[dict]:
-    """Plain PyTorch triple attention on `s` (module docstring), one row per pass; a backward
-    row's graph is built before it is timed and freed after (one graph alive at a time)."""
-    rows = _base(fam, peer, s, passes)
+def materialised(s, passes: tuple[str, ...], seed: int) -> dict:
+    """The two phases on cuBLAS with the outer products built beforehand (module docstring)."""
+    plan: dict = {p: "forward only" for p in passes if p != "fwd"}
+    if "fwd" not in passes:
+        return plan
+    per_head = 2 * s.N * s.Dq * (s.Dq + s.Dv)
+    heads = max(1, min(s.B * s.H, MAT_BYTES // per_head))
+    notes = ["non-causal (the materialised phases read one global state)"] if s.causal else []
+    x, ops = make_inputs(s, "cuda", seed), None
+    while ops is None:
+        try:
+            ops = build_operands(*x, 1.0 / max(s.N, 1), heads)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            if heads == 1:
+                raise
+            heads //= 2
+    groups = [min(heads, s.B * s.H - h0) for h0 in range(0, s.B * s.H, heads)]
+    if len(groups) > 1:
+        notes.append(f"operands of {heads} of {s.B * s.H} heads "
+                     f"({heads * per_head / 1e9:.1f} GB), reused by {len(groups)} groups")
+
+    def fwd() -> None:
+        for n in groups:
+            materialised_phases(*(t[:n] for t in ops), s.Dv)
+
+    return {**plan, "fwd": lambda: fwd, "note": "; ".join(notes)}
+
+
+def torch_einsum(s, passes: tuple[str, ...], seed: int) -> dict:
+    """Plain PyTorch triple attention on `s` (module docstring); a backward's graph is built by
+    its setup (one graph alive at a time)."""
     grad = passes != ("fwd",)
-    try:
-        x = [t.requires_grad_(grad) for t in make_inputs(s, "cuda", args.seed)]
-        gen = torch.Generator(device="cuda").manual_seed(args.seed + 1)
-        dout = torch.randn(s.B, s.N, s.H, s.Dv, generator=gen, device="cuda", dtype=BF16)
-    except torch.cuda.OutOfMemoryError as e:
-        return [{**r, "note": _oom(e)} for r in rows]
+    x = [t.requires_grad_(grad) for t in make_inputs(s, "cuda", seed)]
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    dout = torch.randn(s.B, s.N, s.H, s.Dv, generator=gen, device="cuda", dtype=BF16)
 
     def fwd():
         with torch.no_grad():
             return einsum_forward(*x, causal=s.causal)
 
-    def fwd_bwd():
-        return torch.autograd.grad(einsum_forward(*x, causal=s.causal)[0], x, dout)
-
-    def timed(p: str, row: dict) -> list[dict]:
-        if p != "bwd":
-            return time_rows([row], (p,), {p: {"fwd": fwd, "fwd+bwd": fwd_bwd}[p]}, args)
+    def bwd():
         out, _ = einsum_forward(*x, causal=s.causal)  # the graph the timed calls walk
-        return time_rows([row], (p,), {p: lambda: torch.autograd.grad(out, x, dout,
-                                                                     retain_graph=True)}, args)
+        return lambda: torch.autograd.grad(out, x, dout, retain_graph=True)
 
-    done = []
-    for p, r in zip(passes, rows):
-        try:
-            done += timed(p, r)
-        except torch.cuda.OutOfMemoryError as e:
-            done.append({**r, "note": _oom(e)})
-        torch.cuda.empty_cache()  # the graph is gone with timed's frame
-    return done
+    return {"fwd": lambda: fwd, "bwd": bwd,
+            "fwd+bwd": lambda: lambda: torch.autograd.grad(einsum_forward(*x, causal=s.causal)[0],
+                                                           x, dout)}

@@ -1,49 +1,34 @@
-"""Spherical attention's own peers for bench --peers (registry.Peer.runs names these functions):
+"""Spherical attention's peers: what bench --peers times beside its kernels (registry.Peer.runs
+names `torch_bf16` and `triton_sigmoid`), on the spherical shape itself (same B, N, heads, D,
+causal, padding) and credited with the family's useful FLOPs (Family.flops), so their TFLOPS
+compare directly with the variants'.
 
-    torch_bf16      plain PyTorch spherical attention: bf16 matmuls (the reference's math with S
-                    materialised), one (sequence, head chunk) at a time so that memory stays
-                    bounded; forward and a closed-form backward (it recomputes S, as a kernel
-                    would, from out and r)
+    torch_bf16      plain PyTorch: bf16 matmuls (the reference's math with S materialised), one
+                    (sequence, head chunk) at a time so that memory stays bounded; forward and a
+                    closed-form backward that recomputes S from out and r, as a kernel would
+                    (`torch_forward`, `torch_backward`: any device)
     triton_sigmoid  triton-sigmoid's sigmoid attention (PyPI `triton-sigmoid`, MIT; softmax-free
                     attention for single-cell models, dense and padded, forward and backward),
-                    timed only when importable: its rows say "not installed" otherwise
+                    timed where it is installed; its rows say "not installed" otherwise
 
-Both are timed on the spherical shape itself (same B, N, heads, D, causal, padding) and credited
-with the family's useful FLOPs (Family.flops: the visible pairs, real tokens only), so their
-TFLOPS compare directly with the variants'. Each function: (fam, peer, shape, args, passes) ->
-rows (bench/peers.py: peer_rows, time_rows).
+Each peer is `peer(shape, passes, seed) -> {pass: setup, or a note}`: `setup()` makes what the
+timed call needs and returns the call; a string says why that pass is not timed.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
-
-from altattn import registry
-from bench.peers import peer_rows, time_rows
 
 S_BYTES = 4 << 30  # torch_bf16: the bf16 [heads, L, L] tensors of one chunk stay under this
 EPS = 1e-6         # the family's default eps
 
 
-def _base(fam: registry.Family, peer: registry.Peer, s, passes) -> list[dict]:
-    flops = {"fwd": fam.flops(s, "fwd"), "bwd": fam.flops(s, "bwd")}
-    flops["fwd+bwd"] = flops["fwd"] + flops["bwd"]
-    return peer_rows({"kind": "peer", "variant": peer.name, "shape": s.short(), **s.fields()},
-                     passes, flops)
-
-
-def _inputs(s, seed: int, device: str = "cuda"):
+def inputs(s, seed: int, device: str = "cuda"):
     """q [B, N, Hq, D], k, v [B, N, Hk, D] bf16 N(0, 1), and the real lengths (a list) or None."""
     gen = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(s.B, s.N, s.Hq, s.D, generator=gen, device=device, dtype=torch.bfloat16)
     k, v = (torch.randn(s.B, s.N, s.Hk, s.D, generator=gen, device=device, dtype=torch.bfloat16)
             for _ in range(2))
     return q, k, v, s.lengths()
-
-
-# ---------------------------------------------------------------------------------------------
-# Plain PyTorch, bf16 matmuls
 
 
 def _chunks(B: int, N: int, Hq: int, lengths, tensors: int):
@@ -116,42 +101,31 @@ def torch_backward(dout, q, k, v, out, r, causal: bool = False, lengths=None,
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
-def torch_bf16(fam: registry.Family, peer: registry.Peer, s, args: argparse.Namespace,
-               passes: tuple[str, ...]) -> list[dict]:
-    """Plain PyTorch spherical attention on `s` (module docstring), one row per pass."""
-    rows = _base(fam, peer, s, passes)
-    try:
-        q, k, v, lengths = _inputs(s, args.seed)
-        out, r = torch_forward(q, k, v, s.causal, lengths)
-        dout = torch.randn_like(out) if passes != ("fwd",) else None
-    except torch.cuda.OutOfMemoryError as e:
-        return [{**row, "note": f"out of memory: {str(e).splitlines()[0]}"} for row in rows]
-    calls = {"fwd": lambda: torch_forward(q, k, v, s.causal, lengths),
-             "bwd": lambda: torch_backward(dout, q, k, v, out, r, s.causal, lengths),
-             "fwd+bwd": lambda: torch_backward(dout, q, k, v,
-                                               *torch_forward(q, k, v, s.causal, lengths),
-                                               s.causal, lengths)}
-    return time_rows(rows, passes, calls, args)
+def torch_bf16(s, passes: tuple[str, ...], seed: int) -> dict:
+    """Plain PyTorch spherical attention on `s` (module docstring)."""
+    q, k, v, lengths = inputs(s, seed)
+    out, r = torch_forward(q, k, v, s.causal, lengths)
+    dout = torch.randn_like(out) if passes != ("fwd",) else None
+
+    def fwd():
+        return torch_forward(q, k, v, s.causal, lengths)
+
+    return {"fwd": lambda: fwd,
+            "bwd": lambda: lambda: torch_backward(dout, q, k, v, out, r, s.causal, lengths),
+            "fwd+bwd": lambda: lambda: torch_backward(dout, q, k, v, *fwd(), s.causal, lengths)}
 
 
-# ---------------------------------------------------------------------------------------------
-# triton-sigmoid (optional)
-
-
-def triton_sigmoid(fam: registry.Family, peer: registry.Peer, s, args: argparse.Namespace,
-                   passes: tuple[str, ...]) -> list[dict]:
+def triton_sigmoid(s, passes: tuple[str, ...], seed: int) -> dict:
     """triton-sigmoid's sigmoid attention on `s`: dense, or padded with the shape's real lengths;
     k and v repeated to Hq heads first (it takes one head count), outside the timed calls."""
-    rows = _base(fam, peer, s, passes)
     try:
         import triton_sigmoid as ts
     except ImportError:
-        return [{**row, "note": "not installed (pip install triton-sigmoid)"} for row in rows]
+        return dict.fromkeys(passes, "not installed (pip install triton-sigmoid)")
     grad = passes != ("fwd",)
     try:
-        q, k, v, lengths = _inputs(s, args.seed)
-        G = s.Hq // s.Hk
-        k, v = (t.repeat_interleave(G, dim=2) for t in (k, v))
+        q, k, v, lengths = inputs(s, seed)
+        k, v = (t.repeat_interleave(s.Hq // s.Hk, dim=2) for t in (k, v))
         q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
         if lengths is None:
             def fwd():
@@ -164,12 +138,10 @@ def triton_sigmoid(fam: registry.Family, peer: registry.Peer, s, args: argparse.
                                                    is_causal=s.causal)
         o = fwd()
         do = torch.randn_like(o) if grad else None
-    except torch.cuda.OutOfMemoryError as e:
-        return [{**row, "note": f"out of memory: {str(e).splitlines()[0]}"} for row in rows]
-    except Exception as e:  # noqa: BLE001  (a third-party kernel: any failure is its row's note)
-        return [{**row, "note": f"not run: {type(e).__name__}: {str(e).splitlines()[0]}"}
-                for row in rows]
-    calls = {"fwd": fwd,
-             "bwd": lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
-             "fwd+bwd": lambda: torch.autograd.grad(fwd(), (q, k, v), do)}
-    return time_rows(rows, passes, calls, args)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001  (a third-party kernel: any failure is its rows' note)
+        return dict.fromkeys(passes, f"not run: {type(e).__name__}: {str(e).splitlines()[0]}")
+    return {"fwd": lambda: fwd,
+            "bwd": lambda: lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
+            "fwd+bwd": lambda: lambda: torch.autograd.grad(fwd(), (q, k, v), do)}
