@@ -23,10 +23,11 @@ from profiling.trace_summary import (MAX_TRACE_BYTES, WARPS_PER_GROUP, ctas_per_
 DEFAULT_CTAS = 8
 # Proton keeps each sampled warp's events in a circular buffer of its CTA's share of the profile
 # buffer (8 bytes an event at 32-bit clocks) and says on stderr when the first ones were
-# overwritten; a capture that lost events is made again once with a buffer that holds them all,
-# unless the whole grid's buffers would pass this (GPU memory)
+# overwritten; a capture that lost events is made again once with a buffer that holds them all
+# (buffer_for), within what a trace file holds and this, the whole grid's buffers (GPU memory)
 MAX_PROFILE_BYTES = 16 << 30
 EVENT_BYTES = 8
+JSON_EVENT_BYTES = 512  # an event in the written trace (340-380 bytes measured), rounded up
 _DROPPED = re.compile(r"first (\d+) events are dropped due to insufficient buffer size "
                       r"\((\d+)/(\d+)\)")
 PASSES = ("fwd", "bwd")  # the passes whose variants can be captured (launcher.run)
@@ -125,11 +126,19 @@ def dropped_events(lines: Sequence[str]) -> tuple[int, int] | None:
 
 
 def buffer_for(dropped: tuple[int, int], warps: int, ctas: int) -> int | None:
-    """Bytes of profile buffer per CTA that hold every event of the `warps` sampled warps (the
-    most one wrote, a power of two), or None when the `ctas` CTAs' buffers would pass
-    MAX_PROFILE_BYTES."""
-    need = 1 << (dropped[1] * EVENT_BYTES * warps - 1).bit_length()
-    return need if need * ctas <= MAX_PROFILE_BYTES else None
+    """Bytes of profile buffer per CTA for `warps` sampled warps (Proton splits it into one
+    segment a warp, each a power of two): room for every event the busiest warp wrote, as far as
+    one CTA's events stay under MAX_TRACE_BYTES in the written trace (JSON_EVENT_BYTES an event)
+    and the grid's `ctas` buffers under MAX_PROFILE_BYTES. None when that holds no more than the
+    buffer that lost them (`dropped`: (held, written) events a warp)."""
+    held, written = dropped
+    cap = MAX_TRACE_BYTES // (JSON_EVENT_BYTES * warps)  # events a warp of one kept CTA
+    per_warp = 1 << (min(written, cap) * EVENT_BYTES - 1).bit_length()
+    if written > cap:  # the largest power of two under the cap
+        per_warp //= 2
+    while per_warp * warps * ctas > MAX_PROFILE_BYTES:
+        per_warp //= 2
+    return per_warp * warps if per_warp // EVENT_BYTES > held else None
 
 
 def pass_inputs(pass_: str, s, seed: int, family: str) -> tuple:
@@ -218,12 +227,7 @@ def capture(variant: str, s, out_dir: str, ctas: int = DEFAULT_CTAS,
             if lost and buffer_size is None:
                 n_ctas = max(map(len, ctas_per_kernel(trace["traceEvents"]).values()), default=1)
                 bigger = buffer_for(lost, len(sampled), n_ctas)
-                if bigger is None:
-                    log(f"{name}: a warp wrote {lost[1]} events and its buffer held {lost[0]}: "
-                        f"the first ones are lost; a buffer for all of them would pass "
-                        f"{MAX_PROFILE_BYTES >> 30} GiB over {n_ctas} CTAs (a smaller shape, or "
-                        f"--buffer-size BYTES per CTA, keeps more)")
-                else:
+                if bigger is not None:
                     log(f"{name}: a warp wrote {lost[1]} events, its buffer held {lost[0]}: "
                         f"captured again with {bigger} bytes per CTA")
                     shutil.rmtree(session_dir)

@@ -468,11 +468,17 @@ def test_lost_events_are_found_and_a_buffer_sized_for_them():
              "size (2048/61250)"]
     assert trace_capture.dropped_events(lines) == (2048, 61250)
     assert trace_capture.dropped_events(lines[:1]) is None
-    # 3 warps x 61250 events x 8 bytes -> the next power of two; refused past MAX_PROFILE_BYTES
+    # a warp's segment: a power of two of 8-byte events; all of them where one CTA's events fit
+    # a trace file (2052 -> 4096), else the most that fit (61250 -> 8192 at 3 warps)
+    assert trace_capture.buffer_for((2048, 2052), warps=3, ctas=16) == 3 * 4096 * 8
+    cap = trace_summary.MAX_TRACE_BYTES // (trace_capture.JSON_EVENT_BYTES * 3)
     size = trace_capture.buffer_for((2048, 61250), warps=3, ctas=16)
-    assert size == 1 << 21 and size >= 3 * 61250 * trace_capture.EVENT_BYTES
-    assert trace_capture.buffer_for((2048, 61250), warps=3,
-                                    ctas=trace_capture.MAX_PROFILE_BYTES // size + 1) is None
+    assert size == 3 * 8192 * 8 and 8192 <= cap < 2 * 8192
+    # the grid's buffers stay under MAX_PROFILE_BYTES; none when that holds no more than before
+    ctas = trace_capture.MAX_PROFILE_BYTES // size
+    assert trace_capture.buffer_for((2048, 61250), warps=3, ctas=ctas) == size
+    assert trace_capture.buffer_for((2048, 61250), warps=3, ctas=2 * ctas) == size // 2
+    assert trace_capture.buffer_for((2048, 61250), warps=3, ctas=4 * ctas) is None
 
 
 def test_stderr_lines_keeps_what_fd_2_wrote(capfd):
