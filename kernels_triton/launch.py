@@ -6,8 +6,8 @@ kernel's constexprs and num_warps / num_stages, and `kw` the runtime arguments a
 its constexprs (a packed launch's token maps and split count), the same names at every call. Its first call goes through Triton's JIT (specialize, find
 or compile, launch) and keeps the compiled kernel; every later call hands the runtime arguments
 straight to the compiled kernel's C dispatcher (fbtriton's `_TritonDispatcher`: cuLaunchKernelEx,
-TMA descriptors encoded in C), skipping the JIT's binder, cache key and Python launcher (measured
-on an H100: 34.2 us a launch through `fn[grid]`, 5.9 us through the dispatcher; docs/perf-call.md).
+TMA descriptors encoded in C), skipping the JIT's binder, cache key and Python launcher (what each
+costs a launch, measured: docs/perf-call.md).
 
 What makes this exact: Triton specializes a launch on each argument's type, on integers equal to 1
 or divisible by 16, and on pointers 16-byte aligned. A plan is made per problem spec, so every

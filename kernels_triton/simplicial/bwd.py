@@ -82,8 +82,8 @@ from altattn.simplicial.spec import ProblemSpec
 # registers per thread, and two programs share an SM: one's softmax runs under the other's GEMMs.
 def dkv2_config(spec: ProblemSpec) -> dict:
     """`_dkv2_kernel`. D = 64: 4 warps, 64 keys x 64 rows at G = 128, 32 rows elsewhere (64 spill
-    8-184 bytes there). D = 128: 8 warps, 128 keys x 32 rows (4 warps spill); 16 rows (1.5x slower
-    at S*) where 32 spill: G = 1 (16 bytes) and G = 32 at Hk = 1 (40 bytes). Form "det" (a second
+    8-184 bytes there). D = 128: 8 warps, 128 keys x 32 rows (4 warps spill); 16 rows (slower at
+    S*, docs/perf-bwd.md) where 32 spill: G = 1 (16 bytes) and G = 32 at Hk = 1 (40 bytes). Form "det" (a second
     Q tile held per row tile): 32 rows at D = 64, and 16 rows at D = 128 below G = 64 (32 spill
     8-144 bytes there)."""
     det = spec.form == "det"
@@ -99,7 +99,7 @@ def dq_config(spec: ProblemSpec) -> dict:
     and Hk = 1 with G >= 64 at D = 128 (32 keys; 3 stages at G = 128, 2 at G = 64, where 3 spill
     16 bytes). Elsewhere 8 warps and 128 rows: 32 keys at Hk = 1, G in {16, 32}; 16 keys with the
     row addresses rebuilt at each j (FRESH_ROWS; 32 keys spill 4-136 bytes there) and, at
-    G <= 2, Z_j in a second pass over the keys (TWO_PASS). 16 keys are 1.4x slower at S*.
+    G <= 2, Z_j in a second pass over the keys (TWO_PASS). 16 keys are slower at S* (docs/perf-bwd.md).
     Form "det" (a longer epilogue): 32 keys at D = 64; at D = 128 the 4-warp tile for every
     G >= 64 (8 warps spill 16 bytes at G = 64, Hk = 2), elsewhere 8 warps, 16 keys, FRESH_ROWS,
     TWO_PASS above G = 2 (each of these spilled 8-88 bytes otherwise). STAGE_Q (det, the 64-row
