@@ -2,9 +2,10 @@
 
 Each check draws fresh inputs, prefills the outputs with NaN, and bounds the kernel's relative
 Frobenius error two ways (TOLERANCES in altattn/spherical/family.py, named once): at most the
-issue's absolute bound (out and gradients 1e-2, r 1e-3), and at most `vs_emulation` times the
-error of a bf16 emulation of the same computation (bf16 inputs, fp32 products, P and dS rounded to
-bf16 before their GEMMs, bf16 outputs) plus a floor. Odd shapes always: ragged N, N = 1, Nk != N,
+issue's absolute bound (out and gradients 1e-2, r 1e-3; the emulation's where its own error
+passes it, `check`), and at most `vs_emulation` times the error of a bf16 emulation of the same
+computation (bf16 inputs, fp32 products, P and dS rounded to bf16 before their GEMMs, bf16
+outputs) plus a floor. Odd shapes always: ragged N, N = 1, Nk != N,
 GQA, D = 64, causal, seqlens (0, 1, ragged, the full length), finite garbage in the padding.
 """
 from __future__ import annotations
@@ -73,8 +74,14 @@ def emulate_fwd(q, k, v, causal, seqlens, c, eps):
 
 
 def check(name, got, ref, emu, bound):
+    """At most `bound`, and at most vs_emulation x the bf16 emulation's error (+ FLOOR). Where
+    the emulation's own error passes `bound` (an input whose rounding no kernel can beat: row 0
+    of a causal sequence has one key, out = sign(s) v, and its dq, dk are eps/|s| times terms
+    that cancel), the emulation's bound is the one that holds."""
     err, emu_err = rel(got, ref), rel(emu, ref)
     assert not got.isnan().any(), f"{name}: NaN left (an element not written)"
+    if emu_err > bound:
+        bound = TOLERANCES["vs_emulation"] * emu_err + FLOOR
     assert err <= bound, f"{name}: rel. error {err:.3g} > bound {bound}"
     assert err <= TOLERANCES["vs_emulation"] * emu_err + FLOOR, (
         f"{name}: rel. error {err:.3g} > {TOLERANCES['vs_emulation']} x the bf16 emulation's "

@@ -102,7 +102,8 @@ def _check(name: str, got, want, bound: float, emu=None) -> None:
     if emu is not None:
         limit = TOLERANCES["vs_emulation"] * rel(emu, want) + FLOOR
         assert err <= limit, (name, err, limit)
-        bound = max(bound, limit)
+        if rel(emu, want) > bound:
+            bound = limit
     assert err <= bound, (name, err, bound)
 
 
