@@ -27,7 +27,7 @@ def families() -> dict[str, str]:
     return {f.name: f.title for f in registry.families()}
 
 
-def variants(family: str = "simplicial", pass_: str = "fwd") -> dict[str, str]:
+def variants(family: str, pass_: str = "fwd") -> dict[str, str]:
     """Registered variant names of a family's pass, each with the shapes it supports."""
     from . import registry
     return registry.variants(pass_, family)
