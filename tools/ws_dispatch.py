@@ -342,7 +342,7 @@ def listing(sass: str, indirect: dict[int, list[int]] | None = None) -> list[str
 def compiled_sass(config) -> tuple[str, dict[int, list[int]]]:
     """The SASS of one registry.CompileConfig and its indirect branch targets (tools.resources
     compiles it once per process)."""
-    from profiling import resources
+    from tools import resources
     k = resources.compile_config(config)
     tool = resources.find_tools()["cuobjdump"]
     if tool is None:
