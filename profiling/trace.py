@@ -117,8 +117,9 @@ def build_parser(family: str = DEFAULT_FAMILY) -> argparse.ArgumentParser:
                         "warp group); each traced kernel must have them (a backward traces "
                         "kernels of 4, 8 and 12 warps)")
     p.add_argument("--buffer-size", type=positive_int, default=None, metavar="BYTES",
-                   help="Proton's profile buffer per CTA (default: Proton's, and a capture whose "
-                        "warps lost events is made again with a buffer that holds them all)")
+                   help="Proton's profile buffer per CTA: the sampled warps times a power of two "
+                        "(8 bytes an event; default: Proton's, and a capture whose warps lost "
+                        "events is made again with as many as a trace file holds)")
     p.add_argument("--max-ctas", type=positive_int, default=None, metavar="K",
                    help="CTAs per trace in a timeline picture (default: 4, 2 per trace when "
                         "comparing)")
