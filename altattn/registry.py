@@ -13,7 +13,7 @@ its record, or a function of its kernel module read through the record. A varian
     launch(spec, *kernel_args, profile=False)  # prepare(spec, profile)(*kernel_args); a module
                                              # without `prepare` is launched through it
     compile_configs() -> list[CompileConfig] # default configs, compiled by tools.resources
-and, where its launch runs several Proton-scoped kernels (a backward),
+and, where its launch runs several Proton-scoped kernels (a backward, triple's forward),
     profiled_kernels(spec) -> dict[str, int] # their names for launch(..., profile=name) and
                                              # their warps per CTA (Variant.profiled_kernels)
 A module whose one kernel body serves several variants defines instead (or as well)
@@ -131,8 +131,10 @@ class Peer:
     # shape -> {"B", "H", "Nq", "Nk", "D"} (and "causal", default False) of the softmax attention
     # cuDNN SDPA times (bench/peers.py); None for a peer that `runs` its own kernel
     dense: Callable | None = None
-    # "module:function" that times a peer of its own on the family's shape (bench/peers.py
-    # calls function(fam, peer, shape, args, passes) -> rows); None: cuDNN SDPA on `dense`
+    # "module:function" of a peer of its own (altattn/<family>/peers.py), run on the family's
+    # shape: function(shape, passes, seed) -> {pass: setup() -> the call bench/peers.py times, or
+    # a note saying why that pass is not timed; "note": a remark for the timed rows}; None: cuDNN
+    # SDPA on `dense`
     runs: str | None = None
 
 

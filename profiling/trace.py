@@ -15,8 +15,9 @@ wait, gemm, softmax, scale, epilogue; --family picks the family, default simplic
 Proton's instrumentation backend records the cycle
 counter at every scope entry and exit for the sampled warps (default: the first warp of every
 warp group) of every CTA. A backward call runs several kernels of different widths (Delta,
-k-owner, row-owner, reduce; the k-owner and the row-owner have scopes): one Proton session per
-scoped kernel, each sampling that kernel's warps. A whole grid is hundreds of MB, so the trace
+k-owner, row-owner, reduce; the k-owner and the row-owner have scopes), triple's forward two
+scoped ones (partials, apply): one Proton session per scoped kernel, each sampling that kernel's
+warps. A whole grid is hundreds of MB, so the trace
 keeps --ctas CTAs from the middle of each kernel's launch (steady state, ordered by start time)
 and is written as OUT/<variant>.chrome_trace (backward: OUT/<variant>_bwd.chrome_trace; Chrome
 trace JSON: open it in ui.perfetto.dev or chrome://tracing). Summaries are per kernel.

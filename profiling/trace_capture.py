@@ -99,12 +99,13 @@ def one_buffer_per_kernel() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def stderr_lines(lines: list[str]) -> Iterator[None]:
-    """Within it, what the process writes to file descriptor 2 (Proton's C++ messages too) is
-    kept, then written to stderr as well and appended to `lines` line by line."""
+def stderr_lines(lines: list[str], path: str | None = None) -> Iterator[None]:
+    """Within it, what the process writes to file descriptor 2 (Proton's C++ messages too) goes
+    to `path` (default: a temporary file; a process that dies meanwhile leaves it there), then to
+    stderr as well, and its lines are appended to `lines`."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
+    with (open(path, "w+b") if path else tempfile.TemporaryFile(mode="w+b")) as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
             yield
@@ -179,7 +180,7 @@ def _session(path: str, sampled: list[int], buffer_size: int, run) -> list[str]:
     from triton.profiler import mode
 
     lines: list[str] = []
-    with stderr_lines(lines):
+    with stderr_lines(lines, os.path.dirname(path) + ".stderr"):  # beside the session's folder
         proton.start(path, data="trace", backend="instrumentation",
                      mode=mode.Default(metric_type="cycle", optimizations="clock32,time_shift",
                                        sampling_strategy="selective",
@@ -227,7 +228,11 @@ def capture(variant: str, s, out_dir: str, ctas: int = DEFAULT_CTAS,
             if lost and buffer_size is None:
                 n_ctas = max(map(len, ctas_per_kernel(trace["traceEvents"]).values()), default=1)
                 bigger = buffer_for(lost, len(sampled), n_ctas)
-                if bigger is not None:
+                if bigger is None:
+                    log(f"{name}: a warp wrote {lost[1]} events, its buffer held {lost[0]}; a "
+                        f"bigger one would pass a trace file's {MAX_TRACE_BYTES // 10**6} MB or "
+                        f"the grid's {MAX_PROFILE_BYTES >> 30} GiB (--buffer-size BYTES sets it)")
+                else:
                     log(f"{name}: a warp wrote {lost[1]} events, its buffer held {lost[0]}: "
                         f"captured again with {bigger} bytes per CTA")
                     shutil.rmtree(session_dir)

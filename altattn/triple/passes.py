@@ -126,7 +126,7 @@ class Backward:
 
 
 def forward(q1, q2, k1, k2, v, *, scale=None, causal: bool = False, variant: str = "auto",
-            out=None, state=None, profile: bool = False):
+            out=None, state=None, profile: bool | str = False):
     """Triple attention forward on the GPU, no autograd.
 
     q1, q2, k1, k2 [B, N, H, Dq], v [B, N, H, Dv], bf16 CUDA tensors; Dq, Dv in {32, 64, 128}.

@@ -118,15 +118,19 @@ def materialised(s, passes: tuple[str, ...], seed: int) -> dict:
     per_head = 2 * s.N * s.Dq * (s.Dq + s.Dv)
     heads = max(1, min(s.B * s.H, MAT_BYTES // per_head))
     notes = ["non-causal (the materialised phases read one global state)"] if s.causal else []
-    x, ops = make_inputs(s, "cuda", seed), None
-    while ops is None:
-        try:
-            ops = build_operands(*x, 1.0 / max(s.N, 1), heads)
-        except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            if heads == 1:
-                raise
-            heads //= 2
+    ops = None
+    try:
+        x = make_inputs(s, "cuda", seed)
+        while ops is None:
+            try:
+                ops = build_operands(*x, 1.0 / max(s.N, 1), heads)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                if heads == 1:
+                    raise
+                heads //= 2
+    except torch.cuda.OutOfMemoryError as e:  # the other passes keep "forward only"
+        return {**plan, "fwd": f"operands: out of memory: {str(e).splitlines()[0]}"}
     groups = [min(heads, s.B * s.H - h0) for h0 in range(0, s.B * s.H, heads)]
     if len(groups) > 1:
         notes.append(f"operands of {heads} of {s.B * s.H} heads "
