@@ -139,6 +139,15 @@ def hq_taken_by(variant: str, B: int, N: int, Hq: int, Hk: int, D: int, w1: int,
     return 128 * Hk if mod.supports(validate_shape(B, N, 128 * Hk, Hk, D, w1, w2)) is None else Hq
 
 
+def bench_script(name: str):
+    """bench/<name>.py as a module (bench's scripts are not a package the tests import)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @functools.lru_cache(maxsize=None)
 def gpu_capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if HAS_CUDA else None

@@ -16,7 +16,7 @@ from altattn import registry
 from altattn.simplicial import flops as simplicial_flops
 from altattn.simplicial.shapes import PRESETS, Shape, make_inputs  # the family these runs are of
 from bench import common, peers
-from conftest import ROOT, no_gpu_env
+from conftest import ROOT, bench_script, no_gpu_env
 from profiling.common import format_table, run_metadata
 
 REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
@@ -153,7 +153,7 @@ def test_help_lists_only_the_pass_variants(script: str, pass_: str) -> None:
 def test_auto_and_all_runs() -> None:
     """fwd: 'auto' is one run per form (resolved on the GPU, its row names the variant), 'all'
     every forward variant; both together: auto first, then the rest, no duplicates."""
-    fwd = _fwd_module()
+    fwd = bench_script("fwd")
     names = [v.name for v in registry.all_variants("fwd", "simplicial")]
     assert fwd.parse_args(["--variant", "auto"])[2] == [("auto", "trilinear")]
     assert fwd.parse_args(["--variant", "all"])[2] == [(n, "trilinear") for n in names]
@@ -210,14 +210,6 @@ def test_no_gpu_exits_2_with_one_line(args: list[str]) -> None:
     assert res.stdout == ""
 
 
-def _fwd_module():
-    spec = importlib.util.spec_from_file_location("bench_fwd", os.path.join(REPO_ROOT, "bench",
-                                                                             "fwd.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_frontier_tutorials_ship_with_fbtriton() -> None:
     """--frontier imports these by name: an fbtriton that renames them must fail here, not on
     the GPU. (find_spec reads the files; importing them would need a GPU driver.)"""
@@ -228,7 +220,7 @@ def test_frontier_tutorials_ship_with_fbtriton() -> None:
 
 
 def test_frontier_rows_without_gpu_when_l_is_not_a_tile_multiple() -> None:
-    fwd = _fwd_module()
+    fwd = bench_script("fwd")
     s = Shape(B=2, N=100, Hq=64, Hk=1, D=128, w1=3, w2=50)  # L = 150
     rows = peers.bench_frontier(s, fwd.parse_args([])[0], print)
     assert [r["variant"] for r in rows] == [
@@ -243,7 +235,7 @@ def test_form_selects_the_variants_that_compute_it() -> None:
     """runs: (variant, form) pairs, a variant's forms adjacent in --form order; 'all' (the default)
     means the variants that compute the form; duplicates dropped."""
     from altattn import registry
-    fwd = _fwd_module()
+    fwd = bench_script("fwd")
     variants = registry.all_variants("fwd", "simplicial")
     det = [v.name for v in variants if "det" in v.accepted("form")]
     assert det, "no forward variant computes form 'det'"
@@ -261,7 +253,7 @@ def test_form_selects_the_variants_that_compute_it() -> None:
 def test_variant_rows_carry_the_form(form, tmp_path) -> None:
     """bench_variant on CPU tensors: a 'not run' row (the launcher's device check), with its form
     and the form-independent useful FLOPs, through to the CSV and JSON rows."""
-    fwd = _fwd_module()
+    fwd = bench_script("fwd")
     s = Shape(B=1, N=64, Hq=16, Hk=1, D=64, w1=4, w2=8)
     inputs = make_inputs(s.B, s.N, s.Hq, s.Hk, s.D, device="cpu")
     args = fwd.parse_args(["--form", form, "--variant", "triton", "--preset", "small"])[0]
@@ -279,7 +271,7 @@ def test_variant_rows_carry_the_form(form, tmp_path) -> None:
 def test_det_rows_get_their_ratio_to_trilinear() -> None:
     """vs_trilinear: a det row's TFLOPS over its variant's trilinear TFLOPS on the same shape;
     None without a timed twin; no key on other rows. The table gains 'x trilinear' only then."""
-    fwd = _fwd_module()
+    fwd = bench_script("fwd")
 
     def row(variant, form, shape, tflops, kind="variant"):
         return {"kind": kind, "pass": "fwd", "variant": variant, "form": form, "shape": shape,

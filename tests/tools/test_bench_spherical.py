@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import torch
 from altattn import launcher, registry
 from altattn.spherical import peers as spherical_peers
 from bench import check, common, peers
-from conftest import ROOT, no_gpu_env
+from conftest import ROOT, bench_script, no_gpu_env
 from profiling import common as pcommon
 
 REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
@@ -24,14 +23,6 @@ REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 FAM = registry.get_family("spherical")
 SHAPE = FAM.shape_type
 SPH = ["--family", "spherical"]
-
-
-def _module(script: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{script}",
-                                                  os.path.join(REPO_ROOT, "bench", f"{script}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _kernels_load() -> bool:
@@ -61,7 +52,7 @@ def test_shape_flags_come_from_the_shape_record() -> None:
 
 
 def test_fwd_parses_presets_and_overrides() -> None:
-    fwd = _module("fwd")
+    fwd = bench_script("fwd")
     args, shapes, runs = fwd.parse_args(SPH)
     assert shapes == [FAM.presets[FAM.default_preset]] and args.form == [None]
     assert runs == [(v.name, None) for v in FAM.variants if v.pass_ == "fwd"]
@@ -96,7 +87,7 @@ def test_fwd_parses_presets_and_overrides() -> None:
     ("bwd", ["--hq", "6", "--hk", "4"], "--hq 6 must be a multiple of --hk 4"),
 ])
 def test_refusals_exit_2_before_the_gpu(script, args, needle, capsys) -> None:
-    mod = _module(script)
+    mod = bench_script(script)
     with pytest.raises(SystemExit) as e:
         mod.main([*SPH, *args]) if script == "bwd" else mod.parse_args([*SPH, *args])
     assert e.value.code == 2
@@ -120,7 +111,7 @@ def test_good_arguments_reach_the_gpu_check(script, args) -> None:
 
 
 def test_help_names_the_family_peers_and_checks() -> None:
-    fwd = _module("fwd")
+    fwd = bench_script("fwd")
     text = " ".join(fwd.build_fwd_parser(FAM).format_help().split())
     for p in FAM.peers:
         assert p.rule in text
@@ -130,7 +121,7 @@ def test_help_names_the_family_peers_and_checks() -> None:
 
 def test_variant_row_without_a_gpu() -> None:
     """A 'not run' row (the launcher's device check) with the family's useful FLOPs, no form."""
-    fwd = _module("fwd")
+    fwd = bench_script("fwd")
     s = SHAPE(B=2, N=64, Hq=4, Hk=2, D=64, causal=True, pad=0.25)
     args = fwd.parse_args([*SPH, "--variant", "triton", "--preset", "small"])[0]
     inputs = FAM.make_inputs(s, "fwd", seed=0, device="cpu")
@@ -182,7 +173,7 @@ def test_check_compares_every_output(cpu_launcher, family, pass_, keys) -> None:
 
 
 def test_check_failure_names_the_output_and_its_tolerance(cpu_launcher, monkeypatch) -> None:
-    fwd = _module("fwd")
+    fwd = bench_script("fwd")
 
     def wrong(family, pass_, *args, **kw):
         out, r = cpu_launcher(family, pass_, *args, **kw)
@@ -190,7 +181,7 @@ def test_check_failure_names_the_output_and_its_tolerance(cpu_launcher, monkeypa
     monkeypatch.setattr(check.launcher, "run", wrong)
     with pytest.raises(fwd.CheckFailed, match=r"r relative error 0\.01 \(r_rel tolerance 0\.001\)"):
         fwd.check_variant("triton", SHAPE(1, 32, 2, 2, 64), 0, None, "spherical")
-    bwd = _module("bwd")
+    bwd = bench_script("bwd")
     monkeypatch.setattr(check.launcher, "run", lambda f, p, *a, **k: tuple(
         g * 1.1 for g in cpu_launcher(f, p, *a, **k)))
     assert bwd.check("triton", SHAPE(1, 32, 2, 2, 64), None, "spherical") == (
@@ -200,7 +191,7 @@ def test_check_failure_names_the_output_and_its_tolerance(cpu_launcher, monkeypa
 def test_tolerance_keys_and_forward_backward_calls(cpu_launcher) -> None:
     with pytest.raises(ValueError, match="no tolerance for output 'z'"):
         check.tolerance_key(FAM, "fwd", "z")
-    bwd = _module("bwd")
+    bwd = bench_script("bwd")
     s = SHAPE(1, 16, 2, 1, 64, causal=True)
     args = FAM.make_inputs(s, "bwd", seed=0, device="cpu")
     fwd_args, bwd_args = bwd.fwd_bwd_calls(FAM, args)
@@ -236,7 +227,7 @@ def test_peer_rows_without_a_gpu(monkeypatch) -> None:
         registry.Peer(name="triton_sigmoid", rule="r", runs="altattn.spherical.peers:triton_sigmoid"),
         registry.Peer(name="ghost", rule="r", runs="bench.no_such_module:bench")))
     s = SHAPE(2, 256, 4, 4, 64, causal=True)
-    args = _module("fwd").parse_args(SPH)[0]
+    args = bench_script("fwd").parse_args(SPH)[0]
     rows = peers.bench_peers(fam, s, args, ("bwd", "fwd+bwd"))
     assert [(r["variant"], r["pass"]) for r in rows] == [
         ("triton_sigmoid", "bwd"), ("triton_sigmoid", "fwd+bwd"), ("ghost", "bwd"),
@@ -256,7 +247,7 @@ def test_dense_peer_is_causal_when_the_shape_is() -> None:
 
 
 def test_frontier_of_a_causal_shape_says_it_is_timed_non_causal() -> None:
-    args = _module("fwd").parse_args(SPH)[0]
+    args = bench_script("fwd").parse_args(SPH)[0]
     rows = peers.bench_frontier(SHAPE(1, 100, 2, 2, 64, causal=True), args, print)
     assert all(r["flops"] == 4 * 2 * 64 * 100 * 100 for r in rows)
     assert all("not a multiple of 128" in r["note"] for r in rows)  # L = 100: not run

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import os
 
 import pytest
 import torch
@@ -18,7 +16,7 @@ from altattn.triple.reference import reference, reference_backward
 from altattn.triple import peers as triple_peers
 from bench import check, common, peers
 from profiling import common as pcommon
-from conftest import ROOT
+from conftest import ROOT, bench_script
 
 REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
@@ -26,14 +24,6 @@ FAM = registry.get_family("triple")
 SHAPE = FAM.shape_type
 TRI = ["--family", "triple"]
 BF16 = torch.bfloat16
-
-
-def _module(script: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{script}",
-                                                  os.path.join(REPO_ROOT, "bench", f"{script}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def rel(a, b) -> float:
@@ -52,7 +42,7 @@ def test_shape_flags_come_from_the_shape_record() -> None:
 
 
 def test_fwd_parses_presets_overrides_and_the_sweep() -> None:
-    fwd = _module("fwd")
+    fwd = bench_script("fwd")
     args, shapes, runs = fwd.parse_args(TRI)
     assert shapes == [FAM.presets[FAM.default_preset]] and args.form == [None]
     assert runs == [("tlx", None), ("triton", None)]  # every registered variant, by rank
@@ -73,7 +63,7 @@ def test_fwd_parses_presets_overrides_and_the_sweep() -> None:
     ("bwd", ["--dv", "16"], "head dim Dv=16 is not supported"),
 ])
 def test_refusals_exit_2_before_the_gpu(script, args, needle, capsys) -> None:
-    mod = _module(script)
+    mod = bench_script(script)
     with pytest.raises(SystemExit) as e:
         mod.main([*TRI, *args]) if script == "bwd" else mod.parse_args([*TRI, *args])
     assert e.value.code == 2
@@ -81,7 +71,7 @@ def test_refusals_exit_2_before_the_gpu(script, args, needle, capsys) -> None:
 
 
 def test_help_names_the_peers_and_checks() -> None:
-    fwd = _module("fwd")
+    fwd = bench_script("fwd")
     text = " ".join(fwd.build_fwd_parser(FAM).format_help().split())
     for p in FAM.peers:
         assert " ".join(p.rule.split()) in text
@@ -121,7 +111,7 @@ def test_check_compares_every_output(cpu_launcher, pass_, keys, causal) -> None:
 
 
 def test_forward_backward_calls_take_the_state(cpu_launcher) -> None:
-    bwd = _module("bwd")
+    bwd = bench_script("bwd")
     args = FAM.make_inputs(SHAPE(1, 16, 2, 32, 32, causal=True), "bwd", seed=0, device="cpu")
     fwd_args, bwd_args = bwd.fwd_bwd_calls(FAM, args)
     assert len(fwd_args) == 7 and fwd_args[0] is args[2] and fwd_args[5:] == (None, True)
