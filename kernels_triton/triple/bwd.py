@@ -27,8 +27,8 @@ def prepare_gradients(spec, c_S: float, c_dS: float, chunk: int = 0, profile: bo
     (causal.py). impl as in fwd.prepare."""
     B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
     applies = [impl.prepare_apply(B, N, H, dx, dy, do, c, chunk, profile)
-               for dx, dy, do, c in ((Dq, Dv, Dq, c_S), (Dv, Dq, Dq, c_S), (Dq, Dv, Dq, c_dS),
-                                     (Dv, Dq, Dq, c_dS), (Dq, Dq, Dv, c_dS))]
+               for (dx, dy, do), c in zip(host.apply_dims(Dq, Dv, "bwd"),
+                                          (c_S, c_S, c_dS, c_dS, c_dS))]
 
     def run(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads) -> None:
         for apply, x, y, w, order, g in zip(applies, (q2, dout, k2, v, k2), (dout, q1, v, k1, k1),

@@ -46,7 +46,8 @@ def prepare_forward(spec, profile: bool | str = False, impl=host):
     run's arguments."""
     B, N, H, Dq, Dv, c = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
     chunk_states = _prepare_chunk_states(spec, impl, host.scoped(profile, "partials"))
-    apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, c, chunk=CHUNK,
+    (dims,) = host.apply_dims(Dq, Dv, "fwd")
+    apply = impl.prepare_apply(B, N, H, *dims, c, chunk=CHUNK,
                                profile=host.scoped(profile, "apply"))
     intra_forward = intra.prepare_forward(B, N, H, Dq, Dv, CHUNK, c)
 

@@ -30,7 +30,8 @@ def prepare(spec, profile: bool | str = False, impl=host):
     partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,
                                      profile=host.scoped(profile, "partials"))
     state = host.prepare_state(B, H, Dq, Dv, Dq, splits, scale)
-    apply = impl.prepare_apply(B, N, H, Dq, Dq, Dv, 1.0, profile=host.scoped(profile, "apply"))
+    (dims,) = host.apply_dims(Dq, Dv, "fwd")
+    apply = impl.prepare_apply(B, N, H, *dims, 1.0, profile=host.scoped(profile, "apply"))
 
     def run(q1, q2, k1, k2, v, out, out_state) -> None:
         apply(q2, q1, state(partials(k1, v, k2), out_state), out)

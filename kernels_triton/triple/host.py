@@ -57,17 +57,24 @@ def apply_warps(dx: int, dy: int, do: int, chunk: int) -> int:
     return apply_config(dx, dy, do)["num_warps"]
 
 
+def apply_dims(Dq: int, Dv: int, pass_: str) -> tuple[tuple[int, int, int], ...]:
+    """(dx, dy, do) of each `apply` a pass launches: the forward's out from (Q2, Q1, S); the
+    backward's dQ1, dQ2, dK1, dK2, dV (bwd.prepare_gradients, in that order)."""
+    if pass_ == "fwd":
+        return ((Dq, Dq, Dv),)
+    return ((Dq, Dv, Dq), (Dv, Dq, Dq), (Dq, Dv, Dq), (Dv, Dq, Dq), (Dq, Dq, Dv))
+
+
 def profiled_kernels(spec, pass_: str, impl=None) -> dict[str, int]:
     """The pass's Proton-scoped kernels, by the name `profile` takes (one Proton session each,
     sampling its warps), with their warps per CTA: `partials`, and the pass's applies (the
     fewest warps among them: every apply must have the warps sampled). impl: the module whose
     kernels run (fwd.prepare's; default this one)."""
     impl = impl or sys.modules[__name__]
-    Dq, Dv = spec.Dq, spec.Dv
-    dims = [(Dq, Dq, Dv)] if pass_ == "fwd" else [(Dq, Dv, Dq), (Dv, Dq, Dq), (Dq, Dq, Dv)]
     chunk = 1 if spec.causal else 0  # causal: chunked slabs (causal.py)
-    return {"partials": impl.partials_warps(Dq, Dv, Dq),
-            "apply": min(impl.apply_warps(dx, dy, do, chunk) for dx, dy, do in dims)}
+    return {"partials": impl.partials_warps(spec.Dq, spec.Dv, spec.Dq),
+            "apply": min(impl.apply_warps(dx, dy, do, chunk)
+                         for dx, dy, do in apply_dims(spec.Dq, spec.Dv, pass_))}
 
 
 def scoped(profile: bool | str, kernel: str) -> bool:
