@@ -294,7 +294,8 @@ def compile_configs(pass_: str | None, family: str | None
 @dataclass(frozen=True)
 class CompileConfig:
     """One default config of a variant, compilable for sm_90a without a GPU
-    (tools.resources)."""
+    (tools.resources): a launch recorded on meta tensors (kernels_triton/launch.py's
+    `Launch.config`)."""
 
     name: str
     fn: object            # the @triton.jit kernel

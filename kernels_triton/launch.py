@@ -20,6 +20,12 @@ must find the kept kernel, else AssertionError.
 Launch hooks (Proton's, a debugger's) see only launches through the JIT: while one is set, and for
 Proton-scoped kernels (`PROFILE`), every call takes the JIT path. A thread's first launch makes
 the device's CUDA context current there (`_context_current`).
+
+One declaration of a kernel's arguments: the launch call. `recorded(run, *args)` runs a prepared
+launch with its Kernels' calls recorded instead of made (`Launch`: the function, each runtime
+argument's Triton type as the JIT derives it from the value, the constexprs, warps and stages);
+on meta tensors (`meta`) it needs no GPU. The compile configs tools.resources compiles for
+sm_90a are made that way (`Launch.config`), so they cannot drift from what a launch passes.
 """
 from __future__ import annotations
 
@@ -27,9 +33,11 @@ import functools
 import json
 import os
 import threading
+from typing import NamedTuple
 
 import torch
 import triton
+from triton.runtime.jit import mangle_type
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 CHECK = os.environ.get("ALTATTN_CHECK_LAUNCH", "0") == "1"
@@ -125,14 +133,89 @@ class Kernel:
             f"plan's first call (an integer or a pointer's alignment changed within one plan)")
 
 
+class Launch(NamedTuple):
+    """One recorded Kernel call (module docstring): what decides the compiled kernel."""
+
+    fn: object
+    signature: dict     # every argument passed, in parameter order -> Triton type or "constexpr"
+    constexprs: dict    # constexpr arguments (and runtime ones passed None) -> value
+    num_warps: int
+    num_stages: int
+
+    @classmethod
+    def of(cls, kernel: Kernel, args: tuple, kw: dict) -> Launch:
+        given = {**dict(zip(kernel.fn.arg_names, args)), **kw}
+        options = {k: v for k, v in kernel.options.items() if k not in _LAUNCH_OPTIONS}
+        sig, consts = {}, {}
+        for name in kernel.fn.arg_names:
+            if name in options or (name in given and given[name] is None):
+                sig[name], consts[name] = "constexpr", options.get(name)
+            elif name in given:  # the type the JIT specializes on ("tensordesc<bf16[1,128,64]>")
+                sig[name] = mangle_type(given[name]).replace(" ", "")
+        return cls(kernel.fn, sig, consts, kernel.options.get("num_warps", 4),
+                   kernel.options.get("num_stages", 3))
+
+    def config(self, name: str):
+        """This launch as a compile config named `name` (altattn.registry.CompileConfig)."""
+        from altattn.registry import CompileConfig
+        return CompileConfig(name, self.fn, self.signature, self.constexprs, self.num_warps,
+                             self.num_stages)
+
+
+_LAUNCH_OPTIONS = ("num_warps", "num_stages")
+
+
+def recorded(run, *args, **kw) -> list[Launch]:
+    """The Kernel calls `run(*args, **kw)` makes, recorded, none made (module docstring); while
+    it runs, `sm_count()` is RECORD_SMS (no GPU needed). Swaps Kernel's call for the duration (the
+    launch path checks nothing per call), so no other thread may launch meanwhile: for compile
+    configs and tests, never on a hot path."""
+    global _recording
+    launches: list[Launch] = []
+    call = Kernel.__call__
+    Kernel.__call__ = lambda self, *a, **k: launches.append(Launch.of(self, a, k))
+    _recording = True
+    try:
+        run(*args, **kw)
+    finally:
+        Kernel.__call__, _recording = call, False
+    return launches
+
+
+def compile_configs(prepare, args: tuple, name) -> list:
+    """The compile configs of the launches `prepare()(*args)` makes (`recorded`, prepare too:
+    it may ask sm_count): each named `name(launch)`, left out where that is None (a helper
+    kernel the caller does not report)."""
+    out = []
+    for launch in recorded(lambda: prepare()(*args)):
+        n = name(launch)
+        if n is not None:
+            out.append(launch.config(n))
+    return out
+
+
+def meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A tensor of this shape and dtype with no storage (what `recorded` runs take)."""
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
 def constexprs(cfg: dict) -> dict:
     """A config's constexprs: everything but num_warps / num_stages (the launch options)."""
     return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
 
 
-@functools.cache
+RECORD_SMS = 132  # an H100 SXM's multiprocessors: what a recorded run sees (no GPU there)
+_recording = False
+
+
 def sm_count(device_index: int | None = None) -> int:
-    """Multiprocessors of the GPU `device_index` (None: the current one)."""
+    """Multiprocessors of the GPU `device_index` (None: the current one); RECORD_SMS within
+    `recorded`."""
+    return RECORD_SMS if _recording else _sm_count(device_index)
+
+
+@functools.cache
+def _sm_count(device_index: int | None) -> int:
     if device_index is None:
         device_index = torch.cuda.current_device()
     return torch.cuda.get_device_properties(device_index).multi_processor_count

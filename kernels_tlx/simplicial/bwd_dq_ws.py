@@ -46,12 +46,10 @@ import triton.language.extra.tlx as tlx
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release
 from kernels_tlx.simplicial.hadamard import mul_bf16x2, row_tile
 from kernels_triton.launch import Desc, Kernel, sm_count
-from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, Scratch, compile_specs,
-                                                  fresh_rows, kernel_config, prepare_dkv1, scalars)
+from kernels_triton.simplicial.bwd_common import Scratch, fresh_rows, prepare_dkv1, scalars
 from kernels_triton.simplicial.host import kv_layout
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E_JIT, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
-from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
 from kernels_tlx.ring import empty_phase, full_phase
 
@@ -381,18 +379,3 @@ def prepare_dq(spec: ProblemSpec, profile: bool = False):
         dkv1(pk1, pv1, dk1, dv1)
 
     return run
-
-
-def compile_configs() -> list[CompileConfig]:
-    """The kernel at every compile shape it supports (bwd_common.compile_specs)."""
-    out = []
-    for spec in compile_specs():
-        if supports(spec) is not None:
-            continue
-        cfg = config(spec)
-        kv = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{spec.D}]>"
-        out.append(kernel_config("dq", _dq_ws_kernel, spec, cfg, {
-            **SIGNATURE, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32",
-            "DQtma": f"tensordesc<fp32[{ROWS.value},{spec.D}]>", "PK1": "*fp32", "PV1": "*fp32",
-            **SCALARS, "L": "i32", "n_chunks": "i32"}))
-    return out

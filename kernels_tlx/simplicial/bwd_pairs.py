@@ -67,11 +67,11 @@ from kernels_tlx.simplicial.pairs_parts import (
     scale_add_rows,
     tile_tokens,
 )
-from kernels_triton.launch import Desc, Kernel
+from kernels_triton.launch import Desc, Kernel, meta
 from kernels_triton.proton import profiled
 from kernels_triton.simplicial.bwd_common import (
+    build_compile_configs,
     compile_specs,
-    kernel_config,
     prepare_delta,
     prepare_sum_parts,
 )
@@ -343,22 +343,14 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
 
 
 def compile_configs() -> list[CompileConfig]:
-    """The kernel at every compile shape it supports."""
-    out = []
-    for spec, packed in [(s, False) for s in compile_specs()] + [(compile_specs()[0], True)]:
-        if supports(spec) is not None:
-            continue
-        r = min(spec.G, ROWS.value)  # a token's rows in a tile
-        kv = f"tensordesc<bf16[1,{KEYS},{spec.D}]>"
-        rows = f"tensordesc<bf16[{r},{spec.D}]>"
-        row = f"tensordesc<fp32[1,{r}]>"
-        cfg, more = config(spec), {}
-        if packed:  # packed sequences: the token bounds (`launch`'s packed)
-            cfg, more = dict(cfg, VARLEN=True), {"Seq": "*i32"}
-        out.append(kernel_config("pairs_packed" if packed else "pairs", _pairs_kernel, spec, cfg, {**more,
-            "Q": rows, "K1": "*bf16", "K2": kv, "V1": "*bf16", "V2": kv, "DO": rows, "Lse2": row,
-            "Delta": row, "K2rows": "*bf16", "V2rows": "*bf16",
-            "DQacc": f"tensordesc<fp32[{r},{spec.D // 2}]>", "DK1acc": "*fp32",
-            "DK2acc": "*fp32", "DV1acc": "*fp32", "DV2acc": "*fp32", "N": "i32", "w1": "i32",
-            "w2": "i32", "n_kb": "i32", "qk_scale": "fp32"}))
+    """The kernel at every compile shape it supports, and packed (VARLEN) at the first."""
+    kernels = {_pairs_kernel: lambda launch: "pairs_packed" if launch.constexprs.get("VARLEN")
+               else "pairs"}
+    out = build_compile_configs(prepare, kernels, [s for s in compile_specs()
+                                                   if supports(s) is None])
+    spec = compile_specs()[0]
+    if supports(spec) is None:  # a packed run takes each token's bounds (`launch`'s packed)
+        bounds = meta(spec.B * spec.N, 2, dtype=torch.int32)
+        out += build_compile_configs(
+            lambda s: functools.partial(prepare(s, packed=True), bounds=bounds), kernels, [spec])
     return out

@@ -53,9 +53,9 @@ from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_p
 from kernels_tlx.simplicial.hadamard import build, row_tile
 from kernels_triton.launch import Kernel, sm_count
 from kernels_triton.simplicial import bwd as triton_bwd
-from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, compile_specs,
-                                                  key_block_program, kernel_config, kv_rows,
-                                                  prepare_sum_parts, scalars)
+from kernels_triton.simplicial.bwd_common import (build_compile_configs, compile_specs,
+                                                  key_block_program, kv_rows, prepare_sum_parts,
+                                                  scalars)
 from kernels_triton.simplicial.host import kv_layout, q_layout
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E_JIT, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
@@ -368,19 +368,12 @@ def launch(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, 
 
 
 def compile_configs() -> list[CompileConfig]:
-    """The k-owner at every compile shape it supports, and the row-owner of
-    kernels_tlx/simplicial/bwd_dq_ws.py at its own (the rest is `triton`'s)."""
-    out = []
-    for spec in compile_specs():
-        if supports(spec) is not None:
-            continue
-        kv = f"tensordesc<bf16[1,{config(spec)['BLOCK_N'] // 2},{spec.D}]>"
-        rows = f"tensordesc<bf16[{ROWS},{spec.D}]>"
-        for partial in (False, True) if spec.G == 128 else (False,):  # "_parts": key_block_parts
-            cfg = {**config(spec), **({"PARTIAL": True} if partial else {})}
-            grad = "*fp32" if partial else "*bf16"
-            c = kernel_config("dkv2", _dkv2_ws_kernel, spec, cfg, {
-                **SIGNATURE, "Q": rows, "K2": kv, "V2": kv, "DO": rows, "DK2": grad,
-                "DV2": grad, **SCALARS})
-            out.append(replace(c, name=c.name + "_parts") if partial else c)
-    return out + bwd_dq_ws.compile_configs()
+    """The k-owner and kernels_tlx/simplicial/bwd_dq_ws.py's row-owner at every compile shape
+    they support (the rest is `triton`'s), the k-owner in two parts too where key_block_parts
+    makes them (G = 128 at B = 1; B = 4 gives one part)."""
+    specs = [s for s in compile_specs() if supports(s) is None]
+    specs += [replace(s, B=4) for s in specs if s.G == 128]
+    kernels = {_dkv2_ws_kernel: lambda launch: "dkv2" + ("_parts" if launch.constexprs["PARTIAL"]
+                                                         else ""),
+               bwd_dq_ws._dq_ws_kernel: "dq"}
+    return build_compile_configs(prepare, kernels, specs)

@@ -33,8 +33,9 @@ from triton.language.extra import tlx
 
 from altattn.registry import CompileConfig
 from kernels_triton.proton import BF16_BYTES, enter, leave
-from kernels_triton.launch import Desc, Kernel, constexprs
+from kernels_triton.launch import Desc, Kernel, compile_configs
 from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows
+from kernels_triton.spherical.host import meta_args
 from kernels_tlx.ring import empty_phase, full_phase
 
 BLOCK_N = 128         # keys per program (64 per consumer)
@@ -346,19 +347,16 @@ def spec_name(spec) -> str:
             + ("_varlen" if spec.varlen else ""))
 
 
-def dkv_compile_config(spec, with_dq: bool) -> CompileConfig:
-    D = spec.D
-    cfg = config(spec, with_dq)
-    rows = f"tensordesc<bf16[1,{BLOCK_M},{D}]>"
-    keys = f"tensordesc<bf16[1,{BLOCK_N // 2},{D}]>"
-    sig = {"Qd": rows, "Kd": keys, "Vd": keys, "DOd": rows, "Ad": f"tensordesc<fp32[{BLOCK_M}]>",
-           "Rd": f"tensordesc<fp32[{BLOCK_M}]>",
-           "Seqlens": "*i32", "DK": "*bf16", "DV": "*bf16",
-           "DQd": f"tensordesc<fp32[1,{BLOCK_M},{dq_cols(D)}]>" if with_dq else "*fp32",
-           "N": "i32", "Nk": "i32"}
-    consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D, CAUSAL=spec.causal,
-                  VARLEN=spec.varlen, WITH_DQ=with_dq,
-                  **constexprs(cfg))
-    sig.update({k: "constexpr" for k in consts})
-    return CompileConfig(f"dkv{'_dq' if with_dq else ''}_{spec_name(spec)}", _dkv_kernel, sig,
-                         consts, cfg["num_warps"], cfg["num_stages"])
+def build_compile_configs(prepare, kernels: dict) -> list[CompileConfig]:
+    """The launches `prepare(spec)` makes (recorded on meta tensors) at every compile spec, of
+    the kernels in `kernels` (kernel -> name; the key-block kernel's gains "_dq" where it
+    accumulates dQ)."""
+    out = []
+    for spec in compile_specs():
+        def name(launch, tag=spec_name(spec)):
+            prefix = kernels.get(launch.fn)
+            if prefix is None:
+                return None
+            return f"{prefix}{'_dq' if launch.constexprs.get('WITH_DQ') else ''}_{tag}"
+        out += compile_configs(lambda s=spec: prepare(s), meta_args(spec, "bwd"), name)
+    return out

@@ -21,8 +21,8 @@ from altattn.registry import CompileConfig
 from kernels_triton.proton import profiled
 from kernels_triton.spherical.bwd_common import prepare_row_coeffs
 from kernels_tlx.spherical.bwd_common import (
-    compile_specs,
-    dkv_compile_config,
+    build_compile_configs,
+    _dkv_kernel,
     prepare_convert,
     prepare_dkv,
 )
@@ -62,4 +62,4 @@ def launch(spec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv, profile: bool |
 
 def compile_configs() -> list[CompileConfig]:
     """The key-block kernel with dQ at every compile shape (bwd_common.compile_specs)."""
-    return [dkv_compile_config(spec, True) for spec in compile_specs()]
+    return build_compile_configs(prepare, {_dkv_kernel: "dkv"})

@@ -23,17 +23,16 @@ from triton.language.extra import tlx
 from altattn.registry import CompileConfig
 from kernels_tlx.spherical.bwd_common import (
     BLOCK_N,
-    compile_specs,
     config,
-    dkv_compile_config,
+    build_compile_configs,
+    _dkv_kernel,
     prepare_dkv,
     rows_layout,
     seq_bounds,
-    spec_name,
 )
 from kernels_tlx.spherical.bwd_common import supports as common_supports
 from kernels_triton.proton import BF16_BYTES, enter, leave, profiled
-from kernels_triton.launch import Kernel, constexprs
+from kernels_triton.launch import Kernel
 from kernels_triton.spherical.bwd_common import coeff_row0, prepare_row_coeffs
 from kernels_tlx.ring import empty_phase, full_phase
 
@@ -209,20 +208,5 @@ def launch(spec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv, profile: bool |
 
 
 def compile_configs() -> list[CompileConfig]:
-    out = []
-    for spec in compile_specs():
-        out.append(dkv_compile_config(spec, False))
-        D = spec.D
-        cfg = config(spec, False)
-        rows = f"tensordesc<bf16[1,64,{D}]>"
-        keys = f"tensordesc<bf16[1,{BLOCK_N},{D}]>"
-        sig = {"Qd": rows, "Kd": keys, "Vd": keys, "DOd": rows, "A": "*fp32", "R": "*fp32",
-               "Seqlens": "*i32", "DQ": "*bf16", "N": "i32", "Nk": "i32"}
-        consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D, CAUSAL=spec.causal,
-                      VARLEN=spec.varlen,
-                      **constexprs(cfg))
-        sig.update({k: "constexpr" for k in consts})
-        out.append(CompileConfig(f"dq_{spec_name(spec)}", _dq_kernel, sig, consts,
-                                 cfg["num_warps"], cfg["num_stages"]))
-    return out
-
+    """Both kernels at every compile shape (bwd_common.compile_specs)."""
+    return build_compile_configs(prepare, {_dkv_kernel: "dkv", _dq_kernel: "dq"})

@@ -51,9 +51,7 @@ from altattn.spherical.spec import SphericalSpec
 from kernels_triton.proton import BF16_BYTES, enter, leave
 from kernels_triton.spherical.host import (
     build_compile_configs,
-    descriptor_type,
     layout,
-    seqlens_type,
 )
 from kernels_triton.spherical.host import supports as host_supports
 from kernels_triton.launch import Kernel, constexprs, sm_count
@@ -456,13 +454,6 @@ def launch_with(cfg: dict, spec: SphericalSpec, q, k, v, seqlens, out, r,
     prepare_with(cfg, spec, profile)(q, k, v, seqlens, out, r)
 
 
-def _signature(spec: SphericalSpec, cfg: dict) -> dict:
-    qd = descriptor_type(cfg["BLOCK_M"] // 2, spec.D)
-    kd = descriptor_type(cfg["BLOCK_N"], spec.D)
-    return {"Qd": qd, "Kd": kd, "Vd": kd, "Od": qd, "R": "*fp32", "Seqlens": seqlens_type(spec),
-            "B": "i32", "N": "i32", "NK": "i32", "sm_scale": "fp32", "eps": "fp32"}
-
-
 def variant(pipeline: bool, pingpong: bool) -> dict:
     """The variant of these switches (altattn/registry.py: Variant.switches): its `supports`,
     `config`, `prepare`, `launch` and `compile_configs`."""
@@ -485,6 +476,6 @@ def entry_points(pipeline: bool, pingpong: bool):
         prepare(spec, profile)(q, k, v, seqlens, out, r)
 
     def compile_configs() -> list[CompileConfig]:
-        return build_compile_configs(spherical_fwd_kernel, variant_config, _signature)
+        return build_compile_configs(prepare, "fwd")
 
     return variant_config, prepare, launch, compile_configs

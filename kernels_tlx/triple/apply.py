@@ -23,7 +23,8 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from altattn.registry import CompileConfig
-from kernels_triton.launch import Desc, Kernel, sm_count
+from kernels_triton.launch import Desc, Kernel, meta, sm_count
+from kernels_triton.triple import host as triton_host
 from kernels_triton.proton import enter, leave
 from kernels_tlx.consumers import NUM_CONSUMERS
 from kernels_tlx.ring import empty_phase, full_phase
@@ -185,10 +186,9 @@ def apply(x, y, w, out, c: float) -> None:
 
 
 def compile_configs() -> list[CompileConfig]:
-    consts = {"H": 8, **{k: v for k, v in CONFIG.items() if k.isupper()}}
-    row = "tensordesc<bf16[1,64,32]>"
-    sig = {"Xd": row, "Yd": row, "Wd": "tensordesc<bf16[32,32]>", "Out": "*bf16", "N": "i32",
-           "c": "fp32", "w_head": "i32", "tiles_per_head": "i32",
-           **{k: "constexpr" for k in consts}}
-    return [CompileConfig("apply_resident_D32", apply_resident_kernel, sig, consts,
-                          CONFIG["num_warps"], CONFIG["num_stages"])]
+    """The kernel's launch (recorded on meta tensors)."""
+    N, H, d = triton_host.COMPILE_N, triton_host.COMPILE_H, int(D)
+    x = triton_host.tokens(d)
+    return [triton_host.recorded_config("apply_resident_D32", apply_resident_kernel,
+                                        lambda: prepare_apply(1, N, H, 1.0), x, x,
+                                        meta(1, H, d, d, d), x)]

@@ -313,16 +313,16 @@ def _kernel(d1: int, dy: int, d2: int, H: int):
 
 
 def compile_configs() -> list[CompileConfig]:
-    """The kernel at every (D1, DY, D2) the passes launch it with (DY 64 and 128)."""
-    out = []
+    """The kernel at every (D1, DY, D2) the passes launch it with (DY 32, 64 and 128), recorded
+    on meta tensors."""
+    out, N, H, S = [], triton_host.COMPILE_N, triton_host.COMPILE_H, triton_host.COMPILE_SPLITS
     for d1, dy, d2 in ((64, 64, 64), (128, 128, 128), (32, 64, 32), (64, 128, 64), (128, 64, 128),
                        (32, 32, 32), (64, 32, 64), (128, 32, 128)):
-        cfg = config(d1, dy, d2)
-        kernel, consts = _kernel(d1, dy, d2, 8)
-        sig = {"X1P": "*bf16", "Yd": f"tensordesc<bf16[1,{int(BN)},{dy}]>",
-               "X2d": f"tensordesc<bf16[1,{int(BN)},{d2}]>", "P": "*fp32", "N": "i32",
-               "NP": "i32", "split_len": "i32", "n_splits": "i32",
-               **{k: "constexpr" for k in consts}}
-        out.append(CompileConfig(f"{kernel.__name__}_D{d1}x{dy}x{d2}", kernel, sig, consts,
-                                 cfg["num_warps"], cfg["num_stages"]))
+        kernel = _kernel(d1, dy, d2, H)[0]
+        out.append(triton_host.recorded_config(
+            f"{kernel.__name__}_D{d1}x{dy}x{d2}", kernel,
+            lambda: prepare_partials(1, N, H, d1, dy, d2, S),
+            *map(triton_host.tokens, (d1, dy, d2))))
     return out
+
+

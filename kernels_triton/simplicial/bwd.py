@@ -59,8 +59,8 @@ import triton.language as tl
 
 from kernels_triton.launch import Kernel, sm_count
 from kernels_triton.proton import profiled
-from kernels_triton.simplicial.bwd_common import (SCALARS, SIGNATURE, Scratch, compile_specs,
-                                                  fresh_rows, key_block_program, kernel_config,
+from kernels_triton.simplicial.bwd_common import (Scratch, build_compile_configs,
+                                                  compile_specs, fresh_rows, key_block_program,
                                                   kv_rows, prepare_delta, prepare_dkv1,
                                                   row_stats, scalars, tile, visible, visible_t)
 # the Delta and reduce kernels, which tests launch through this module
@@ -480,21 +480,8 @@ def prepare_dq(spec: ProblemSpec, profile: bool = False):
     return run
 
 
-def _det_cfg(spec: ProblemSpec, cfg: dict) -> dict:
-    """cfg with the DET constexpr for form "det" (absent for the trilinear form: its default 0)."""
-    return {**cfg, "DET": det_of(spec)} if spec.form == "det" else cfg
-
-
 def compile_configs() -> list[CompileConfig]:
     """The two GEMM kernels at every compile shape, in both forms (the Delta and reduce kernels
     are small)."""
-    out = []
-    for spec in (s for base in compile_specs() for s in (base, *det_specs(base))):
-        out.append(kernel_config("dkv2", _dkv2_kernel, spec, _det_cfg(spec, dkv2_config(spec)),
-                                 {**SIGNATURE, "DK2": "*bf16", "DV2": "*bf16", **SCALARS}))
-        cfg = _det_cfg(spec, dq_config(spec))
-        kv = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{spec.D}]>"
-        out.append(kernel_config("dq", _dq_kernel, spec, cfg, {
-            **SIGNATURE, "K2": kv, "V2": kv, "DQ": "*bf16", "DQacc": "*fp32", "PK1": "*fp32",
-            "PV1": "*fp32", **SCALARS, "L": "i32", "n_chunks": "i32"}))
-    return out
+    specs = [s for base in compile_specs() for s in (base, *det_specs(base))]
+    return build_compile_configs(prepare, {_dkv2_kernel: "dkv2", _dq_kernel: "dq"}, specs)

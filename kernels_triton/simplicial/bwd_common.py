@@ -14,9 +14,10 @@ TLX ones that reuse its split (kernels_tlx/simplicial/bwd_ws.py, bwd_dq_ws.py) o
   `kv_rows` (row pointers/offsets of a dense block, of a [B, N, HK, D] tensor), `row_stats` (a row
   tile's tokens, heads, LSE and Delta), `visible` / `visible_t` (the pair-window mask),
   `key_block_program` (a k-owner program's coordinates).
-- Compile configs: `compile_specs` (the backward's compile shapes), `kernel_config` (one GEMM
-  kernel's CompileConfig) with the runtime signature's common parts `SIGNATURE` and `SCALARS`
-  (`scalars`: their values at a spec).
+- `scalars`: the GEMM kernels' scalar arguments at a spec (N, w1, w2, qk_scale, sm_scale).
+- Compile configs: `compile_specs` (the backward's compile shapes), `meta_args` (a run's
+  arguments on meta tensors) and `build_compile_configs` (a variant's launches at those shapes,
+  recorded: kernels_triton/launch.py).
 A `prepare_*` makes its kernel's launch once per problem spec (kernels_triton/launch.py's Kernel)
 and returns the `run` that launches it.
 """
@@ -29,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_triton.launch import Kernel, constexprs
+from kernels_triton.launch import Kernel, compile_configs, meta
 from kernels_triton.simplicial.det import det_cols, det_of, form_suffix
 from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E, LOG2E_JIT, row_coords
 from altattn.registry import CompileConfig
@@ -252,13 +253,8 @@ def prepare_sum_parts(numel: int, sm_scale: float, parts: int):
 # 64 bytes in every config tried (it runs correctly, slower); G = 1 at Hk = 2 does not.
 COMPILE_SHAPES_BWD = tuple((2, 2, d) if (hq, hk) == (1, 1) else (hq, hk, d)
                            for hq, hk, d in COMPILE_SHAPES)
-SIGNATURE = dict(Q="*bf16", K1="*bf16", K2="*bf16", V1="*bf16", V2="*bf16", DO="*bf16",
-                 Lse="*fp32", Delta="*fp32")  # the GEMM kernels' first arguments, in order
-SCALARS = dict(N="i32", w1="i32", w2="i32", qk_scale="fp32", sm_scale="fp32")
-
-
 def scalars(spec: ProblemSpec) -> tuple:
-    """The GEMM kernels' SCALARS at `spec`: N, w1, w2, qk_scale, sm_scale."""
+    """The GEMM kernels' scalar arguments at `spec`: N, w1, w2, qk_scale, sm_scale."""
     return spec.N, spec.w1, spec.w2, spec.sm_scale * LOG2E, spec.sm_scale
 
 
@@ -268,13 +264,31 @@ def compile_specs() -> list[ProblemSpec]:
             for hq, hk, d in COMPILE_SHAPES_BWD]
 
 
-def kernel_config(kern: str, fn, spec: ProblemSpec, cfg: dict, sig: dict) -> CompileConfig:
-    """The CompileConfig of backward kernel `fn` (`kern`: "dkv2" or "dq") at `spec` with config
-    `cfg` (its constexprs + num_warps/num_stages) and runtime signature `sig`, named by its tile
-    (and, for form "det", by the form and the pairs' order)."""
-    consts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D,
-                  **constexprs(cfg))
-    blocks = "".join(f"_{k[-1]}{cfg[k]}" for k in ("BLOCK_M", "BLOCK_N") if k in cfg)
-    return CompileConfig(f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{blocks}{form_suffix(spec)}", fn,
-                         {**sig, **{k: "constexpr" for k in consts}}, consts, cfg["num_warps"],
-                         cfg["num_stages"])
+def meta_args(spec: ProblemSpec) -> tuple:
+    """A backward run's arguments (q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1,
+    dv2) for `spec` on meta tensors (compile configs)."""
+    q = meta(spec.B, spec.N, spec.Hq, spec.D)
+    kv = meta(spec.B, spec.N, spec.Hk, spec.D)
+    lse = meta(spec.B, spec.Hq, spec.N, dtype=torch.float32)
+    return q, kv, kv, kv, kv, q, lse, q, lse, q, kv, kv, kv, kv
+
+
+def build_compile_configs(prepare, kernels: dict, specs) -> list[CompileConfig]:
+    """The launches `prepare(spec)` makes (recorded on meta tensors) at each of `specs`, of the
+    kernels in `kernels` (kernel -> its name, or launch -> its name), named by kernel, shape,
+    tile and form; a name met twice is kept once."""
+    out, seen = [], set()
+    for spec in specs:
+        def name(launch, spec=spec):
+            kern = kernels.get(launch.fn)
+            if kern is None:
+                return None
+            kern = kern if isinstance(kern, str) else kern(launch)
+            c = launch.constexprs
+            blocks = "".join(f"_{k[-1]}{c[k]}" for k in ("BLOCK_M", "BLOCK_N") if k in c)
+            return f"{kern}_G{spec.G}_Hk{spec.Hk}_D{spec.D}{blocks}{form_suffix(spec)}"
+        for cc in compile_configs(lambda s=spec: prepare(s), meta_args(spec), name):
+            if cc.name not in seen:
+                seen.add(cc.name)
+                out.append(cc)
+    return out

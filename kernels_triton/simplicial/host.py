@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import torch
 
-from kernels_triton.launch import Desc, Kernel, constexprs
+from kernels_triton.launch import Desc, Kernel, meta
+from kernels_triton.launch import compile_configs as launch_configs
 from kernels_triton.simplicial.det import det_of, det_specs, form_suffix
 from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E, grid
 from altattn.registry import CompileConfig
@@ -123,35 +124,35 @@ def _compile_specs(forms: tuple[str, ...]):
 
 
 def compile_configs(kernel, config: Config, supports: Supports, q_tma: bool = False,
-                    forms: tuple[str, ...] = ("trilinear",),
+                    forms: tuple[str, ...] = ("trilinear",), det_pack: DetPack | None = None,
                     packed: bool = False) -> list[CompileConfig]:
-    """The default configs of `kernel` at every (Hq, Hk, D) of tiling.COMPILE_SHAPES that
-    `supports` takes, for each form of `forms` (the variant's `forms`; q_tma: as in launch);
-    packed: each trilinear one packed (VARLEN) and decoding (CACHE: D = 128) too."""
+    """The launches of `kernel` (recorded on meta tensors) at every (Hq, Hk, D) of
+    tiling.COMPILE_SHAPES that `supports` takes, for each form of `forms` (the variant's `forms`;
+    q_tma, det_pack: as in prepare); packed: each trilinear one packed (VARLEN, one split of the
+    window) and decoding (CACHE: D = 128) too."""
     out = []
     specs = list(_compile_specs(forms))
     if packed:
         specs += [(mode, replace(spec, varlen=True)) for suffix, spec in specs if not suffix
                   for mode in ("_packed", "_cache") if mode == "_packed" or spec.D == 128]
     for suffix, spec in specs:
-        hq, hk, d = spec.Hq, spec.Hk, spec.D
         if supports(spec) is not None:
             continue
         cfg = config(spec)
-        desc = f"tensordesc<bf16[1,{cfg['BLOCK_N']},{d}]>"
-        q_sig = f"tensordesc<bf16[{q_rows(hq // hk, cfg['BLOCK_M'])},{d}]>" if q_tma else "*bf16"
-        sig = {"Q": q_sig, "K1": "*bf16", "K2": desc, "V1": "*bf16", "V2": desc, "Out": "*bf16",
-               "Lse": "*fp32", "N": "i32", "w1": "i32", "w2": "i32", "qk_scale": "fp32"}
-        consts = {"HQ": hq, "HK": hk, "G": hq // hk, "D": d, **constexprs(cfg)}
-        if spec.varlen:
-            sig.update(Seq="*i32", n_split="i32")
-            consts["VARLEN"] = True
-        if suffix == "_cache":
-            sig.update(T_new="i32", shift="i32", R1="i32", R2="i32")
-            consts["CACHE"] = True
-        sig.update({k: "constexpr" for k in consts})
-        name = f"G{hq // hk}_Hk{hk}_D{d}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}{suffix}"
-        out.append(CompileConfig(name, kernel, sig, consts, cfg["num_warps"], cfg["num_stages"]))
+        q, kv = meta(spec.B, spec.N, spec.Hq, spec.D), meta(spec.B, spec.N, spec.Hk, spec.D)
+        lse = meta(spec.B, spec.Hq, spec.N, dtype=torch.float32)
+        args = (q, kv, kv, kv, kv, q, lse)
+        if spec.varlen:  # one sequence; decoding: T_new, shift, R1, R2 of a cache of N slots
+            cache = (1, 0, spec.N, spec.N) if suffix == "_cache" else None
+            args += (meta(spec.N, 2, dtype=torch.int32),)
+
+            def prepared(s=spec, c=cache, cfg=cfg):
+                return prepare_packed(kernel, cfg, s, False, q_tma, 1, c, kv.shape, kv.shape)
+        else:
+            def prepared(s=spec, cfg=cfg):
+                return prepare(kernel, cfg, s, False, q_tma, det_pack)
+        name = (f"G{spec.G}_Hk{spec.Hk}_D{spec.D}_M{cfg['BLOCK_M']}_N{cfg['BLOCK_N']}{suffix}")
+        out += launch_configs(prepared, args, lambda launch, n=name: n)
     return out
 
 
@@ -187,6 +188,6 @@ def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False
         run(q, k1, k2, v1, v2, out, lse, packed.seq if cache is None else packed.lens)
 
     def variant_compile_configs() -> list[CompileConfig]:
-        return compile_configs(kernel, config, supports, q_tma, forms, packed)
+        return compile_configs(kernel, config, supports, q_tma, forms, det_pack, packed)
 
     return prepare_variant, launch_variant, variant_compile_configs

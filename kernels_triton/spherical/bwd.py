@@ -33,7 +33,6 @@ from kernels_triton.proton import enter, leave, profiled
 from kernels_triton.spherical.bwd_common import coeff_row0, prepare_row_coeffs
 from kernels_triton.spherical.host import (
     build_compile_configs,
-    descriptor_type,
     layout,
     key_blocks,
     key_grid,
@@ -42,7 +41,6 @@ from kernels_triton.spherical.host import (
     row_grid,
     row_tile,
     seq_bounds,
-    seqlens_type,
     supports,  # noqa: F401  (this variant's `supports`)
 )
 
@@ -236,19 +234,5 @@ def launch(spec: SphericalSpec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv,
     prepare(spec, profile, cfg)(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv)
 
 
-def _signature(kernel: str):
-    def signature(spec: SphericalSpec, cfg: dict) -> dict:
-        qd = descriptor_type(cfg["BLOCK_M"], spec.D)
-        kd = descriptor_type(cfg["BLOCK_N"], spec.D)
-        sig = {"Q": qd, "K": kd, "V": kd, "DO": qd}
-        sig.update({"DK": kd, "DV": kd} if kernel == "dkdv" else {"DQ": qd})
-        sig.update({"A": "*fp32", "Bt": "*fp32", "Seqlens": seqlens_type(spec), "N": "i32",
-                    "Nk": "i32"})
-        return sig
-    return signature
-
-
 def compile_configs() -> list[CompileConfig]:
-    return [cc for name, fn in (("dkdv", _dkdv_kernel), ("dq", _dq_kernel))
-            for cc in build_compile_configs(fn, lambda s, n=name: config(s)[n], _signature(name),
-                                            name=f"{name}_")]
+    return build_compile_configs(prepare, "bwd", {_dkdv_kernel: "dkdv_", _dq_kernel: "dq_"})

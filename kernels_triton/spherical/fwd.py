@@ -27,13 +27,11 @@ from kernels_triton.launch import Kernel, constexprs
 from kernels_triton.proton import enter, leave
 from kernels_triton.spherical.host import (
     build_compile_configs,
-    descriptor_type,
     layout,
     key_blocks,
     row_grid,
     row_tile,
     seq_bounds,
-    seqlens_type,
     supports,  # noqa: F401  (this variant's `supports`)
 )
 
@@ -126,12 +124,5 @@ def launch(spec: SphericalSpec, q, k, v, seqlens, out, r, profile: bool = False,
     prepare(spec, profile, cfg)(q, k, v, seqlens, out, r)
 
 
-def _signature(spec: SphericalSpec, cfg: dict) -> dict:
-    qd = descriptor_type(cfg["BLOCK_M"], spec.D)
-    kd = descriptor_type(cfg["BLOCK_N"], spec.D)
-    return {"Q": qd, "K": kd, "V": kd, "Out": qd, "R": "*fp32", "Seqlens": seqlens_type(spec),
-            "N": "i32", "Nk": "i32", "sm_scale": "fp32", "eps": "fp32"}
-
-
 def compile_configs() -> list[CompileConfig]:
-    return build_compile_configs(spherical_fwd_kernel, config, _signature)
+    return build_compile_configs(prepare, "fwd")

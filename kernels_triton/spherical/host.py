@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import triton
 import triton.language as tl
 
 from altattn.registry import CompileConfig
-from kernels_triton.launch import Desc, constexprs
+from kernels_triton.launch import Desc, compile_configs, meta
 from altattn.spherical.spec import SphericalSpec
 
 SUPPORTED_D = (64, 128)
@@ -42,11 +43,6 @@ def layout(B: int, L: int, H: int, D: int, block_rows: int) -> Desc:
     """TMA view of a contiguous [B, L, H, D] bf16 tensor as [B, L, H*D], box [1, block_rows, D]
     (module docstring); `layout(...)(t)` is t's descriptor."""
     return Desc([B, L, H * D], [L * H * D, H * D, 1], [1, block_rows, D])
-
-
-def descriptor_type(block_rows: int, D: int) -> str:
-    """`descriptor`'s Triton signature type (compile configs)."""
-    return f"tensordesc<bf16[1,{block_rows},{D}]>"
 
 
 def row_grid(spec: SphericalSpec, block_m: int) -> tuple[int]:
@@ -124,8 +120,7 @@ def query_blocks(x0, Lq, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
 
 # ---- compile configs (tools.resources; CI compiles them for sm_90a without a GPU) ----------
 
-Config = Callable[[SphericalSpec], dict]        # spec -> constexprs + num_warps, num_stages
-Signature = Callable[[SphericalSpec, dict], dict]  # (spec, config) -> runtime arguments' types
+Prepare = Callable[[SphericalSpec], Callable]   # spec -> the prepared launch, run(*meta_args)
 
 
 def compile_specs() -> list[SphericalSpec]:
@@ -140,15 +135,16 @@ def compile_specs() -> list[SphericalSpec]:
     return out
 
 
-def family_constexprs(spec: SphericalSpec) -> dict:
-    """The constexprs every spherical kernel takes from the spec."""
-    return {"HQ": spec.Hq, "HK": spec.Hk, "G": spec.G, "D": spec.D, "CAUSAL": spec.causal,
-            "VARLEN": spec.varlen}
-
-
-def seqlens_type(spec: SphericalSpec) -> str:
-    """Seqlens is an int32 pointer with seqlens, else None (a constexpr: launches pass None)."""
-    return "*i32" if spec.varlen else "constexpr"
+def meta_args(spec: SphericalSpec, pass_: str) -> tuple:
+    """A pass's run arguments for `spec` on meta tensors (compile configs): the forward's (q, k,
+    v, seqlens, out, r), the backward's (q, k, v, out, r, dout, dr, seqlens, dq, dk, dv)."""
+    q = meta(spec.B, spec.N, spec.Hq, spec.D)
+    kv = meta(spec.B, spec.Nk, spec.Hk, spec.D)
+    r = meta(spec.B, spec.Hq, spec.N, dtype=torch.float32)
+    seqlens = meta(spec.B, dtype=torch.int32) if spec.varlen else None
+    if pass_ == "fwd":
+        return q, kv, kv, seqlens, q, r
+    return q, kv, kv, q, r, q, r, seqlens, q, kv, kv
 
 
 def spec_tag(spec: SphericalSpec) -> str:
@@ -156,24 +152,21 @@ def spec_tag(spec: SphericalSpec) -> str:
             + ("_varlen" if spec.varlen else ""))
 
 
-def build_compile_configs(kernel, config: Config, signature: Signature, name: str = "",
+def build_compile_configs(prepare: Prepare, pass_: str, names: dict | None = None,
                           supports_fn: Callable = supports) -> list[CompileConfig]:
-    """One CompileConfig of `kernel` per compile_specs() spec that `supports_fn` takes, with
-    `config(spec)`'s constexprs and warps/stages; `signature(spec, cfg)` gives the runtime
-    arguments' types (a "constexpr" one gets its value from the config, or None: Seqlens)."""
+    """The launches of `prepare(spec)` (recorded on meta tensors) at every compile_specs() spec
+    that `supports_fn` takes, named by the spec and the launch's blocks; names: the kernels to
+    report, each with its name's prefix (default every launch, no prefix)."""
     out = []
     for spec in compile_specs():
         if supports_fn(spec) is not None:
             continue
-        cfg = config(spec)
-        consts = {**family_constexprs(spec), **constexprs(cfg)}
-        sig = signature(spec, cfg)
-        for k, t in sig.items():
-            if t == "constexpr" and k not in consts:
-                consts[k] = None
-        sig.update({k: "constexpr" for k in consts})
-        blocks = "_".join(f"{k[6:]}{v}" for k, v in cfg.items() if k.startswith("BLOCK_"))
-        out.append(CompileConfig(f"{name}{spec_tag(spec)}_{blocks}", kernel, sig, consts,
-                                 cfg["num_warps"], cfg["num_stages"]))
-    return out
 
+        def name(launch, tag=spec_tag(spec)):
+            if names is not None and launch.fn not in names:
+                return None
+            blocks = "_".join(f"{k[6:]}{v}" for k, v in launch.constexprs.items()
+                              if k.startswith("BLOCK_"))
+            return f"{(names or {}).get(launch.fn, '')}{tag}_{blocks}"
+        out += compile_configs(lambda s=spec: prepare(s), meta_args(spec, pass_), name)
+    return out

@@ -16,7 +16,8 @@ import torch
 import triton
 
 from altattn.registry import CompileConfig
-from kernels_triton.launch import Desc, Kernel, sm_count
+from kernels_triton.launch import Desc, Kernel, meta, sm_count
+from kernels_triton.launch import compile_configs as compile_configs_of
 from kernels_triton.proton import profiled
 from kernels_triton.triple.core import apply_kernel, partials_kernel, state_kernel
 
@@ -186,44 +187,47 @@ def slab(state, order: str, shift: int = 0) -> torch.Tensor:
 
 # ---- compile configs (tools.resources; CI compiles them for sm_90a without a GPU) ----------
 
-def _partials_config(d1, dy, d2) -> CompileConfig:
-    cfg = partials_config(d1, dy, d2)
-    consts = {"H": 8, "D1": d1, "DY": dy, "D2": d2, "BI": cfg["BI"], "BN": cfg["BN"],
-              "PROFILE": False}
-    sig = {"X1": "*bf16", "Y": "*bf16", "X2": "*bf16", "P": "*fp32", "N": "i32",
-           "split_len": "i32", "n_splits": "i32", **{k: "constexpr" for k in consts}}
-    return CompileConfig(f"partials_D{d1}x{dy}x{d2}_BI{cfg['BI']}", partials_kernel, sig, consts,
-                         cfg["num_warps"], cfg["num_stages"])
+COMPILE_N, COMPILE_H = 4096, 8  # the compile configs' tokens and heads (H is a constexpr)
+COMPILE_SPLITS = 4
 
 
-def _apply_config(dx, dy, do, out: str, chunk: int) -> CompileConfig:
-    cfg = apply_config(dx, dy, do)
-    consts = {"H": 8, "DX": dx, "DY": dy, "DO": do, "BM": cfg["BM"], "CHUNK": chunk,
-              "PROFILE": False}
-    sig = {"X": "*bf16", "Y": "*bf16", "W": f"tensordesc<bf16[{dx},{do}]>", "Out": out,
-           "N": "i32", "c": "fp32", "w_head": "i32", "w_chunk": "i32",
-           **{k: "constexpr" for k in consts}}
-    tag = f"apply_D{dx}x{dy}x{do}" + (f"_chunk{chunk}_{out[1:]}" if chunk else "")
-    return CompileConfig(tag, apply_kernel, sig, consts, cfg["num_warps"], cfg["num_stages"])
+def tokens(d: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A [1, COMPILE_N, COMPILE_H, d] meta tensor (compile configs)."""
+    return meta(1, COMPILE_N, COMPILE_H, d, dtype=dtype)
 
 
-def _state_config(d1, dy, d2) -> CompileConfig:
-    consts = {"D1": d1, "DY": dy, "D2": d2}
-    sig = {"P": "*fp32", "S": "*fp32", "W": "*bf16", "n_splits": "i32", "c": "fp32",
-           **{k: "constexpr" for k in consts}}
-    return CompileConfig(f"state_D{d1}x{dy}x{d2}", state_kernel, sig, consts,
-                         8 if dy * d2 > 64 * 64 else 4, 1)
+def recorded_config(name: str, kernel, prepare, *args) -> CompileConfig:
+    """The compile config, named `name`, of `kernel`'s launch among those `prepare()(*args)`
+    makes (recorded on meta tensors: kernels_triton/launch.py)."""
+    (found,) = compile_configs_of(prepare, args, lambda launch: name if launch.fn is kernel
+                                  else None)
+    return found
 
 
 def compile_configs(causal_chunk: int = 0) -> list[CompileConfig]:
-    """The default configs at Dq = Dv = 32, 64 and 128 (and Dq 64, Dv 32): partials and apply
-    in every operand order the passes use."""
-    out = []
+    """The default configs at Dq = Dv = 32, 64 and 128 (and Dq 64, Dv 32): partials, the state
+    and apply in every operand order the passes use (and, with causal_chunk, apply's chunked
+    fp32 form)."""
+    out, N, H, S = [], COMPILE_N, COMPILE_H, COMPILE_SPLITS
+    f32 = torch.float32
     for dq, dv in ((32, 32), (64, 64), (128, 128), (64, 32)):
-        out.append(_partials_config(dq, dv, dq))
-        out.append(_state_config(dq, dv, dq))
+        bi = partials_config(dq, dv, dq)["BI"]
+        out.append(recorded_config(
+            f"partials_D{dq}x{dv}x{dq}_BI{bi}", partials_kernel,
+            lambda: prepare_partials(1, N, H, dq, dv, dq, S), tokens(dq), tokens(dv), tokens(dq)))
+        out.append(recorded_config(
+            f"state_D{dq}x{dv}x{dq}", state_kernel, lambda: prepare_state(1, H, dq, dv, dq, S, 1.0),
+            meta(1, H, S, dq, dv, dq, dtype=f32), meta(1, H, dq, dv, dq, dtype=f32)))
         for dx, dy, do in {(dq, dq, dv), (dq, dv, dq), (dv, dq, dq)}:
-            out.append(_apply_config(dx, dy, do, "*bf16", 0))
+            xy = (tokens(dx), tokens(dy))
+            out.append(recorded_config(
+                f"apply_D{dx}x{dy}x{do}", apply_kernel,
+                lambda: prepare_apply(1, N, H, dx, dy, do, 1.0), *xy, meta(1, H, dy, dx, do),
+                tokens(do)))
             if causal_chunk:
-                out.append(_apply_config(dx, dy, do, "*fp32", causal_chunk))
+                w = meta(1, H, triton.cdiv(N, causal_chunk), dy, dx, do)
+                out.append(recorded_config(
+                    f"apply_D{dx}x{dy}x{do}_chunk{causal_chunk}_fp32", apply_kernel,
+                    lambda: prepare_apply(1, N, H, dx, dy, do, 1.0, causal_chunk), *xy, w,
+                    tokens(do, f32)))
     return out

@@ -44,21 +44,17 @@ import triton.language as tl
 
 from altattn.registry import CompileConfig
 from kernels_triton.launch import Desc, Kernel
+from kernels_triton.launch import compile_configs as configs_of
+from kernels_triton.triple.host import COMPILE_H, COMPILE_N, tokens
 
 SUPPORTED_D = (32, 64, 128)
 GRADS = ("dq1", "dq2", "dk1", "dk2", "dv")
-_TYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def layout(B: int, N: int, H: int, D: int, rows: int) -> Desc:
     """TMA view of a contiguous [B, N, H, D] tensor as [B, N, H*D], box [1, rows, D];
     `layout(...)(t)` is t's descriptor (one layout a tensor argument: a Desc is of one dtype)."""
     return Desc([B, N, H * D], [N * H * D, H * D, 1], [1, rows, D])
-
-
-def descriptor_type(dtype: torch.dtype, rows: int, D: int) -> str:
-    """A `layout` descriptor's Triton signature type (compile configs)."""
-    return f"tensordesc<{_TYPES[dtype]}[1,{rows},{D}]>"
 
 
 # ------------------------------------------------------------------------------------ kernels
@@ -377,35 +373,26 @@ def intra_backward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: tor
 
 # ------------------------------------------- compile configs (tools.resources, no GPU needed)
 
-def _signature(kernel: str, Dq: int, Dv: int, bm: int, bn: int) -> dict:
-    bf, f32 = torch.bfloat16, torch.float32
-    q, k = descriptor_type(bf, bm, Dq), descriptor_type(bf, bn, Dq)
-    sig = {"Q1": q, "Q2": q, "K1": k, "K2": k, "V": descriptor_type(bf, bn, Dv)}
-    if kernel == "fwd":
-        sig.update(Inter=descriptor_type(f32, bm, Dv), Out=descriptor_type(bf, bm, Dv))
-    elif kernel == "dq":
-        sig.update(DO=descriptor_type(bf, bm, Dv), IDQ1=descriptor_type(f32, bm, Dq),
-                   IDQ2=descriptor_type(f32, bm, Dq), DQ1=q, DQ2=q)
-    else:
-        sig.update(DO=descriptor_type(bf, bm, Dv), IDK1=descriptor_type(f32, bn, Dq),
-                   IDK2=descriptor_type(f32, bn, Dq), IDV=descriptor_type(f32, bn, Dv),
-                   DK1=k, DK2=k, DV_=descriptor_type(bf, bn, Dv))
-    sig.update(N="i32", H="i32", chunk="i32", c="fp32")
-    return sig
-
-
-KERNELS = {"fwd": _fwd_kernel, "dq": _dq_kernel, "dkdv": _dkdv_kernel}
+KERNELS = {_fwd_kernel: "fwd", _dq_kernel: "dq", _dkdv_kernel: "dkdv"}
 
 
 def compile_configs(dims=((32, 32), (64, 64))) -> list[CompileConfig]:
-    """One CompileConfig per kernel (fwd, dq, dkdv) and (Dq, Dv) in dims, with config(Dq, Dv)."""
+    """Each kernel's launch (fwd, dq, dkdv; recorded on meta tensors) at each (Dq, Dv) in dims,
+    with config(Dq, Dv)."""
+
+    def name(launch):
+        c = launch.constexprs
+        return (f"{KERNELS[launch.fn]}_Dq{c['DQ']}_Dv{c['DV']}_M{c['BLOCK_M']}_"
+                f"N{c['BLOCK_N']}")
     out = []
     for Dq, Dv in dims:
-        for name, fn in KERNELS.items():
-            c = config(Dq, Dv)[name]
-            bm, bn = c["BLOCK_M"], c["BLOCK_N"]
-            consts = {"DQ": Dq, "DV": Dv, "BLOCK_M": bm, "BLOCK_N": bn}
-            sig = {**_signature(name, Dq, Dv, bm, bn), **{k: "constexpr" for k in consts}}
-            out.append(CompileConfig(f"{name}_Dq{Dq}_Dv{Dv}_M{bm}_N{bn}", fn, sig, consts,
-                                     c["num_warps"], c["num_stages"]))
+        q, v = tokens(Dq), tokens(Dv)
+        inter = [tokens(Dq, torch.float32)] * 4 + [tokens(Dv, torch.float32)]
+        grads = [q] * 4 + [v]
+        # a chunk that every tile divides (its value is a runtime argument's)
+        chunk = 2 * max(x for c in config(Dq, Dv).values() for x in (c["BLOCK_M"], c["BLOCK_N"]))
+        shape = (1, COMPILE_N, COMPILE_H, Dq, Dv, chunk, 1.0)
+        out += configs_of(lambda s=shape: prepare_forward(*s), (q, q, q, q, v, inter[-1], v), name)
+        out += configs_of(lambda s=shape: prepare_backward(*s), (q, q, q, q, v, v, inter, grads),
+                          name)
     return out
