@@ -146,6 +146,27 @@ def test_no_tokens_pass_the_state_through(gen, tiny_dims):
     torch.testing.assert_close(g, dstate, rtol=0, atol=0)
 
 
+def test_the_layer_prefills_in_chunks(gen):
+    """A causal TripleAttention fed 3 then 4 tokens, the state carried: one call's y and state,
+    and the same parameter gradients."""
+    layer = altattn.TripleAttention(48, 2, 32, 64, causal=True, scale=SCALE).double()
+    x = torch.randn(2, 7, 48, generator=gen, dtype=F64)
+    y, state = layer(x, return_state=True)
+    y1, s1 = layer(x[:, :3], return_state=True)
+    y2, s2 = layer(x[:, 3:], s1, return_state=True)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(s2, state, rtol=1e-12, atol=1e-12)
+    params = list(layer.parameters())
+    want = torch.autograd.grad(y.square().sum() + state.sum(), params)
+    got = torch.autograd.grad(torch.cat([y1, y2], 1).square().sum() + s2.sum(), params)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="scale=None"):
+        altattn.TripleAttention(48, 2, 32, 64, causal=True).double()(x, s1)
+    with pytest.raises(TypeError, match="return_state must be a bool"):
+        layer(x, return_state=1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input, named
 
