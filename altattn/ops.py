@@ -40,17 +40,18 @@ class OpDecl:
     params: tuple[tuple[str, str], ...]    # (name, schema type) of the rest, e.g. ("eps", "float")
     outputs: tuple[str, ...]               # the forward's outputs
     saved: tuple[str, ...]                 # outputs the backward pass reads after the inputs
-    fake: Callable                         # (*inputs, *params) -> outputs, empty, right dtypes
-    cpu_forward: Callable                  # (*inputs, *params) -> outputs (fp64 reference)
-    cpu_backward: Callable                 # (grads, inputs, rest) -> input gradients (rest:
-    #                                        params, then optional; see the module docstring)
+    fake: Callable                         # (*inputs, *rest) -> outputs, empty, right dtypes
+    cpu_forward: Callable                  # (*inputs, *rest) -> outputs (fp64 reference)
+    cpu_backward: Callable                 # (grads, inputs, rest) -> input gradients
     optional: tuple[str, ...] = ()         # differentiable tensors that may be None, after params
+    # (rest: the params, then the optional tensors; what the gradients are: module docstring)
 
 
 def _schema(decl: OpDecl) -> tuple[str, str]:
     """The forward's and the backward's torch.library schemas."""
     ins = ", ".join(f"Tensor {n}" for n in decl.inputs)
-    rest = ", ".join([f"{t} {n}" for n, t in decl.params] + [f"Tensor? {n}" for n in decl.optional])
+    rest = ", ".join([f"{t} {n}" for n, t in decl.params]
+                     + [f"Tensor? {n}" for n in decl.optional])
     outs = ", ".join("Tensor" for _ in decl.outputs)
     grads = ", ".join(f"Tensor? d{n}" for n in decl.outputs)
     saved = ", ".join(f"Tensor {n}" for n in decl.saved)
