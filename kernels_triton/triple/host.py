@@ -186,7 +186,7 @@ def slab(state, order: str, shift: int = 0, first=None) -> torch.Tensor:
     if first is None:
         W[:, :, :shift] = 0
     else:
-        W[:, :, :shift].copy_(first.permute(0, 1, *perm)[:, :, None])
+        W[:, :, :shift].copy_(first.permute(0, 1, *(p - 1 for p in perm))[:, :, None])
     W[:, :, shift:].copy_(view[:, :, :-shift])
     return W
 

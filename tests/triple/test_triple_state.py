@@ -257,3 +257,99 @@ def test_forward_refuses_an_initial_state_that_requires_grad(kernels, gen):
     s0 = _state(gen, Dq=32, Dv=64).float().requires_grad_()
     with pytest.raises(ValueError, match="forward-only"):
         forward(*x, scale=SCALE, initial_state=s0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels' passes on the CPU: torch stand-ins for the Triton kernels, the host code real
+
+
+def _einsum(eq, *ts):
+    return torch.einsum(eq, *(t.double() for t in ts))
+
+
+def _stand_ins(monkeypatch, chunk: int):
+    """An `impl` (partials, apply) and the state and intra kernels as plain torch, in fp64 from
+    the bf16 operands the host code hands them; the causal chunk `chunk` tokens."""
+    from kernels_triton.triple import causal, host, intra
+
+    def prepare_partials(B, N, H, d1, dy, d2, splits, split_len=None, profile=False):
+        length = split_len or -(-N // splits)
+
+        def run(x1, y, x2):
+            return torch.stack([_einsum("bnhi,bnhj,bnhk->bhijk", *(t[:, s:s + length]
+                                        for t in (x1, y, x2)))
+                                for s in range(0, splits * length, length)], 2).float()
+        return run
+
+    def prepare_apply(B, N, H, dx, dy, do, c, chunk=0, profile=False):
+        def run(x, y, w, out):
+            if chunk:  # each token's chunk's slab
+                w = w[:, :, torch.arange(N) // chunk]
+                out.copy_(c * _einsum("bnhx,bnhp,bhnpxo->bnho", x, y, w))
+            else:
+                out.copy_(c * _einsum("bnhx,bnhp,bhpxo->bnho", x, y, w))
+        return run
+
+    def prepare_state(B, H, d1, dy, d2, splits, c):
+        def run(P, S, S0=None):
+            S.copy_(c * P.sum(2) + (0 if S0 is None else S0))
+            return host.slab(S, "ikj")
+        return run
+
+    def intra_out(q1, q2, k1, k2, v, C, c):
+        n = torch.arange(q1.shape[1])
+        mask = (n[:, None] // C == n[None, :] // C) & (n[None, :] <= n[:, None])
+        s = _einsum("bnhi,bmhi->bhnm", q1, k1) * _einsum("bnhk,bmhk->bhnm", q2, k2)
+        return c * torch.einsum("bhnm,bmhj->bnhj", s * mask, v.double())
+
+    def intra_forward(B, N, H, Dq, Dv, C, c):
+        def run(q1, q2, k1, k2, v, inter, out):
+            out.copy_(inter + intra_out(q1, q2, k1, k2, v, C, c))
+        return run
+
+    def intra_backward(B, N, H, Dq, Dv, C, c):
+        def run(q1, q2, k1, k2, v, dout, inter, grads):
+            x = [t.double().requires_grad_() for t in (q1, q2, k1, k2, v)]
+            dx = torch.autograd.grad(intra_out(*x, C, c), x, dout.double())
+            for g, i, d in zip(grads, inter, dx):
+                g.copy_(i + d)
+        return run
+
+    monkeypatch.setattr(host, "prepare_state", prepare_state)
+    monkeypatch.setattr(intra, "prepare_forward", intra_forward)
+    monkeypatch.setattr(intra, "prepare_backward", intra_backward)
+    monkeypatch.setattr(causal, "CHUNK", chunk)
+    return types.SimpleNamespace(n_splits=lambda *shape: 2, prepare_partials=prepare_partials,
+                                 prepare_apply=prepare_apply)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("with_initial_state", [False, True], ids=["from0", "fromS0"])
+def test_the_kernels_passes_on_stand_in_kernels(causal, with_initial_state, monkeypatch, gen):
+    """kernels_triton/triple's fwd.py, bwd.py and causal.py (the host code both variants run:
+    state and slab, prefix and suffix sums from the initial state, its gradient) on torch
+    stand-ins of the kernels, against the reference: bf16 slabs, so within the tolerances."""
+    from altattn.triple.family import TOLERANCES
+    from altattn.triple.spec import TripleSpec
+    from kernels_triton.triple import bwd, fwd
+    impl = _stand_ins(monkeypatch, chunk=4)
+    B, N, H, Dq, Dv = 2, 11, 2, 4, 8  # three causal chunks, the last ragged
+    x = [t.to(BF16) for t in _x(gen, B, N, H, Dq, Dv)]
+    s0 = _state(gen, B, H, Dq, Dv).float() if with_initial_state else None
+    spec = TripleSpec(B, N, H, Dq, Dv, causal, SCALE)
+    out, state = torch.empty(B, N, H, Dv, dtype=BF16), torch.empty(B, H, Dq, Dv, Dq)
+    fwd.prepare(spec, impl=impl)(*x, out, state, s0)
+    dout, dstate = torch.randn(out.shape, generator=gen).to(BF16), torch.randn_like(state)
+    grads = [torch.empty_like(t) for t in x]
+    dinit = torch.empty_like(state) if with_initial_state else None
+    bwd.prepare(spec, impl=impl)(*x, state, dout, dstate, *grads, s0, dinit)
+    want_out, want_state = reference(*x, SCALE, causal, s0)
+    want = reference_backward(*x, dout, dstate, SCALE, causal, s0)
+
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm())
+    assert rel(out, want_out) <= TOLERANCES["out_rel"]
+    assert rel(state, want_state) <= 1e-6  # fp32 sums
+    for name, g, w in zip(("dq1", "dq2", "dk1", "dk2", "dv", "dinitial_state"),
+                          (*grads, dinit), want):
+        assert rel(g, w) <= (1e-6 if name == "dinitial_state" else TOLERANCES["grad_rel"]), name
