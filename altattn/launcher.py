@@ -8,8 +8,9 @@ A family's record (registry.Family) gives, per pass, the object that knows its a
     kernel_args(call, outs) -> tuple|None  # what the module's launch takes after the spec
                                            # (dense, aligned, reordered); None: nothing to launch
     result(call, outs) -> tuple            # what the caller gets back
-and, to make plans for the ops' eager path, `bind(spec, *args) -> Call` (no checks), and for a
-backward `optional` (the names of its tensors that may be None). The public APIs (e.g.
+and, to make plans for the ops' eager path, `bind(spec, *args) -> Call` (no checks), and where a
+pass has tensors that may be None, `optional` (their names: a backward's unused incoming
+gradients, an optional input). The public APIs (e.g.
 altattn.simplicial.forward), bench, the trace tool and the GPU tests all call `run`; the ops
 (altattn/ops.py) call `plan` and `run_call`; `select` is the pick-and-device-check step alone,
 for callers that must know before launching whether a variant can run (a benchmark row's note,
@@ -213,16 +214,20 @@ def choose(spec, variant: str, device: torch.device, pass_: str = "fwd",
     return found
 
 
+def missing(io, call: Call) -> tuple:
+    """Which of the pass's optional tensors (`io.optional`) `call` leaves None: `plan`'s
+    `optional`."""
+    return tuple(call.tensors[n] is None for n in getattr(io, "optional", ()))
+
+
 def run_call(family: str, pass_: str, call: Call, variant: str = "auto",
              deterministic: bool = False, outputs: dict | None = None, io=None) -> tuple:
     """Steps 2 to 5 of `run` for a call already validated (or bound from a validated spec):
     the plan of its spec and the None-ness of the pass's optional tensors, executed. `io`: the
     pass's record, where the caller has it."""
     io = io or registry.get_family(family).passes[pass_]
-    optional = getattr(io, "optional", ())
-    missing = tuple(call.tensors[n] is None for n in optional) if optional else ()
     return plan(family, pass_, call.spec, variant, deterministic, call.device,
-                missing).execute(call, outputs)
+                missing(io, call)).execute(call, outputs)
 
 
 def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bool = False,

@@ -1,11 +1,14 @@
 """Every family's differentiable op, generated from one declaration (`OpDecl`): its torch.library ops
 `altattn::<family>_fwd` / `_bwd` with fake implementations and autograd, and an eager path.
 
-A family declares its forward pass's arguments (the differentiable `inputs`, then `params`, in the
-order of the pass's `validate`), its `outputs`, the outputs its backward reads (`saved`), and on
-the CPU the fp64 reference (`cpu_forward`, `cpu_backward`) and the outputs' shapes (`fake`). The
-backward pass then takes (one incoming gradient per output, *inputs, *saved, *params): the order
-of every family's `Backward.validate`.
+A family declares its forward pass's arguments (the differentiable `inputs`, then `params`, then
+the `optional` differentiable tensors that may be None, in the order of the pass's `validate`),
+its `outputs`, the outputs its backward reads (`saved`), and on the CPU the fp64 reference
+(`cpu_forward`, `cpu_backward`) and the outputs' shapes (`fake`). The backward pass then takes
+(one incoming gradient per output, *inputs, *saved, *params, *optional): the order of every
+family's `Backward.validate`; it returns one gradient per input, then one per optional tensor
+given (not None). The backward op returns one per input and per optional tensor (None for one
+not given), as autograd wants them.
 
 `Op.__call__(spec, *args, variant=, bwd_variant=, deterministic=)` with a spec the caller
 validated:
@@ -37,21 +40,24 @@ class OpDecl:
     params: tuple[tuple[str, str], ...]    # (name, schema type) of the rest, e.g. ("eps", "float")
     outputs: tuple[str, ...]               # the forward's outputs
     saved: tuple[str, ...]                 # outputs the backward pass reads after the inputs
-    fake: Callable                         # (*inputs, *params) -> outputs, empty, right dtypes
-    cpu_forward: Callable                  # (*inputs, *params) -> outputs (fp64 reference)
-    cpu_backward: Callable                 # (grads, inputs, params) -> input gradients
+    fake: Callable                         # (*inputs, *rest) -> outputs, empty, right dtypes
+    cpu_forward: Callable                  # (*inputs, *rest) -> outputs (fp64 reference)
+    cpu_backward: Callable                 # (grads, inputs, rest) -> input gradients
+    optional: tuple[str, ...] = ()         # differentiable tensors that may be None, after params
+    # (rest: the params, then the optional tensors; what the gradients are: module docstring)
 
 
 def _schema(decl: OpDecl) -> tuple[str, str]:
     """The forward's and the backward's torch.library schemas."""
     ins = ", ".join(f"Tensor {n}" for n in decl.inputs)
-    params = ", ".join(f"{t} {n}" for n, t in decl.params)
+    rest = ", ".join([f"{t} {n}" for n, t in decl.params]
+                     + [f"Tensor? {n}" for n in decl.optional])
     outs = ", ".join("Tensor" for _ in decl.outputs)
     grads = ", ".join(f"Tensor? d{n}" for n in decl.outputs)
     saved = ", ".join(f"Tensor {n}" for n in decl.saved)
-    in_grads = ", ".join("Tensor" for _ in decl.inputs)
-    return (f"({ins}, {params}, {CONTROL}) -> ({outs})",
-            f"({grads}, {ins}, {saved}, {params}, str variant, bool deterministic) "
+    in_grads = ", ".join(["Tensor" for _ in decl.inputs] + ["Tensor?" for _ in decl.optional])
+    return (f"({ins}, {rest}, {CONTROL}) -> ({outs})",
+            f"({grads}, {ins}, {saved}, {rest}, str variant, bool deterministic) "
             f"-> ({in_grads})")
 
 
@@ -61,6 +67,7 @@ class Op:
     def __init__(self, decl: OpDecl):
         self.decl = decl
         self.n_in, self.n_out = len(decl.inputs), len(decl.outputs)
+        self.n_params, self.n_opt = len(decl.params), len(decl.optional)
         self.saved_idx = tuple(decl.outputs.index(n) for n in decl.saved)
         fam = registry.get_family(decl.family)
         self.fwd_io, self.bwd_io = fam.passes["fwd"], fam.passes["bwd"]
@@ -75,6 +82,19 @@ class Op:
         self.bwd_op.register_fake(self._bwd_fake)
         self.fwd_op.register_autograd(self._op_backward, setup_context=self._op_setup)
 
+    def _split(self, args) -> tuple[tuple, tuple, tuple]:
+        """The forward's arguments as (inputs, params, optional)."""
+        n = self.n_in + self.n_params
+        return tuple(args[:self.n_in]), tuple(args[self.n_in:n]), tuple(args[n:])
+
+    def _input_grads(self, dx, optional) -> tuple:
+        """A pass's or cpu_backward's gradients (one per input, then one per optional tensor
+        given) as the backward op returns them: one per input and per optional tensor, None for
+        an optional tensor not given."""
+        dx = iter(dx)
+        grads = [next(dx) for _ in range(self.n_in)]
+        return (*grads, *(None if t is None else next(dx) for t in optional))
+
     # ---- the torch.library ops (compile, CPU) ----------------------------------------------
 
     def _fwd_impl(self, *args):
@@ -85,29 +105,41 @@ class Op:
         with torch.no_grad():
             return launcher.run(self.decl.family, "fwd", *args, variant=variant)
 
+    def _bwd_parts(self, args) -> tuple[tuple, tuple, tuple, tuple]:
+        """The backward's arguments (without the two controls) as (grads, inputs, rest,
+        optional): rest is the params and the optional tensors."""
+        grads, inputs = args[:self.n_out], args[self.n_out:self.n_out + self.n_in]
+        rest = args[self.n_out + self.n_in + len(self.decl.saved):]
+        return grads, inputs, rest, rest[self.n_params:]
+
     def _bwd_impl(self, *args):
         (variant, deterministic), args = args[-2:], args[:-2]
-        grads, inputs = args[:self.n_out], args[self.n_out:self.n_out + self.n_in]
-        params = args[self.n_out + self.n_in + len(self.decl.saved):]
+        grads, inputs, rest, optional = self._bwd_parts(args)
         if inputs[0].device.type == "cpu":
-            dx = self.decl.cpu_backward(grads, inputs, params)
-            return tuple(g.to(t.dtype).contiguous() for g, t in zip(dx, inputs))
-        return launcher.run(self.decl.family, "bwd", *args, variant=variant,
-                            deterministic=deterministic)
+            dx = self._input_grads(self.decl.cpu_backward(grads, inputs, rest), optional)
+            return tuple(None if g is None else g.to(t.dtype).contiguous()
+                         for g, t in zip(dx, (*inputs, *optional)))
+        return self._input_grads(launcher.run(self.decl.family, "bwd", *args, variant=variant,
+                                              deterministic=deterministic), optional)
 
     def _bwd_fake(self, *args):
-        inputs = args[self.n_out:self.n_out + self.n_in]
-        return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in inputs)
+        _, inputs, _, optional = self._bwd_parts(args[:-2])
+        dense = torch.contiguous_format
+        return tuple(None if t is None else torch.empty_like(t, memory_format=dense)
+                     for t in (*inputs, *optional))
 
     def _op_setup(self, ctx, inputs, output):
         args, ctx.control = inputs[:-3], inputs[-2:]
-        ctx.save_for_backward(*args[:self.n_in], *(output[i] for i in self.saved_idx))
-        ctx.params = args[self.n_in:]
+        x, ctx.params, optional = self._split(args)
+        ctx.save_for_backward(*x, *optional, *(output[i] for i in self.saved_idx))
 
     def _op_backward(self, ctx, *grads):
         bwd_variant, deterministic = ctx.control
-        dx = self.bwd_op(*grads, *ctx.saved_tensors, *ctx.params, bwd_variant, deterministic)
-        return (*dx, *(None for _ in range(len(ctx.params) + 3)))
+        saved, n = ctx.saved_tensors, self.n_in + self.n_opt
+        x, optional = saved[:self.n_in], saved[self.n_in:n]
+        dx = self.bwd_op(*grads, *x, *saved[n:], *ctx.params, *optional, bwd_variant,
+                         deterministic)
+        return (*dx[:self.n_in], *(None for _ in ctx.params), *dx[self.n_in:], None, None, None)
 
     # ---- the call --------------------------------------------------------------------------
 
@@ -126,45 +158,53 @@ class Op:
         if torch.compiler.is_compiling() or x.device.type != "cuda":
             return self.fwd_op(*args, variant, bwd_variant, deterministic)
         fam = self.decl.family
-        grad = torch.is_grad_enabled() and torch._C._any_requires_grad(*args[:self.n_in])
+        inputs, _, optional = self._split(args)
+        grad = torch.is_grad_enabled() and torch._C._any_requires_grad(
+            *inputs, *(t for t in optional if t is not None))
         if grad:  # a backward variant that cannot take the spec: an error now, not at backward
             launcher.choose(spec, bwd_variant, x.device, "bwd", deterministic, family=fam)
         if type(x) is not torch.Tensor:  # fake tensors (shape propagation): the op's fake
             return self.fwd_op(*args, variant, bwd_variant, deterministic)
-        plan = launcher.plan(fam, "fwd", spec, variant, False, x.device)
+        call = self.fwd_io.bind(spec, *args)
+        plan = launcher.plan(fam, "fwd", spec, variant, False, x.device,
+                             launcher.missing(self.fwd_io, call))
         if not grad:
-            return plan.execute(self.fwd_io.bind(spec, *args))
-        return _Eager.apply(self, plan, spec, (bwd_variant, deterministic), *args)
+            return plan.execute(call)
+        return _Eager.apply(self, plan, call, (bwd_variant, deterministic), *args)
 
-    def backward(self, spec, control, grads, inputs, saved, params) -> tuple:
+    def backward(self, spec, control, grads, inputs, saved, rest) -> tuple:
         """The input gradients (eager): the backward plan of `spec` on the incoming `grads`
-        (None where an output was unused; the first output's then counts as zeros)."""
+        (None where an output was unused; the first output's then counts as zeros), one per
+        input and per optional tensor of `rest` (the params, then the optional tensors)."""
         bwd_variant, deterministic = control
         if grads[0] is None:
-            grads = (torch.zeros_like(self.decl.fake(*inputs, *params)[0]), *grads[1:])
-        call = self.bwd_io.bind(spec, *grads, *inputs, *saved, *params)
-        return launcher.run_call(self.decl.family, "bwd", call, bwd_variant, deterministic,
-                                 io=self.bwd_io)
+            grads = (torch.zeros_like(self.decl.fake(*inputs, *rest)[0]), *grads[1:])
+        call = self.bwd_io.bind(spec, *grads, *inputs, *saved, *rest)
+        dx = launcher.run_call(self.decl.family, "bwd", call, bwd_variant, deterministic,
+                               io=self.bwd_io)
+        return self._input_grads(dx, rest[self.n_params:])
 
 
 class _Eager(torch.autograd.Function):
     """The eager op with grad: the forward plan, and the backward plan at backward time."""
 
     @staticmethod
-    def forward(ctx, op: Op, plan, spec, control, *args):
-        outs = plan.execute(op.fwd_io.bind(spec, *args))
+    def forward(ctx, op: Op, plan, call, control, *args):
+        outs = plan.execute(call)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*args[:op.n_in], *(outs[i] for i in op.saved_idx))
-        ctx.op, ctx.spec, ctx.control, ctx.params = op, spec, control, args[op.n_in:]
+        x, params, optional = op._split(args)
+        ctx.save_for_backward(*x, *optional, *(outs[i] for i in op.saved_idx))
+        ctx.op, ctx.spec, ctx.control, ctx.params = op, call.spec, control, params
         return outs
 
     @staticmethod
     def backward(ctx, *grads):
         op = ctx.op
-        saved = ctx.saved_tensors
-        dx = op.backward(ctx.spec, ctx.control, grads, saved[:op.n_in], saved[op.n_in:],
-                         ctx.params)
-        return (None, None, None, None, *dx, *(None for _ in ctx.params))
+        saved, n = ctx.saved_tensors, op.n_in + op.n_opt
+        x, optional = saved[:op.n_in], saved[op.n_in:n]
+        dx = op.backward(ctx.spec, ctx.control, grads, x, saved[n:], (*ctx.params, *optional))
+        return (None, None, None, None, *dx[:op.n_in], *(None for _ in ctx.params),
+                *dx[op.n_in:])
 
 
 def make_op(decl: OpDecl) -> Op:

@@ -112,6 +112,14 @@ def any_head_dim(monkeypatch):
     monkeypatch.setattr(spec, "SUPPORTED_HEAD_DIMS", (*spec.SUPPORTED_HEAD_DIMS, 2, 6, 8, 9))
 
 
+@pytest.fixture
+def tiny_dims(monkeypatch):
+    """Triple attention's validate takes only the kernels' Dq, Dv in {32, 64, 128}; widened here
+    to 2 and 3, so that gradcheck's Jacobians (the state has B H Dq^2 Dv entries) stay small."""
+    from altattn.triple import spec
+    monkeypatch.setattr(spec, "SUPPORTED_DIMS", (*spec.SUPPORTED_DIMS, 2, 3))
+
+
 def fp64_inputs(gen: torch.Generator, B: int, N: int, Hq: int, Hk: int, D: int,
                 requires_grad: bool = True) -> list[torch.Tensor]:
     """Fresh standard normal fp64 inputs [q, k1, k2, v1, v2] (CPU), leaves that require grad

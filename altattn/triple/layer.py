@@ -20,7 +20,10 @@ class TripleAttention(nn.Module):
     1/N (the state is a mean). normalize=True: q1, q2, k1, k2 L2-normalised over the head dim
     (every score Q1.K1 and Q2.K2 in [-1, 1]). On CUDA the attention runs in bf16 and the result
     is cast back to x's dtype; on the CPU the fp64 reference runs. A configuration no device runs
-    raises at construction, naming the argument."""
+    raises at construction, naming the argument. forward(x, initial_state=None, return_state=
+    False): the attention's initial state [B, n_heads, head_dim, v_head_dim, head_dim] (the op's;
+    scale must then be given) and, with return_state=True, (y, state): a causal layer fed in
+    chunks, each chunk's state the next one's, equals one call."""
 
     def __init__(self, dim: int, n_heads: int, head_dim: int = 64, v_head_dim: int | None = None,
                  *, causal: bool = False, scale: float | None = None, normalize: bool = False,
@@ -45,8 +48,10 @@ class TripleAttention(nn.Module):
         self.v = nn.Linear(dim, n_heads * v_head_dim, bias=bias)
         self.out = nn.Linear(n_heads * v_head_dim, dim, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, initial_state: torch.Tensor | None = None, *,
+                return_state: bool = False):
         check_layer_input(x, self.dim)
+        check_bool("return_state", return_state)
         B, N, _ = x.shape
         dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
 
@@ -55,10 +60,12 @@ class TripleAttention(nn.Module):
             return (F.normalize(t, dim=-1) if normalize else t).to(dtype)
 
         qk = [heads(p, self.head_dim, self.normalize) for p in (self.q1, self.q2, self.k1, self.k2)]
-        o, _ = attention(*qk, heads(self.v, self.v_head_dim, False), scale=self.scale,
-                         causal=self.causal, variant=self.variant, bwd_variant=self.bwd_variant,
-                         deterministic=self.deterministic)
-        return self.out(o.reshape(B, N, self.n_heads * self.v_head_dim).to(x.dtype))
+        o, state = attention(*qk, heads(self.v, self.v_head_dim, False), scale=self.scale,
+                             causal=self.causal, initial_state=initial_state,
+                             variant=self.variant, bwd_variant=self.bwd_variant,
+                             deterministic=self.deterministic)
+        y = self.out(o.reshape(B, N, self.n_heads * self.v_head_dim).to(x.dtype))
+        return (y, state) if return_state else y
 
     def extra_repr(self) -> str:
         return (f"n_heads={self.n_heads}, head_dim={self.head_dim}, "

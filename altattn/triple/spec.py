@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import cached_validate, check_bool, check_group, positive_float
+from ..checks import cached_validate, check_bool, check_floating, check_group, positive_float
 
 NAMES = ("q1", "q2", "k1", "k2", "v")
+STATE_LAYOUT = "[B, H, Dq, Dv, Dq]"  # the state S[b, h, i, j, k], fp32
 SUPPORTED_DTYPES = (torch.bfloat16,)
 # the plain-PyTorch reference (and the op on CPU tensors, which runs it) also takes these
 REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -39,8 +40,14 @@ def default_scale(N: int) -> float:
     return 1.0 / max(N, 1)
 
 
-def check_scale(scale, N: int) -> float:
-    """`scale` as a finite float > 0, 1/N for None; TypeError / ValueError naming it."""
+def check_scale(scale, N: int, with_state: bool = False) -> float:
+    """`scale` as a finite float > 0, 1/N for None; TypeError / ValueError naming it. with_state
+    (an initial_state is given): None is refused, since 1/N is the mean over this call's tokens
+    only and the state holds earlier ones."""
+    if scale is None and with_state:
+        raise ValueError("scale=None (1/N, the mean over this call's N tokens) cannot go with an "
+                         "initial_state, whose tokens are not counted in N: pass scale "
+                         "explicitly, the one that built initial_state")
     return default_scale(N) if scale is None else positive_float("scale", scale, SCALE_WORDS)
 
 
@@ -53,13 +60,38 @@ def check_dims(Dq: int, Dv: int, q_where: str = "", v_where: str = "") -> None:
                              f"supported; supported: {SUPPORTED_DIMS}")
 
 
+def state_dtypes(on_cpu: bool) -> tuple:
+    """The dtypes an initial_state may have: float32 (the state's), float64 too on the CPU
+    (the reference's state for fp64 inputs)."""
+    return (torch.float32, torch.float64) if on_cpu else (torch.float32,)
+
+
+def check_initial_state(initial_state, shape: tuple, device: torch.device, on_cpu: bool) -> None:
+    """TypeError / ValueError naming initial_state unless it is None or a tensor of the state's
+    `shape` [B, H, Dq, Dv, Dq], a dtype of state_dtypes(on_cpu), on `device` (q1's)."""
+    if initial_state is None:
+        return
+    check_floating("initial_state", initial_state)
+    if initial_state.dtype not in state_dtypes(on_cpu):
+        raise TypeError(f"initial_state must have a dtype in {state_dtypes(on_cpu)} (the "
+                        f"state's), got {initial_state.dtype}")
+    if tuple(initial_state.shape) != tuple(shape):
+        raise ValueError(f"initial_state must have shape {tuple(shape)} {STATE_LAYOUT}, got "
+                         f"{tuple(initial_state.shape)}")
+    if initial_state.device != device:
+        raise ValueError(f"initial_state is on {initial_state.device} but q1, q2, k1, k2, v are "
+                         f"on {device}")
+
+
 @cached_validate
-def validate(q1, q2, k1, k2, v, scale=None, causal=False, *,
+def validate(q1, q2, k1, k2, v, scale=None, causal=False, initial_state=None, *,
              cpu_reference: bool = False) -> TripleSpec:
     """Check arguments, dtypes and shapes (that the tensors share one device, not which: see
     checks.check_device) and return the spec. q1, q2, k1, k2 [B, N, H, Dq], v [B, N, H, Dv]
     (Dq, Dv in SUPPORTED_DIMS); one dtype, bfloat16 (with cpu_reference=True, CPU tensors may
-    have any dtype of REFERENCE_DTYPES); scale a finite float > 0 or None (1/N); causal a bool."""
+    have any dtype of REFERENCE_DTYPES); scale a finite float > 0 or None (1/N; not with an
+    initial_state); causal a bool; initial_state None or the state [B, H, Dq, Dv, Dq] fp32
+    (check_initial_state)."""
     tensors = (q1, q2, k1, k2, v)
     on_cpu = cpu_reference and isinstance(q1, torch.Tensor) and q1.device.type == "cpu"
     check_group(NAMES, tensors, 4, "[B, N, H, Dq] ([B, N, H, Dv] for v)",
@@ -75,4 +107,5 @@ def validate(q1, q2, k1, k2, v, scale=None, causal=False, *,
                          f"{tuple(v.shape)}")
     Dv = v.shape[3]
     check_dims(Dq, Dv, "dim 3 of q1, q2, k1, k2", "dim 3 of v")
-    return TripleSpec(B, N, H, Dq, Dv, causal, check_scale(scale, N))
+    check_initial_state(initial_state, (B, H, Dq, Dv, Dq), q1.device, on_cpu)
+    return TripleSpec(B, N, H, Dq, Dv, causal, check_scale(scale, N, initial_state is not None))

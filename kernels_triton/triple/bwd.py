@@ -10,7 +10,8 @@ its outer product built on the fly (FAMILIES.md §2's contractions, each a GEMM)
 
 Six GEMMs of 2 N Dq^2 Dv FLOPs each against the four the useful-FLOP count credits (T and U of
 FAMILIES.md are folded into the gradients' GEMMs). Every sum in a fixed order: bitwise repeatable.
-Causal: causal.py.
+With an initial state (the forward's S holds it, so the five gradients read it already), its
+gradient is dS itself: every token reads it and the returned state holds it. Causal: causal.py.
 """
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ def prepare_gradients(spec, c_S: float, c_dS: float, chunk: int = 0, profile: bo
 
 def prepare(spec, profile: bool | str = False, impl=host):
     """The launches of `spec`, made once: run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2,
-    dk1, dk2, dv) writes the five input gradients (bf16, the inputs' shapes) given the forward's
-    state and the incoming dout (and dstate, or None). dS = sum_n Q1[n] (x) dO[n] (x) Q2[n]
-    (+ dstate); impl as in fwd.prepare."""
+    dk1, dk2, dv, initial_state=None, dinitial_state=None) writes the five input gradients
+    (bf16, the inputs' shapes) given the forward's state and the incoming dout (and dstate, or
+    None), and with an initial_state its gradient into dinitial_state (fp32). dS = sum_n Q1[n]
+    (x) dO[n] (x) Q2[n] (+ dstate); impl as in fwd.prepare."""
     if spec.causal:
         from kernels_triton.triple import causal
         return causal.prepare_backward(spec, profile, impl)
@@ -54,10 +56,13 @@ def prepare(spec, profile: bool | str = False, impl=host):
     gradients = prepare_gradients(spec, 1.0, spec.scale, profile=host.scoped(profile, "apply"),
                                   impl=impl)
 
-    def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv) -> None:
+    def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv, initial_state=None,
+            dinitial_state=None) -> None:
         dS = partials(q1, dout, q2).sum(2)
         if dstate is not None:
             dS.add_(dstate)
+        if dinitial_state is not None:
+            dinitial_state.copy_(dS)
         gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(state, o),
                   lambda o: host.slab(dS, o), (dq1, dq2, dk1, dk2, dv))
 
@@ -65,8 +70,9 @@ def prepare(spec, profile: bool | str = False, impl=host):
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
-           profile: bool | str = False) -> None:
-    prepare(spec, profile)(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv)
+           initial_state=None, dinitial_state=None, profile: bool | str = False) -> None:
+    prepare(spec, profile)(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
+                           initial_state, dinitial_state)
 
 
 def profiled_kernels(spec) -> dict[str, int]:

@@ -17,8 +17,8 @@ every token tile of a head reads the same W). Phase 2 of the forward (X = Q2, Y 
 and the backward's five input gradients (bwd.py). W may hold one slab per chunk of CHUNK tokens
 (causal: each chunk reads the state of the chunks before it).
 
-`state`: between the forward's two, the splits of P summed into the state and its bf16 slab
-written, one pass.
+`state`: between the forward's two, the splits of P summed into the state (plus an initial
+state, where a call has one) and its bf16 slab written, one pass.
 """
 from __future__ import annotations
 
@@ -120,10 +120,13 @@ def apply_kernel(X, Y, W, Out, N, c, w_head, w_chunk,
 
 
 @triton.jit
-def state_kernel(P, S, W, n_splits, c, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr):
-    """Between the two: S[bh, i, j, k] = c * sum_s P[bh, s, i, j, k] (fp32, the splits summed in
-    order: bitwise repeatable) and its bf16 slab W[bh, i, k, j] (what the forward's apply reads,
-    host.slab's "ikj"), in one pass over P. Grid (D1, B*H): program (i, bh) owns S[bh, i]."""
+def state_kernel(P, S, W, n_splits, c, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
+                 S0=None):
+    """Between the two: S[bh, i, j, k] = S0[bh, i, j, k] + c * sum_s P[bh, s, i, j, k] (fp32, the
+    splits summed in order: bitwise repeatable; S0 the initial state, fp32 like S, or None: a
+    compile-time None, no load) and its bf16 slab W[bh, i, k, j] (what the forward's apply
+    reads, host.slab's "ikj"), in one pass over P. Grid (D1, B*H): program (i, bh) owns
+    S[bh, i]."""
     i = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     j = tl.arange(0, DY)
@@ -135,5 +138,7 @@ def state_kernel(P, S, W, n_splits, c, D1: tl.constexpr, DY: tl.constexpr, D2: t
         acc += tl.load(P + part + s * (D1 * DY * D2) + jk)
     acc = acc * c
     own = (bh * D1 + i) * (DY * D2)
+    if S0 is not None:
+        acc += tl.load(S0 + own + jk)
     tl.store(S + own + jk, acc)
     tl.store(W + own + k[:, None] * DY + j[None, :], tl.trans(acc.to(tl.bfloat16)))

@@ -2,8 +2,9 @@
 fixed-order sum between them:
 
     1. P = partials(K1, V, K2)        the state's split-N partial sums (fp32)
-    2. state = scale * sum_s P[s]     (core.state_kernel, a fixed order: bitwise repeatable),
-       W[i, k, j] = bf16(state[i, j, k]) in the same pass
+    2. state = initial_state + scale * sum_s P[s]     (core.state_kernel, a fixed order:
+       bitwise repeatable; no initial_state: 0), W[i, k, j] = bf16(state[i, j, k]) in the
+       same pass
     3. out = apply(Q2, Q1, W)
 
 Causal: causal.py's chunked form (the state of earlier chunks, plus each chunk's masked
@@ -16,9 +17,10 @@ from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `
 
 
 def prepare(spec, profile: bool | str = False, impl=host):
-    """The launches of `spec`, made once: run(q1, q2, k1, k2, v, out, out_state) writes out
-    [B, N, H, Dv] bf16 and out_state [B, H, Dq, Dv, Dq] fp32 = scale * sum_n K1[n] (x) V[n] (x)
-    K2[n] from the five inputs (bf16, contiguous). impl: the module whose `n_splits`,
+    """The launches of `spec`, made once: run(q1, q2, k1, k2, v, out, out_state,
+    initial_state=None) writes out [B, N, H, Dv] bf16 and out_state [B, H, Dq, Dv, Dq] fp32 =
+    initial_state + scale * sum_n K1[n] (x) V[n] (x) K2[n] from the five inputs (bf16,
+    contiguous; initial_state fp32, contiguous, or None: 0). impl: the module whose `n_splits`,
     `prepare_partials` and `prepare_apply` make the contractions (host: plain Triton; the TLX
     variants pass kernels_tlx.triple.contractions). profile: True, or one name of host.KERNELS
     (a trace samples one kernel's warps at a time): the Proton-scoped copies."""
@@ -33,14 +35,15 @@ def prepare(spec, profile: bool | str = False, impl=host):
     (dims,) = host.apply_dims(Dq, Dv, "fwd")
     apply = impl.prepare_apply(B, N, H, *dims, 1.0, profile=host.scoped(profile, "apply"))
 
-    def run(q1, q2, k1, k2, v, out, out_state) -> None:
-        apply(q2, q1, state(partials(k1, v, k2), out_state), out)
+    def run(q1, q2, k1, k2, v, out, out_state, initial_state=None) -> None:
+        apply(q2, q1, state(partials(k1, v, k2), out_state, initial_state), out)
 
     return run
 
 
-def launch(spec, q1, q2, k1, k2, v, out, out_state, profile: bool | str = False) -> None:
-    prepare(spec, profile)(q1, q2, k1, k2, v, out, out_state)
+def launch(spec, q1, q2, k1, k2, v, out, out_state, initial_state=None,
+           profile: bool | str = False) -> None:
+    prepare(spec, profile)(q1, q2, k1, k2, v, out, out_state, initial_state)
 
 
 def profiled_kernels(spec) -> dict[str, int]:

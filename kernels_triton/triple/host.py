@@ -154,33 +154,40 @@ def apply(x, y, w, out, c: float, chunk: int = 0, profile: bool = False) -> None
 
 
 def prepare_state(B: int, H: int, d1: int, dy: int, d2: int, splits: int, c: float):
-    """core.state_kernel's launch for these shapes, made once: run(P, S) writes S [B, H, D1,
-    DY, D2] fp32 = c * the sum of P's splits and returns its bf16 slab in order "ikj" (as
-    `slab(S, "ikj")`, without the copy pass)."""
-    kernel = Kernel(state_kernel, (d1, B * H), D1=d1, DY=dy, D2=d2,
-                    num_warps=8 if dy * d2 > 64 * 64 else 4)
+    """core.state_kernel's launch for these shapes, made once: run(P, S, S0=None) writes S [B, H,
+    D1, DY, D2] fp32 = S0 + c * the sum of P's splits (S0 the initial state, same shape, or None)
+    and returns its bf16 slab in order "ikj" (as `slab(S, "ikj")`, without the copy pass). A
+    kernel each way: without S0 the kernel is compiled with no load of it."""
+    kernels = [Kernel(state_kernel, (d1, B * H), D1=d1, DY=dy, D2=d2,
+                      num_warps=8 if dy * d2 > 64 * 64 else 4) for _ in range(2)]
     c = float(c)
 
-    def run(P, S) -> torch.Tensor:
+    def run(P, S, S0=None) -> torch.Tensor:
         W = torch.empty((B, H, d1, d2, dy), device=S.device, dtype=torch.bfloat16)
-        if B * H:
-            kernel(P, S, W, splits, c)
+        if B * H and S0 is None:
+            kernels[0](P, S, W, splits, c)
+        elif B * H:
+            kernels[1](P, S, W, splits, c, S0=S0)
         return W
 
     return run
 
 
-def slab(state, order: str, shift: int = 0) -> torch.Tensor:
+def slab(state, order: str, shift: int = 0, first=None) -> torch.Tensor:
     """The bf16 copy of state [..., i, j, k] (fp32) that `apply` reads as W[p, x, o], the axes in
     `order` (e.g. "ikj": W[i, k, j] = state[i, j, k]); one copy pass. shift > 0: state has a chunk
-    axis (2), and slab c is chunk c - shift of state (zeros before the first): causal.py's
-    exclusive prefix sums from inclusive ones."""
+    axis (2), and slab c is chunk c - shift of state (before the first: `first`, [B, H, i, j, k]
+    without the chunk axis, or zeros when None): causal.py's exclusive prefix sums from
+    inclusive ones."""
     perm = [state.dim() - 3 + "ijk".index(a) for a in order]
     view = state.permute(*range(state.dim() - 3), *perm)
     W = torch.empty(view.shape, device=state.device, dtype=torch.bfloat16)
     if not shift:
         return W.copy_(view)
-    W[:, :, :shift] = 0
+    if first is None:
+        W[:, :, :shift] = 0
+    else:
+        W[:, :, :shift].copy_(first.permute(0, 1, *(p - 1 for p in perm))[:, :, None])
     W[:, :, shift:].copy_(view[:, :, :-shift])
     return W
 

@@ -62,21 +62,29 @@ def test_cpu_tensors_are_never_remembered(gen):
 @pytest.mark.parametrize("op", [spherical_ops.OP, simplicial_ops.OP, triple_ops.OP],
                          ids=["spherical", "simplicial", "triple"])
 def test_each_op_matches_its_passes(op):
-    """The declaration's order is the passes': the forward's validate takes (inputs, params),
-    the backward's (one gradient per output, inputs, saved outputs, params)."""
+    """The declaration's order is the passes': the forward's validate takes (inputs, params,
+    optional), the backward's (one gradient per output, inputs, saved outputs, params,
+    optional); the optional tensors are the forward pass's `optional`, and may be None in both
+    schemas and as gradients."""
     import inspect
     d = op.decl
     fwd = list(inspect.signature(op.fwd_io.validate).parameters)
     bwd = list(inspect.signature(op.bwd_io.validate).parameters)
     params = [n for n, _ in d.params]
-    assert fwd == [*d.inputs, *params]
-    assert len(bwd) == len(d.outputs) + len(d.inputs) + len(d.saved) + len(params)
-    assert bwd[len(d.outputs):] == [*d.inputs, *d.saved, *params]
+    assert fwd == [*d.inputs, *params, *d.optional]
+    assert len(bwd) == len(d.outputs) + len(d.inputs) + len(d.saved) + len(params) + len(
+        d.optional)
+    assert bwd[len(d.outputs):] == [*d.inputs, *d.saved, *params, *d.optional]
     assert set(d.saved) <= set(d.outputs)
+    assert tuple(getattr(op.fwd_io, "optional", ())) == d.optional
+    assert set(d.optional) <= set(getattr(op.bwd_io, "optional", ()))
     fwd_schema, bwd_schema = ops._schema(d)
     assert str(op.fwd_op._opoverload._schema).count("Tensor") >= len(d.inputs)
+    assert all(f"Tensor? {n}" in fwd_schema and f"Tensor? {n}" in bwd_schema
+               for n in d.optional)
     assert fwd_schema.endswith(f"-> ({', '.join('Tensor' for _ in d.outputs)})")
-    assert bwd_schema.endswith(f"-> ({', '.join('Tensor' for _ in d.inputs)})")
+    grads = ["Tensor" for _ in d.inputs] + ["Tensor?" for _ in d.optional]
+    assert bwd_schema.endswith(f"-> ({', '.join(grads)})")
 
 
 class _Fn:

@@ -114,9 +114,11 @@ def test_forward_backward_calls_take_the_state(cpu_launcher) -> None:
     bwd = bench_script("bwd")
     args = FAM.make_inputs(SHAPE(1, 16, 2, 32, 32, causal=True), "bwd", seed=0, device="cpu")
     fwd_args, bwd_args = bwd.fwd_bwd_calls(FAM, args)
-    assert len(fwd_args) == 7 and fwd_args[0] is args[2] and fwd_args[5:] == (None, True)
+    # (q1, ..., v, scale, causal, initial_state): the defaults of what make_inputs leaves out
+    assert len(fwd_args) == 8 and fwd_args[0] is args[2] and fwd_args[5:] == (None, True, None)
     new = bwd_args(("OUT", "STATE"))  # out is no argument of the backward: dropped
-    assert len(new) == len(args) and new[7] == "STATE" and new[:7] == args[:7]
+    assert len(new) == len(args) + 1 and new[7] == "STATE" and new[:7] == args[:7]
+    assert new[-1] is None  # no initial_state
 
 
 def test_the_layer_of_the_record() -> None:

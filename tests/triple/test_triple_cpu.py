@@ -23,13 +23,6 @@ def _x(gen, B=2, N=7, H=2, Dq=32, Dv=64, dtype=F64, requires_grad=False):
     return [t.requires_grad_(requires_grad) for t in ts]
 
 
-@pytest.fixture
-def tiny_dims(monkeypatch):
-    """validate takes only the kernels' Dq, Dv in {32, 64, 128}; widened here to 2 and 3, so that
-    gradcheck's Jacobians (the state has B H Dq^2 Dv entries) stay small."""
-    monkeypatch.setattr(spec, "SUPPORTED_DIMS", (*spec.SUPPORTED_DIMS, 2, 3))
-
-
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("scale", [None, 0.5])
 def test_the_op_on_cpu_is_the_reference(causal, scale, gen):
@@ -88,14 +81,16 @@ def test_gradients_at_the_kernels_dims_are_the_closed_form(gen):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("with_initial_state", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_ops_opcheck(causal, gen, tiny_dims):
+def test_the_ops_opcheck(causal, with_initial_state, gen, tiny_dims):
     x = _x(gen, B=1, N=5, H=2, Dq=2, Dv=3)
-    args = (*x, 0.3, causal, "auto", "auto", False)
+    init = torch.randn(1, 2, 2, 3, 2, generator=gen, dtype=F64) if with_initial_state else None
+    args = (*x, 0.3, causal, init, "auto", "auto", False)
     torch.library.opcheck(torch.ops.altattn.triple_fwd.default, args)
-    out, state = reference(*x, 0.3, causal)
+    out, state = reference(*x, 0.3, causal, init)
     for dstate in (None, torch.randn_like(state)):
-        bwd_args = (torch.randn_like(out), dstate, *x, state, 0.3, causal, "auto", False)
+        bwd_args = (torch.randn_like(out), dstate, *x, state, 0.3, causal, init, "auto", False)
         torch.library.opcheck(torch.ops.altattn.triple_bwd.default, bwd_args)
 
 
@@ -231,10 +226,10 @@ def test_forward_hands_launch_the_inputs_and_outputs(kernels, gen):
     out, state = forward(*x, causal=True)
     (s, args), = kernels["fwd"]
     assert (s.B, s.N, s.H, s.Dq, s.Dv, s.causal, s.scale) == (2, 7, 2, 32, 64, True, 1 / 7)
-    assert len(args) == 7 and all(a is b for a, b in zip(args[:5], x))
+    assert len(args) == 8 and all(a is b for a, b in zip(args[:5], x))
     assert args[5] is out and out.shape == (2, 7, 2, 64) and out.dtype == BF16
     assert args[6] is state and state.shape == (2, 2, 32, 64, 32)
-    assert state.dtype == torch.float32
+    assert state.dtype == torch.float32 and args[7] is None  # no initial_state
     with pytest.raises(ValueError, match="forward-only"):
         forward(*(t.requires_grad_() for t in x))
 
@@ -247,12 +242,13 @@ def test_backward_hands_launch_fp32_state_and_dstate(kernels, gen, with_dstate):
     dstate = torch.randn_like(state) if with_dstate else None
     grads = backward(dout, dstate, *x, state, scale=2.0)
     (s, args), = kernels["bwd"]
-    assert s.scale == 2.0 and not s.causal and len(args) == 13
+    assert s.scale == 2.0 and not s.causal and len(args) == 15
     assert all(a is b for a, b in zip(args[:5], x))
     assert args[5].dtype == torch.float32 and torch.equal(args[5], state.float())
     assert args[6].dtype == BF16 and torch.equal(args[6], dout.to(BF16))
     assert (args[7] is None) if dstate is None else torch.equal(args[7], dstate.float())
-    assert all(a is g for a, g in zip(args[8:], grads))
+    assert len(grads) == 5 and all(a is g for a, g in zip(args[8:13], grads))
+    assert args[13:] == (None, None)  # no initial_state, no gradient of one
     assert [g.shape for g in grads] == [t.shape for t in x] and grads[0].dtype == BF16
 
 
