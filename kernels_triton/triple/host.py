@@ -222,9 +222,12 @@ def compile_configs(causal_chunk: int = 0) -> list[CompileConfig]:
         out.append(recorded_config(
             f"partials_D{dq}x{dv}x{dq}_BI{bi}", partials_kernel,
             lambda: prepare_partials(1, N, H, dq, dv, dq, S), tokens(dq), tokens(dv), tokens(dq)))
-        out.append(recorded_config(
-            f"state_D{dq}x{dv}x{dq}", state_kernel, lambda: prepare_state(1, H, dq, dv, dq, S, 1.0),
-            meta(1, H, S, dq, dv, dq, dtype=f32), meta(1, H, dq, dv, dq, dtype=f32)))
+        state = meta(1, H, dq, dv, dq, dtype=f32)
+        for s0, tag in ((None, ""), (state, "_S0")):  # without and with an initial state
+            out.append(recorded_config(
+                f"state_D{dq}x{dv}x{dq}{tag}", state_kernel,
+                lambda: prepare_state(1, H, dq, dv, dq, S, 1.0),
+                meta(1, H, S, dq, dv, dq, dtype=f32), state, s0))
         for dx, dy, do in {(dq, dq, dv), (dq, dv, dq), (dv, dq, dq)}:
             xy = (tokens(dx), tokens(dy))
             out.append(recorded_config(
