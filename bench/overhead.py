@@ -1,7 +1,7 @@
 """What a call costs the host: microseconds per call of every family's op, pass (`forward`) and
 op forward + backward, and of a decoding step, beside PyTorch's SDPA in the same run.
 
-    python -m bench.overhead [--calls 300] [--json PATH]
+    python -m bench.overhead [--calls 300] [--json PATH] [--profile 20]
 
 Shapes are tiny (128 tokens), so the GPU finishes each call's kernels before the host issues the
 next: the time is the host's. "queued": --calls calls issued back to back, one synchronize at the
@@ -9,8 +9,9 @@ end, wall time over the calls (how a training step issues them); "synced": each 
 torch.cuda.synchronize(), the median call (how a latency-bound loop sees it). The decoding step
 (2-simplicial `attention_with_kvcache`, B 64, 4096 cached tokens, one new token; bench/decode.py)
 is timed eager and replayed from a CUDA graph: its GPU time is not negligible, and the ratio says
-what the host costs a serving loop that does not capture graphs. docs/perf-call.md has the
-numbers and what each step of the call path costs.
+what the host costs a serving loop that does not capture graphs. --profile K prints, after the
+table, the K functions with the most own time in --calls calls of each (cProfile; it inflates
+Python's share). docs/perf-call.md has the numbers and what each step of the call path costs.
 """
 from __future__ import annotations
 
@@ -121,6 +122,22 @@ def decode_rows(gen) -> list[dict]:
              "vs_graph": 1.0}]
 
 
+def print_profile(name: str, fn: Callable, calls: int, top: int) -> None:
+    """cProfile of `calls` calls of fn: the `top` functions by own time."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    print(f"\n## {name}: {calls} calls, own time (tottime) first")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def main(argv=None) -> int:
     from profiling.common import metadata_line, report
 
@@ -128,6 +145,8 @@ def main(argv=None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=300, help="calls per timing (default: 300)")
     p.add_argument("--json", help="write the rows (with run metadata) here")
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="also print the K functions with the most own time of each call")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -149,6 +168,11 @@ def main(argv=None) -> int:
                   ("vs_graph", "graph/eager")], a.json,
            lambda meta: f"{metadata_line(meta)}\n{N} tokens a call; queued: {a.calls} calls, "
                         "one sync (best of 3 rounds)")
+    if a.profile:
+        for family, calls in family_calls(gen).items():
+            for call, fn in calls.items():
+                with torch.no_grad() if "bwd" not in call else torch.enable_grad():
+                    print_profile(f"{family} {call}", fn, a.calls, a.profile)
     return 0
 
 

@@ -1,5 +1,5 @@
-"""CPU tests of the benchmark CLIs (bench/fwd.py, bench/bwd.py, tools/l2_bandwidth.py) and their
-helpers (bench/common.py, profiling/common.py)."""
+"""CPU tests of the benchmark CLIs (bench/fwd.py, bench/bwd.py, bench/overhead.py's profile,
+tools/l2_bandwidth.py) and their helpers (bench/common.py, profiling/common.py)."""
 from __future__ import annotations
 
 import csv
@@ -408,3 +408,15 @@ def test_report_prints_the_header_and_table_and_writes_meta_and_rows(tmp_path, c
     assert json.loads(path.read_text()) == {"meta": meta, "rows": rows}
     report(rows, [("call", "call")], None, "a plain line")
     assert capsys.readouterr().out.startswith("a plain line\n")
+
+
+def test_overhead_profile_prints_the_calls_own_time(capsys):
+    """bench.overhead --profile's printer: a heading naming the call, then cProfile's rows with
+    the profiled function among them."""
+    from bench.overhead import print_profile
+
+    def spin():
+        return sum(range(50))
+    print_profile("toy spin", spin, 30, 5)
+    out = capsys.readouterr().out
+    assert "## toy spin: 30 calls" in out and "spin" in out.split("## toy spin")[1]
