@@ -1,5 +1,6 @@
 """`triton`: the plain-Triton triple-attention backward. dS is a `partials` launch on (Q1, dO, Q2)
-summed in a fixed order (plus the incoming dstate); each input gradient is one `apply` launch,
+summed in a fixed order with the incoming dstate by the forward's state kernel (which writes dS's
+slab for dV in the same pass, host.prepare_state); each input gradient is one `apply` launch,
 its outer product built on the fly (FAMILIES.md §2's contractions, each a GEMM):
 
     dQ1[n, i] =     sum_{j,k} (Q2[n, k] dO[n, j]) S[i, j, k]     apply(Q2, dO, S as [j, k, i])
@@ -14,6 +15,8 @@ With an initial state (the forward's S holds it, so the five gradients read it a
 gradient is dS itself: every token reads it and the returned state holds it. Causal: causal.py.
 """
 from __future__ import annotations
+
+import torch
 
 from kernels_triton.triple import host
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
@@ -55,16 +58,18 @@ def prepare(spec, profile: bool | str = False, impl=host):
                                      profile=host.scoped(profile, "partials"))
     gradients = prepare_gradients(spec, 1.0, spec.scale, profile=host.scoped(profile, "apply"),
                                   impl=impl)
+    # dS = dstate + the partials' sum and its slab in order "ikj" (dV's), in one pass: the
+    # forward's state kernel (sum, add, slab)
+    dS_of = host.prepare_state(B, H, Dq, Dv, Dq, splits, 1.0)
 
     def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv, initial_state=None,
             dinitial_state=None) -> None:
-        dS = partials(q1, dout, q2).sum(2)
-        if dstate is not None:
-            dS.add_(dstate)
-        if dinitial_state is not None:
-            dinitial_state.copy_(dS)
+        # dS is the initial state's gradient: written there where there is one
+        dS = dinitial_state if dinitial_state is not None else torch.empty_like(state)
+        dS_ikj = dS_of(partials(q1, dout, q2), dS, dstate)
         gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(state, o),
-                  lambda o: host.slab(dS, o), (dq1, dq2, dk1, dk2, dv))
+                  lambda o: dS_ikj if o == "ikj" else host.slab(dS, o),
+                  (dq1, dq2, dk1, dk2, dv))
 
     return run
 
