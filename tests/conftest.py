@@ -9,11 +9,6 @@ Seeds
     never share a stream and a rerun of one test reproduces it exactly). Set ALTATTN_TEST_SALT to
     any string to draw a different set of inputs for the whole run. The seed is printed in the
     report of every failing test that used it.
-
-Launch checks
-    ALTATTN_CHECK_LAUNCH=1 unless the environment sets it: every launch a test makes is checked
-    against Triton's own lookup (kernels_triton/launch.py: a plan's kept kernel must be the one the
-    JIT finds for these arguments).
 """
 from __future__ import annotations
 
@@ -27,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 
-os.environ.setdefault("ALTATTN_CHECK_LAUNCH", "1")  # read when kernels_triton.launch is imported
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # plain `pytest` from anywhere, not only `python -m pytest` at the root
     sys.path.insert(0, str(ROOT))
