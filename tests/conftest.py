@@ -57,6 +57,30 @@ def _checked_launches(request, monkeypatch):
         monkeypatch.setattr(launch, "CHECK", True)
 
 
+@pytest.fixture
+def stand_in_launches(monkeypatch):
+    """stand_in_launches(family) -> {pass: [(spec, kernel arguments), ...]}: every variant of
+    `family` replaced by a stand-in module whose `launch` records what it is handed (what the
+    passes give a kernel module), the device check passed (CPU tensors)."""
+    import contextlib
+    import types
+
+    from altattn import launcher, registry
+
+    def install(family: str) -> dict:
+        seen: dict = {}
+        stand_ins = {v: types.SimpleNamespace(
+            supports=lambda s: None,
+            launch=lambda s, *a, profile=False, p=v.pass_: seen.setdefault(p, []).append((s, a)))
+            for v in registry.get_family(family).variants}
+        load = registry.Variant.load
+        monkeypatch.setattr(registry.Variant, "load", lambda v: stand_ins.get(v) or load(v))
+        monkeypatch.setattr(launcher, "check_device", lambda *a, **k: None)
+        monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+        return seen
+    return install
+
+
 def seed_for(nodeid: str) -> int:
     """A 31-bit seed from the test id (and the optional salt): stable across runs and machines."""
     salt = os.environ.get("ALTATTN_TEST_SALT", "")

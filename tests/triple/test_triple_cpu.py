@@ -4,14 +4,12 @@ kernel arguments through the launcher (a stand-in kernel module records them), b
 naming the argument, and the FLOP model. The reference itself: tests/triple/test_triple_reference.py."""
 from __future__ import annotations
 
-import contextlib
-import types
 
 import pytest
 import torch
 
 import altattn
-from altattn import launcher, registry
+from altattn import registry
 from altattn.triple import backward, forward, reference, reference_backward, spec
 from altattn.triple.shapes import PRESETS, Shape, pass_flops, pass_inputs
 
@@ -206,19 +204,9 @@ def test_bad_input_is_refused_naming_the_argument(kwargs, kind, words):
 
 
 @pytest.fixture
-def kernels(monkeypatch):
-    """Stand-in kernels for every triple variant (fwd, bwd) that record each launch's arguments;
-    the device check passed (CPU tensors)."""
-    seen = {}
-    stand_ins = {v: types.SimpleNamespace(
-        supports=lambda s: None,
-        launch=lambda s, *a, profile=False, p=v.pass_: seen.setdefault(p, []).append((s, a)))
-        for v in registry.get_family("triple").variants}
-    load = registry.Variant.load
-    monkeypatch.setattr(registry.Variant, "load", lambda v: stand_ins.get(v) or load(v))
-    monkeypatch.setattr(launcher, "check_device", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-    return seen
+def kernels(stand_in_launches):
+    """Stand-in kernels for every triple variant that record each launch's arguments."""
+    return stand_in_launches("triple")
 
 
 def test_forward_hands_launch_the_inputs_and_outputs(kernels, gen):

@@ -8,7 +8,6 @@ torch.compile here), what the passes hand the kernels, and bad input refused nam
 The same equalities on the GPU kernels: test_gpu_triple_state.py."""
 from __future__ import annotations
 
-import contextlib
 import re
 import types
 
@@ -16,7 +15,6 @@ import pytest
 import torch
 
 import altattn
-from altattn import launcher, registry
 from altattn.triple import backward, forward, reference, reference_backward
 
 F64, BF16 = torch.float64, torch.bfloat16
@@ -208,18 +206,9 @@ def test_bad_initial_state_is_refused_naming_it(kwargs, kind, words):
 
 
 @pytest.fixture
-def kernels(monkeypatch):
+def kernels(stand_in_launches):
     """Stand-in kernels for every triple variant that record each launch's arguments."""
-    seen = {}
-    stand_ins = {v: types.SimpleNamespace(
-        supports=lambda s: None,
-        launch=lambda s, *a, profile=False, p=v.pass_: seen.setdefault(p, []).append((s, a)))
-        for v in registry.get_family("triple").variants}
-    load = registry.Variant.load
-    monkeypatch.setattr(registry.Variant, "load", lambda v: stand_ins.get(v) or load(v))
-    monkeypatch.setattr(launcher, "check_device", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-    return seen
+    return stand_in_launches("triple")
 
 
 @pytest.mark.parametrize("causal", [False, True])
