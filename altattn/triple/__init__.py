@@ -4,9 +4,12 @@ S[i, j, k] = c sum_n K1[n, i] V[n, j] K2[n, k], Y[n, j] = sum_{i,k} Q1[n, i] S[i
     attention(q1, q2, k1, k2, v, *, scale, causal)   differentiable (a torch.library op), CPU or GPU
     TripleAttention(dim, n_heads, ...)               a layer: five projections, optional L2 norm
     forward / backward                               one pass on the GPU kernels, no autograd
+    step(q1, q2, k1, k2, v, state, *, scale)          decoding: T new tokens read and advance
+                                                     the state in place (inference)
     reference / reference_backward                   plain PyTorch in fp64
     variants("fwd" | "bwd")                          the registered kernels
 """
+from .decode import step
 from .layer import TripleAttention
 from .ops import attention
 from .passes import backward, forward
@@ -21,4 +24,4 @@ def variants(pass_: str = "fwd") -> dict[str, str]:
 
 
 __all__ = ["TripleAttention", "TripleSpec", "attention", "backward", "forward", "reference",
-           "reference_backward", "variants"]
+           "reference_backward", "step", "variants"]

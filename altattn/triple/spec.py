@@ -66,20 +66,21 @@ def state_dtypes(on_cpu: bool) -> tuple:
     return (torch.float32, torch.float64) if on_cpu else (torch.float32,)
 
 
-def check_initial_state(initial_state, shape: tuple, device: torch.device, on_cpu: bool) -> None:
-    """TypeError / ValueError naming initial_state unless it is None or a tensor of the state's
-    `shape` [B, H, Dq, Dv, Dq], a dtype of state_dtypes(on_cpu), on `device` (q1's)."""
+def check_initial_state(initial_state, shape: tuple, device: torch.device, on_cpu: bool,
+                        name: str = "initial_state") -> None:
+    """TypeError / ValueError naming `name` unless initial_state is None or a tensor of the
+    state's `shape` [B, H, Dq, Dv, Dq], a dtype of state_dtypes(on_cpu), on `device` (q1's)."""
     if initial_state is None:
         return
-    check_floating("initial_state", initial_state)
+    check_floating(name, initial_state)
     if initial_state.dtype not in state_dtypes(on_cpu):
-        raise TypeError(f"initial_state must have a dtype in {state_dtypes(on_cpu)} (the "
+        raise TypeError(f"{name} must have a dtype in {state_dtypes(on_cpu)} (the "
                         f"state's), got {initial_state.dtype}")
     if tuple(initial_state.shape) != tuple(shape):
-        raise ValueError(f"initial_state must have shape {tuple(shape)} {STATE_LAYOUT}, got "
+        raise ValueError(f"{name} must have shape {tuple(shape)} {STATE_LAYOUT}, got "
                          f"{tuple(initial_state.shape)}")
     if initial_state.device != device:
-        raise ValueError(f"initial_state is on {initial_state.device} but q1, q2, k1, k2, v are "
+        raise ValueError(f"{name} is on {initial_state.device} but q1, q2, k1, k2, v are "
                          f"on {device}")
 
 

@@ -51,5 +51,6 @@ def profiled_kernels(spec) -> dict[str, int]:
 
 
 def compile_configs():
-    from kernels_triton.triple import causal, intra
-    return host.compile_configs(causal.CHUNK) + intra.compile_configs()
+    """The contractions', the causal intra-chunk kernels' and the decoding step's."""
+    from kernels_triton.triple import causal, intra, step
+    return host.compile_configs(causal.CHUNK) + intra.compile_configs() + step.compile_configs()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from altattn.triple.reference import reference, reference_backward
 from altattn.triple import peers as triple_peers
 from bench import check, common, peers
 from profiling import common as pcommon
-from conftest import ROOT, bench_script
+from conftest import ROOT, bench_script, no_gpu_env
 
 REPO_ROOT = str(ROOT)  # the checkout (conftest puts it on sys.path)
 
@@ -168,3 +170,14 @@ def test_materialised_peer_is_forward_only() -> None:
     rows = peers.bench_own(FAM, peer, s, args, ("bwd", "fwd+bwd"))
     assert [r["note"] for r in rows] == ["forward only"] * 2
     assert rows[0]["flops"] == FAM.flops(s, "bwd") and rows[0]["pass"] == "bwd"
+
+
+def test_triple_decode_bench_counts_the_state_read_and_written_and_needs_a_gpu():
+    """bench.triple_decode's bytes are the fp32 state read and written once (2 B H Dq^2 Dv 4:
+    a 537 MB state at B 64, H 8, D 64); without a GPU it stops with a message, not a
+    traceback."""
+    from bench.triple_decode import state_bytes
+    assert state_bytes(64, 8, 64, 64) == 2 * 64 * 8 * 64 ** 3 * 4 == 1_073_741_824
+    p = subprocess.run([sys.executable, "-m", "bench.triple_decode"], cwd=str(ROOT),
+                       capture_output=True, text=True, timeout=120, env=no_gpu_env())
+    assert p.returncode == 2 and "needs a CUDA GPU" in p.stderr
