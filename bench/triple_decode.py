@@ -4,11 +4,12 @@
                                   [--json PATH]
 
 Times `altattn.triple.step` (T new tokens of each of B sequences: the state [B, H, Dq, Dv, Dq]
-fp32 read and written once, in place), replayed from a CUDA graph (a serving loop's way) and
-eager, beside a copy of as many bytes (`copy_` of a state-sized fp32 tensor: it reads and writes
-them, the bandwidth a memory-bound kernel can reach on this GPU). GB/s: the state's bytes read
-and written (2 B H Dq^2 Dv 4) over the median time; "of copy": that over the copy's GB/s;
-tokens/s: B T over the time. No L2 flush (the state dwarfs it, and a decode loop does not).
+fp32 read and written once per launch of at most 8 tokens, in place), replayed from a CUDA graph
+(a serving loop's way) and eager, beside a copy of as many bytes (`copy_` of an fp32 tensor of
+half of them: it reads and writes them, the bandwidth a memory-bound kernel can reach on this
+GPU). GB/s: the state's bytes read and written (2 B H Dq^2 Dv 4 per launch) over the median
+time; "of copy": that over the copy's GB/s; tokens/s: B T over the time. No L2 flush (the state
+dwarfs it, and a decode loop does not).
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from profiling.common import metadata_line, report
 from profiling.timing import graphed, median_ms
 
 
-def state_bytes(B: int, H: int, Dq: int, Dv: int) -> int:
-    """Bytes a step moves: the fp32 state read once and written once."""
-    return 2 * B * H * Dq * Dq * Dv * 4
+def state_bytes(B: int, H: int, Dq: int, Dv: int, T: int = 1) -> int:
+    """Bytes a step of T tokens moves: the fp32 state read and written once per launch."""
+    from kernels_triton.triple.step import MAX_T
+    return 2 * B * H * Dq * Dq * Dv * 4 * -(-T // MAX_T)
 
 
 def main(argv=None) -> int:
@@ -44,14 +46,15 @@ def main(argv=None) -> int:
     x = [torch.randn(B, T, H, d, device="cuda", generator=gen).to(torch.bfloat16)
          for d in (Dq, Dq, Dq, Dq, Dv)]
     state = torch.zeros(B, H, Dq, Dv, Dq, device="cuda")
-    other = torch.empty_like(state)
-    moved = state_bytes(B, H, Dq, Dv)
+    moved = state_bytes(B, H, Dq, Dv, T)
+    source = torch.zeros(moved // 8, device="cuda")  # fp32: copy_ reads and writes moved / 2
+    other = torch.empty_like(source)
     c = 1e-3
     with torch.no_grad():
         times = {"step (graph)": median_ms(graphed(lambda: step(*x, state, scale=c)),
                                           flush_l2=False),
                  "step (eager)": median_ms(lambda: step(*x, state, scale=c), flush_l2=False),
-                 "copy of as many bytes": median_ms(lambda: other.copy_(state), flush_l2=False)}
+                 "copy of as many bytes": median_ms(lambda: other.copy_(source), flush_l2=False)}
     copy_gbs = moved / times["copy of as many bytes"] / 1e6
     rows = [{"call": name, "ms": round(ms, 4), "GB/s": round(moved / ms / 1e6, 1),
              "of copy": round(moved / ms / 1e6 / copy_gbs, 3),

@@ -8,7 +8,8 @@ before (a causal `triple_attention` call's returned state, or an earlier step's;
 For each token t in order: state += scale * K1[t] (x) V[t] (x) K2[t], then out[t, j] =
 sum_{i,k} Q1[t, i] state[i, j, k] Q2[t, k]. So steps of any sizes give the rows and the final
 state of one causal call with that initial_state, and a sequence's memory is its state
-(Dq^2 Dv H fp32) whatever its length. Returns out [B, T, H, Dv] in the queries' dtype.
+(Dq^2 Dv H fp32) whatever its length. Returns out [B, T, H, Dv] in the queries' dtype. The
+state's version counter moves (autograd refuses a backward through a graph that saved it).
 CUDA: bf16 inputs, the state fp32 and contiguous; one pass of kernels_triton/triple/step.py over
 the state (no host sync, no allocation but out: a step captures in a CUDA graph). CPU: the same
 math in fp64 (any dtype the reference takes; the state fp32 or fp64). Forward only.
@@ -32,9 +33,12 @@ def step(q1, q2, k1, k2, v, state, *, scale) -> torch.Tensor:
     spec = validate(q1, q2, k1, k2, v, scale, True, None, cpu_reference=True)
     on_cpu = q1.device.type == "cpu"
     shape = (spec.B, spec.H, spec.Dq, spec.Dv, spec.Dq)
+    if state is None:
+        raise TypeError("state must be a torch.Tensor (the state to advance), got None")
     check_initial_state(state, shape, q1.device, on_cpu, name="state")
-    if not state.is_contiguous():
-        raise ValueError("state must be contiguous: step updates it in place")
+    if not state.is_contiguous() or (not on_cpu and state.data_ptr() % 16):
+        raise ValueError("state must be contiguous and (on the GPU) start 16-byte aligned: "
+                         "step updates it in place, so it cannot be copied into shape")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q1, q2, k1, k2, v, state)):
         raise ValueError("altattn.triple.step is the inference path and its inputs require "
                          "grad: call it under torch.no_grad() or with detached tensors (the "
@@ -49,6 +53,9 @@ def step(q1, q2, k1, k2, v, state, *, scale) -> torch.Tensor:
         run = prepare_step(spec.B, spec.N, spec.H, spec.Dq, spec.Dv, device.index)
         on_device(device, run, *[dense_aligned(t) for t in (q1, q2, k1, k2, v)], state, out,
                   spec.scale)
+        # written by the kernel, behind autograd's back: a graph that saved state (a
+        # differentiable call's returned state) must see it changed, as copy_ on the CPU shows
+        torch.autograd.graph.increment_version(state)
     return out
 
 

@@ -7,8 +7,9 @@ For each (b, h) and each token t in order (causal inside the step too):
 One program per (b, h, block of BJ values of j): it streams S[:, j-block, :] once, a [BJ, Dq]
 tile per i (k contiguous), applies the T rank-1 updates to the tile and adds each token's
 contribution to its [BJ] output, then stores the tile. Memory-bound: the state is read and
-written once a step (Dq^2 Dv fp32 per head); no tensor cores, so Triton's CPU interpreter runs
-it (tests). At most MAX_T tokens a launch; `prepare_step` chains launches for more.
+written once a launch (Dq^2 Dv fp32 per head); no tensor cores, so Triton's CPU interpreter runs
+it (tests). At most MAX_T tokens a launch; `prepare_step` chains launches for more (a pass over
+the state each).
 """
 from __future__ import annotations
 

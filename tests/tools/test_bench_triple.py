@@ -173,11 +173,12 @@ def test_materialised_peer_is_forward_only() -> None:
 
 
 def test_triple_decode_bench_counts_the_state_read_and_written_and_needs_a_gpu():
-    """bench.triple_decode's bytes are the fp32 state read and written once (2 B H Dq^2 Dv 4:
-    a 537 MB state at B 64, H 8, D 64); without a GPU it stops with a message, not a
-    traceback."""
+    """bench.triple_decode's bytes are the fp32 state read and written once a launch (2 B H Dq^2
+    Dv 4: a 537 MB state at B 64, H 8, D 64; a launch per 8 tokens); without a GPU it stops
+    with a message, not a traceback."""
     from bench.triple_decode import state_bytes
     assert state_bytes(64, 8, 64, 64) == 2 * 64 * 8 * 64 ** 3 * 4 == 1_073_741_824
+    assert state_bytes(64, 8, 64, 64, 9) == 2 * state_bytes(64, 8, 64, 64, 8)  # two launches
     p = subprocess.run([sys.executable, "-m", "bench.triple_decode"], cwd=str(ROOT),
                        capture_output=True, text=True, timeout=120, env=no_gpu_env())
     assert p.returncode == 2 and "needs a CUDA GPU" in p.stderr

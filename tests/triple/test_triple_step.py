@@ -44,12 +44,15 @@ def test_steps_equal_one_causal_call(cuts, dtype, gen):
 
 
 def test_state_is_updated_in_place_in_its_dtype(gen):
+    """In place, in its dtype, and its version counter moves (a graph that saved the state,
+    e.g. a differentiable call's returned one, then refuses a backward through it)."""
     x = _tokens(gen, 1, 2, 2, 3, 2)
     state = torch.zeros(1, 2, 3, 2, 3)  # fp32 on the CPU too
-    ptr = state.data_ptr()
+    ptr, version = state.data_ptr(), state._version
     step(*x, state, scale=1.0)
     _, want = attention(*x, scale=1.0, causal=True)
     assert state.data_ptr() == ptr and state.dtype == torch.float32
+    assert state._version > version
     torch.testing.assert_close(state, want.float())
 
 
@@ -60,6 +63,7 @@ def test_state_is_updated_in_place_in_its_dtype(gen):
      "dtype"),
     ({"state": torch.zeros(1, 2, 3, 3, 6)[..., ::2]}, ValueError, "state must be contiguous"),
     ({"state": [0.0]}, TypeError, "state must be a torch.Tensor"),
+    ({"state": None}, TypeError, "state must be a torch.Tensor"),
     ({"k1": torch.zeros(1, 3, 2, 3)}, ValueError, "k1 must have q1's shape"),
     ({"scale": -1.0}, ValueError, "scale"),
 ])
