@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_bool, check_layer_input, positive_int
+from .decode import step as triple_step
 from .ops import attention, check_variant_names
 from .spec import SUPPORTED_DIMS, check_scale
 
@@ -23,7 +24,8 @@ class TripleAttention(nn.Module):
     raises at construction, naming the argument. forward(x, initial_state=None, return_state=
     False): the attention's initial state [B, n_heads, head_dim, v_head_dim, head_dim] (the op's;
     scale must then be given) and, with return_state=True, (y, state): a causal layer fed in
-    chunks, each chunk's state the next one's, equals one call."""
+    chunks, each chunk's state the next one's, equals one call. step(x, state): decoding, the
+    state advanced in place."""
 
     def __init__(self, dim: int, n_heads: int, head_dim: int = 64, v_head_dim: int | None = None,
                  *, causal: bool = False, scale: float | None = None, normalize: bool = False,
@@ -52,6 +54,29 @@ class TripleAttention(nn.Module):
                 return_state: bool = False):
         check_layer_input(x, self.dim)
         check_bool("return_state", return_state)
+        o, state = attention(*self._heads(x), scale=self.scale, causal=self.causal,
+                             initial_state=initial_state, variant=self.variant,
+                             bwd_variant=self.bwd_variant, deterministic=self.deterministic)
+        return (self._project(o, x), state) if return_state else self._project(o, x)
+
+    def step(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Decoding: x [B, T, dim] the next T tokens of each sequence, `state` the state of the
+        tokens before (forward's with return_state=True, or an earlier step's), advanced in
+        place (altattn.triple.step); returns y [B, T, dim], the rows a forward over all the
+        tokens would give. A causal layer with an explicit scale; inference only (call it
+        under torch.no_grad())."""
+        if not self.causal:
+            raise ValueError("step decodes a causal layer (causal=True): a non-causal token "
+                             "reads every token of its call, including later ones")
+        if self.scale is None:
+            raise ValueError("step needs the layer's scale given (scale=None is 1/N of one "
+                             "call's tokens, which a state of earlier tokens does not have)")
+        check_layer_input(x, self.dim)
+        return self._project(triple_step(*self._heads(x), state, scale=self.scale), x)
+
+    def _heads(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """q1, q2, k1, k2 [B, N, n_heads, head_dim] and v [B, N, n_heads, v_head_dim] of x, in
+        the attention's dtype (bf16 on CUDA)."""
         B, N, _ = x.shape
         dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
 
@@ -59,13 +84,13 @@ class TripleAttention(nn.Module):
             t = proj(x).view(B, N, self.n_heads, size)
             return (F.normalize(t, dim=-1) if normalize else t).to(dtype)
 
-        qk = [heads(p, self.head_dim, self.normalize) for p in (self.q1, self.q2, self.k1, self.k2)]
-        o, state = attention(*qk, heads(self.v, self.v_head_dim, False), scale=self.scale,
-                             causal=self.causal, initial_state=initial_state,
-                             variant=self.variant, bwd_variant=self.bwd_variant,
-                             deterministic=self.deterministic)
-        y = self.out(o.reshape(B, N, self.n_heads * self.v_head_dim).to(x.dtype))
-        return (y, state) if return_state else y
+        return [*(heads(p, self.head_dim, self.normalize)
+                  for p in (self.q1, self.q2, self.k1, self.k2)),
+                heads(self.v, self.v_head_dim, False)]
+
+    def _project(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        return self.out(o.reshape(B, N, self.n_heads * self.v_head_dim).to(x.dtype))
 
     def extra_repr(self) -> str:
         return (f"n_heads={self.n_heads}, head_dim={self.head_dim}, "

@@ -70,3 +70,14 @@ def test_step_in_a_cuda_graph_equals_eager(gen):
     graph.replay()
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
     torch.testing.assert_close(state, eager_state, rtol=0, atol=0)
+
+
+def test_the_layer_prefills_then_decodes_on_the_gpu(gen):
+    layer = altattn.TripleAttention(128, 2, 64, 64, causal=True, scale=1e-2).cuda()
+    x = torch.randn(2, 40, 128, generator=gen, device="cuda")
+    with torch.no_grad():
+        want, want_state = layer(x, return_state=True)
+        _, state = layer(x[:, :37], return_state=True)
+        got = torch.cat([layer.step(x[:, t:t + 1], state) for t in range(37, 40)], 1)
+    assert rel(got, want[:, 37:]) <= TOLERANCES["out_rel"]
+    assert rel(state, want_state) <= TOLERANCES["state_rel"]

@@ -124,3 +124,22 @@ def test_launches_are_made_per_device():
     assert st.prepare_step(1, 3, 2, 32, 32, 0) is st.prepare_step(1, 3, 2, 32, 32, 0)
     assert st.prepare_step(1, 3, 2, 32, 32, 0) is not st.prepare_step(1, 3, 2, 32, 32, 1)
     assert [st.block_t(t) for t in (1, 3, 8, 11)] == [1, 4, 8, 8]
+
+
+def test_the_layer_prefills_then_decodes(gen):
+    """TripleAttention.step after a prefill: the rows of one forward over all the tokens, the
+    state advanced to that forward's; a non-causal layer, or one with scale None, refuses."""
+    import altattn
+    layer = altattn.TripleAttention(48, 2, 32, 32, causal=True, scale=SCALE).double()
+    x = torch.randn(2, 7, 48, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        want, want_state = layer(x, return_state=True)
+        _, state = layer(x[:, :4], return_state=True)
+        got = [layer.step(x[:, t:t + 1], state) for t in range(4, 6)] + [layer.step(x[:, 6:],
+                                                                                    state)]
+    torch.testing.assert_close(torch.cat(got, 1), want[:, 4:], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(state, want_state, rtol=1e-12, atol=1e-12)
+    for kwargs, words in (({"causal": False, "scale": SCALE}, "causal layer"),
+                          ({"causal": True}, "needs the layer's scale")):
+        with pytest.raises(ValueError, match=words):
+            altattn.TripleAttention(48, 2, 32, 32, **kwargs).double().step(x[:, :1], state)
