@@ -18,8 +18,8 @@ attention: at Hk = 1 it moves 511 x 4 rows of D, a few microseconds, while the a
 shard takes milliseconds (overlap would cost a second launch and an output merge; see
 docs/perf-cp.md).
 
-Transport: `torch.distributed` itself: NCCL for CUDA tensors, gloo for CPU ones. A group whose
-backend has no NCCL takes CUDA tensors through host memory (tests on one GPU).
+Transport: altattn.distributed (NCCL for CUDA tensors, gloo for CPU ones; a group whose
+backend has no NCCL takes CUDA tensors through host memory: tests on one GPU).
 """
 from __future__ import annotations
 
@@ -29,31 +29,11 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from ..distributed import agree, check_lens, exchange, process_group
 from .ops import attention, check_variant_names
 from .spec import FORMS, REFERENCE_DTYPES, validate
 
 Tensor = torch.Tensor
-
-
-def process_group(group):
-    """`group` as a ProcessGroup: None is the default group; a DeviceMesh must be 1-D (pass
-    mesh["cp"] for one dimension of a larger mesh). TypeError / ValueError naming `group`."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("context parallelism needs torch.distributed initialized "
-                           "(torch.distributed.init_process_group)")
-    if group is None:
-        return dist.group.WORLD
-    if isinstance(group, dist.ProcessGroup):
-        return group
-    mesh_type = getattr(getattr(dist, "device_mesh", None), "DeviceMesh", None)
-    if mesh_type is not None and isinstance(group, mesh_type):
-        if group.ndim != 1:
-            raise ValueError(f"group: a DeviceMesh of {group.ndim} dims; pass the sequence "
-                             f"dimension's 1-D mesh, e.g. mesh['cp'] (dims: "
-                             f"{group.mesh_dim_names})")
-        return group.get_group()
-    raise TypeError(f"group must be a ProcessGroup, a 1-D DeviceMesh or None, got "
-                    f"{type(group).__name__}")
 
 
 class Plan(NamedTuple):
@@ -86,29 +66,6 @@ def halo_plan(lens: list[int], halo: int) -> Plan:
     return Plan(offsets, recv, send)
 
 
-def _exchange(group, sends: list[tuple[int, Tensor]], recvs: list[tuple[int, Tensor]]) -> None:
-    """Send each (peer, tensor) of `sends`, fill each buffer of `recvs` from its peer, in one
-    batch of point-to-point operations. CUDA tensors go through host memory when the group's
-    backend has no NCCL (gloo sends host tensors)."""
-    if not sends and not recvs:
-        return
-    device = (sends or recvs)[0][1].device
-    staged = device.type == "cuda" and "nccl" not in str(dist.get_backend(group)).lower()
-    ops, landed = [], []
-    for peer, t in sends:
-        ops.append(dist.P2POp(dist.isend, t.cpu() if staged else t.contiguous(),
-                              dist.get_global_rank(group, peer), group))
-    for peer, t in recvs:
-        buf = torch.empty(t.shape, dtype=t.dtype) if staged else t
-        ops.append(dist.P2POp(dist.irecv, buf, dist.get_global_rank(group, peer), group))
-        landed.append((t, buf))
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    for t, buf in landed:
-        if buf is not t:
-            t.copy_(buf)
-
-
 class _Halo(torch.autograd.Function):
     """(k1, k2, v1, v2) of this rank's shard -> the same with the halo prepended (rows of the
     ranks before it); backward: the halo rows' gradients go back to their owners, which add
@@ -120,7 +77,7 @@ class _Halo(torch.autograd.Function):
         B, _, H, D = xs[0].shape
         sends = [(dst, torch.stack([x[:, a:b] for x in xs])) for dst, a, b in plan.send[rank]]
         recvs = [(src, xs[0].new_empty(4, B, b - a, H, D)) for src, a, b in plan.recv[rank]]
-        _exchange(group, sends, recvs)
+        exchange(group, sends, recvs)
         return tuple(torch.cat([*(buf[i] for _, buf in recvs), x], 1) for i, x in enumerate(xs))
 
     @staticmethod
@@ -133,7 +90,7 @@ class _Halo(torch.autograd.Function):
             row += b - a
         B, _, H, D = grads[0].shape
         recvs = [(dst, grads[0].new_empty(4, B, b - a, H, D)) for dst, a, b in plan.send[rank]]
-        _exchange(ctx.group, sends, recvs)
+        exchange(ctx.group, sends, recvs)
         own = [g[:, h:].clone(memory_format=torch.contiguous_format) for g in grads]
         for (_, a, b), (_, buf) in zip(plan.send[rank], recvs):
             for i, g in enumerate(own):
@@ -161,45 +118,6 @@ _AGREED = ("B", "Hq", "Hk", "D", "w1", "w2", "sm_scale", "dtype, form and device
            "requires_grad of each input (and grad mode)")
 
 
-def _agree(group, q, described: list[float], error: Exception | None) -> list[int]:
-    """All-gather every rank's description; raise on every rank (never a hang on the others)
-    when one rank's checks failed or the ranks disagree. Returns the shard lengths."""
-    backend = str(dist.get_backend(group)).lower()
-    on_gpu = isinstance(q, Tensor) and q.device.type == "cuda" and "nccl" in backend
-    device = q.device if on_gpu else torch.device("cpu")
-    mine = torch.tensor(described, dtype=torch.float64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(every, mine, group=group)
-    rows = torch.stack(every).tolist()  # one copy to the host, not one per rank
-    if error is not None:
-        raise error
-    failed = [r for r, row in enumerate(rows) if row[0] < 0]
-    if failed:
-        raise ValueError(f"context_parallel_attention: the inputs of rank(s) {failed} of the "
-                         f"group were refused (their error names the argument)")
-    for i, what in enumerate(_AGREED, start=1):
-        values = [row[i] for row in rows]
-        if len(set(values)) > 1:
-            raise ValueError(f"context_parallel_attention: every rank of the group must pass the "
-                             f"same {what}; by rank: {values}")
-    return [int(row[0]) for row in rows]
-
-
-def _check_lens(shard_lens, world: int, rank: int, n: int) -> list[int]:
-    """shard_lens as a list of `world` ints >= 0 whose entry `rank` is this shard's length n,
-    else TypeError / ValueError naming shard_lens."""
-    if not isinstance(shard_lens, (list, tuple)) or not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in shard_lens):
-        raise TypeError(f"shard_lens must be a list of ints, got {shard_lens!r}")
-    if len(shard_lens) != world or min(shard_lens, default=0) < 0:
-        raise ValueError(f"shard_lens must hold {world} lengths >= 0 (one per rank of the "
-                         f"group), got {list(shard_lens)}")
-    if shard_lens[rank] != n:
-        raise ValueError(f"shard_lens[{rank}] = {shard_lens[rank]} but this rank's shard has "
-                         f"N = {n} tokens (dim 1 of q)")
-    return list(shard_lens)
-
-
 def context_parallel_attention(q, k1, k2, v1, v2, w1, w2, *, group=None, sm_scale=None,
                                variant: str = "auto", bwd_variant: str = "auto",
                                form: str = "trilinear", deterministic: bool = False,
@@ -225,11 +143,11 @@ def context_parallel_attention(q, k1, k2, v1, v2, w1, w2, *, group=None, sm_scal
     if shard_lens is None:
         described, error = _describe(q, k1, k2, v1, v2, w1, w2, sm_scale, form, variant,
                                      bwd_variant, deterministic)
-        lens = _agree(group, q, described, error)
+        lens = agree(group, q, described, error, _AGREED)
     else:
         check_variant_names(variant, bwd_variant, deterministic)
         validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form, cpu_reference=True)
-        lens = _check_lens(shard_lens, dist.get_world_size(group), rank, q.shape[1])
+        lens = check_lens(shard_lens, dist.get_world_size(group), rank, q.shape[1])
     opts = {"sm_scale": sm_scale, "variant": variant, "bwd_variant": bwd_variant, "form": form,
             "deterministic": deterministic}
     if len(lens) == 1 or q.shape[0] == 0:
@@ -248,4 +166,4 @@ def attend_extended(q, kv_ext, w1, w2, **opts):
     return out[:, h:].contiguous(), lse[:, :, h:].contiguous()
 
 
-__all__ = ["context_parallel_attention", "halo_plan", "process_group"]
+__all__ = ["context_parallel_attention", "halo_plan"]

@@ -5,10 +5,11 @@ import torch
 from torch import nn
 
 from ..checks import check_layer_input, positive_int
-from .context_parallel import context_parallel_attention, process_group
+from ..distributed import process_group
+from .context_parallel import context_parallel_attention
 from .ops import attention, check_variant_names
-from .varlen import attention_varlen
 from .spec import SUPPORTED_HEAD_DIMS, check_form
+from .varlen import attention_varlen
 
 
 class SimplicialAttention(nn.Module):
