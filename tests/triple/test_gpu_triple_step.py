@@ -23,7 +23,7 @@ def rel(a, b) -> float:
 
 
 def _tokens(gen, B, T, H, Dq, Dv):
-    return [torch.randn(B, T, H, d, generator=gen, device="cuda").to(BF16)
+    return [torch.randn(B, T, H, d, generator=gen).cuda().to(BF16)
             for d in (Dq, Dq, Dq, Dq, Dv)]
 
 
@@ -31,7 +31,7 @@ def _tokens(gen, B, T, H, Dq, Dv):
                                          (1, 3, 2, 32, 64), (2, 11, 2, 128, 32)])
 def test_step_matches_fp64(B, T, H, Dq, Dv, gen):
     x = _tokens(gen, B, T, H, Dq, Dv)
-    state = torch.randn(B, H, Dq, Dv, Dq, generator=gen, device="cuda") * 0.1
+    state = torch.randn(B, H, Dq, Dv, Dq, generator=gen).cuda() * 0.1
     want_state = state.double().cpu()
     want = _step_reference(*(t.cpu() for t in x), want_state, 0.02)  # advances want_state
     out = step(*x, state, scale=0.02)
@@ -56,7 +56,7 @@ def test_prefill_then_steps_equal_one_causal_call(gen):
 def test_step_in_a_cuda_graph_equals_eager(gen):
     B, H, D = 4, 2, 64
     x = _tokens(gen, B, 1, H, D, D)
-    start = torch.randn(B, H, D, D, D, generator=gen, device="cuda") * 0.1
+    start = torch.randn(B, H, D, D, D, generator=gen).cuda() * 0.1
     state = start.clone()
     eager = step(*x, state, scale=0.1)
     eager_state = state.clone()
@@ -74,7 +74,7 @@ def test_step_in_a_cuda_graph_equals_eager(gen):
 
 def test_the_layer_prefills_then_decodes_on_the_gpu(gen):
     layer = altattn.TripleAttention(128, 2, 64, 64, causal=True, scale=1e-2).cuda()
-    x = torch.randn(2, 40, 128, generator=gen, device="cuda")
+    x = torch.randn(2, 40, 128, generator=gen).cuda()
     with torch.no_grad():
         want, want_state = layer(x, return_state=True)
         _, state = layer(x[:, :37], return_state=True)
