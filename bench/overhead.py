@@ -99,11 +99,10 @@ def _sdpa_calls(q, k, v, do) -> dict[str, Callable]:
             "op fwd+bwd": lambda: F.scaled_dot_product_attention(qg, kg, vg).backward(dos)}
 
 
-def decode_rows(gen) -> list[dict]:
-    """The decoding step eager and from a CUDA graph (bench/decode.py's ring caches)."""
+def decode_step(gen) -> Callable:
+    """The decoding step (bench/decode.py's ring caches): B 64, 4096 cached, one new token."""
     from altattn.simplicial import attention_with_kvcache
     from bench.decode import HK, HQ, W1, W2
-    from profiling.timing import graphed, median_ms
 
     B, P, D = 64, 4096, 128
     q = _bf16(B, 1, HQ, D, gen=gen)
@@ -114,6 +113,14 @@ def decode_rows(gen) -> list[dict]:
     def step():
         return attention_with_kvcache(q, *caches, lens, W1, W2, k1=new[0], k2=new[1],
                                       v1=new[2], v2=new[3])
+    return step
+
+
+def decode_rows(gen) -> list[dict]:
+    """The decoding step eager and from a CUDA graph."""
+    from profiling.timing import graphed, median_ms
+
+    step = decode_step(gen)
     eager = median_ms(step, flush_l2=False)
     graph = median_ms(graphed(step), flush_l2=False)
     return [{"family": "simplicial", "call": "decode step eager", "us": round(eager * 1e3, 1),
@@ -173,6 +180,8 @@ def main(argv=None) -> int:
             for call, fn in calls.items():
                 with torch.no_grad() if "bwd" not in call else torch.enable_grad():
                     print_profile(f"{family} {call}", fn, a.calls, a.profile)
+        with torch.no_grad():
+            print_profile("simplicial decode step", decode_step(gen), a.calls, a.profile)
     return 0
 
 
