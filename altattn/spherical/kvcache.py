@@ -169,7 +169,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     on_device(q.device, run, dense_aligned(q), k_cache, v_cache, dense_aligned(lens), *new,
               out, r, s.sm_scale, s.eps)
     if s.appended:  # written by a kernel, behind autograd's back (as copy_ would show)
-        torch.autograd.graph.increment_version((k_cache, v_cache))
+        for c in (k_cache, v_cache):
+            torch.autograd.graph.increment_version(c)
     return out, r
 
 
@@ -185,15 +186,15 @@ def reference_with_kvcache(q, k_cache, v_cache, lens: Tensor, appended: bool, ca
                            sm_scale: float, eps: float, dtype=torch.float64):
     """(out [B, T, Hq, D], r [B, Hq, T]) in `dtype`, the math over the visible cache rows:
     s = c q . k, r = ||s||, out = sum s v / (r + eps)."""
-    B, T, Hq, _ = q.shape
+    B, T, Hq, D = q.shape
     R, Hk = k_cache.shape[1], k_cache.shape[2]
-    G = Hq // Hk
-    kx, vx = (c.to(dtype).repeat_interleave(G, dim=2) for c in (k_cache, v_cache))
-    s = sm_scale * torch.einsum("bthd,bxhd->bhtx", q.to(dtype), kx)
-    s = s.masked_fill(~visible_rows(lens, T, R, appended, causal)[:, None], 0.0)
-    r = s.square().sum(-1).sqrt()                                   # [B, Hq, T]
-    out = torch.einsum("bhtx,bxhd->bthd", s, vx) / (r + eps).transpose(1, 2)[..., None]
-    return out, r
+    qg = q.to(dtype).view(B, T, Hk, Hq // Hk, D)        # query head h = kv head * G + g
+    s = sm_scale * torch.einsum("btkgd,bxkd->bkgtx", qg, k_cache.to(dtype))
+    s = s.masked_fill(~visible_rows(lens, T, R, appended, causal)[:, None, None], 0.0)
+    r = s.square().sum(-1).sqrt()                                   # [B, Hk, G, T]
+    out = torch.einsum("bkgtx,bxkd->btkgd", s, v_cache.to(dtype)) / (
+        r + eps).permute(0, 3, 1, 2)[..., None]
+    return out.reshape(B, T, Hq, D), r.reshape(B, Hq, T)
 
 
 def _reference_step(q, k_cache, v_cache, lens, k, v, s: Setup):

@@ -195,23 +195,23 @@ def prepare(B: int, T: int, Hq: int, Hk: int, D: int, R: int, appended: bool, ca
 
 
 def compile_configs():
-    """The step at D 64 and 128, G 4 and 32, T 1 and 4, causal, one split (the target shape, B
-    64 Hk 8 R 4096) and several (B 1); its append and merge kernels (recorded on meta tensors)."""
+    """The step at the target (D 128, B 64, Hk 8, G 4, T 1, R 4096: one split), with several
+    splits (D 64, B 1, T 4: its append and merge kernels too) and with 128-row tiles (D 128, G
+    32, T 4), recorded on meta tensors."""
     from kernels_triton.launch import compile_configs as configs_of
     from kernels_triton.launch import meta
     out = []
-    for D in (64, 128):
-        for B, Hk, G, T, R in ((64, 8, 4, 1, 4096), (1, 8, 4, 4, 4096), (1, 1, 32, 4, 4096)):
-            Hq = G * Hk
-            args = (meta(B, T, Hq, D), meta(B, R, Hk, D), meta(B, R, Hk, D),
-                    meta(B, dtype=torch.int32), meta(B, T, Hk, D), meta(B, T, Hk, D),
-                    meta(B, T, Hq, D), meta(B, Hq, T, dtype=torch.float32), 0.1, 1e-6)
+    for D, B, Hk, G, T in ((128, 64, 8, 4, 1), (64, 1, 8, 4, 4), (128, 1, 1, 32, 4)):
+        Hq, R = G * Hk, 4096
+        args = (meta(B, T, Hq, D), meta(B, R, Hk, D), meta(B, R, Hk, D),
+                meta(B, dtype=torch.int32), meta(B, T, Hk, D), meta(B, T, Hk, D),
+                meta(B, T, Hq, D), meta(B, Hq, T, dtype=torch.float32), 0.1, 1e-6)
 
-            def name(launch, tag=f"decode_D{D}_B{B}_G{G}_T{T}"):
-                kind = launch.fn.__name__.split("_")[0]
-                if kind != "decode":
-                    return f"{kind}_D{D}_Hk{Hk}" if B == 1 and G == 4 else None
-                return f"{tag}_M{launch.constexprs['BLOCK_M']}"
-            out += configs_of(lambda B=B, T=T, Hq=Hq, Hk=Hk, D=D, R=R: prepare.__wrapped__(
-                B, T, Hq, Hk, D, R, True, True), args, name)
+        def name(launch, tag=f"D{D}_B{B}_G{G}_T{T}"):
+            kind = launch.fn.__name__.split("_")[0]
+            if kind == "decode":
+                return f"decode_{tag}_M{launch.constexprs['BLOCK_M']}"
+            return f"{kind}_D{D}_Hk{Hk}" if B == 1 and G == 4 else None
+        out += configs_of(lambda B=B, T=T, Hq=Hq, Hk=Hk, D=D, R=R: prepare.__wrapped__(
+            B, T, Hq, Hk, D, R, True, True), args, name)
     return out
