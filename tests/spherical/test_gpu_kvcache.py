@@ -153,3 +153,25 @@ def test_lengths_past_the_cache_touch_nothing_outside_it(gen):
     want_k[0, R - 1] = k[0, 0]  # the one new row inside the cache; sequence 1 wrote none
     assert torch.equal(kc, want_k)
     assert torch.isfinite(out).all() and torch.isfinite(r).all()
+
+
+def test_an_int_cache_seqlens_is_a_tensor_of_it(gen):
+    B, T, Hq, Hk, D, R = 3, 2, 8, 2, 128, 300
+    q, kc, vc, k, v, _ = _problem(gen, B, T, Hq, Hk, D, R, True)
+    lens = torch.full((B,), 123, dtype=torch.int32, device="cuda")
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = attention_with_kvcache(q, kc, vc, lens, k=k, v=v)
+    got = attention_with_kvcache(q, kc2, vc2, 123, k=k, v=v)
+    for g, w in zip((*got, kc2, vc2), (*want, kc, vc)):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_caches_that_cannot_be_written_in_place_are_refused(gen):
+    """Non-contiguous or misaligned caches raise (a copy would drop the new rows)."""
+    B, T, Hq, Hk, D, R = 2, 1, 4, 2, 64, 16
+    q, kc, vc, k, v, lens = _problem(gen, B, T, Hq, Hk, D, R, True)
+    strided = _randn(gen, B, 2 * R, Hk, D)[:, ::2]
+    shifted = _randn(gen, B * R * Hk * D + 1)[1:].view(B, R, Hk, D)
+    for bad in (strided, shifted):
+        with pytest.raises(ValueError, match="k_cache must be contiguous"):
+            attention_with_kvcache(q, bad, vc, lens, k=k, v=v)
