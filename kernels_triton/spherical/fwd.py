@@ -125,4 +125,6 @@ def launch(spec: SphericalSpec, q, k, v, seqlens, out, r, profile: bool = False,
 
 
 def compile_configs() -> list[CompileConfig]:
-    return build_compile_configs(prepare, "fwd")
+    """The forward's configs and the decoding step's (kernels_triton/spherical/decode.py)."""
+    from kernels_triton.spherical import decode
+    return build_compile_configs(prepare, "fwd") + decode.compile_configs()

@@ -309,3 +309,13 @@ def test_sanitize_runs_and_worker_shapes() -> None:
     runs = sanitize.plan(["memcheck"], registry.PASSES, None, family="spherical")
     assert runs and all(r.form is None and r.family == "spherical" for r in runs)
     assert {(r.pass_, r.variant) for r in runs} == {(v.pass_, v.name) for v in FAM.variants}
+
+
+def test_spherical_decode_bench_counts_the_cache_read_and_needs_a_gpu():
+    """bench.spherical_decode's bytes are the K and V cache rows read (2 B L Hk D 2: 1.07 GB at
+    B 64, 4,097 rows, Hk 8, D 128); without a GPU it stops with a message, not a traceback."""
+    from bench.spherical_decode import cache_bytes
+    assert cache_bytes(64, 4097, 8, 128) == 2 * 64 * 4097 * 8 * 128 * 2 == 1_074_003_968
+    p = subprocess.run([sys.executable, "-m", "bench.spherical_decode"], cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=120, env=no_gpu_env())
+    assert p.returncode == 2 and "needs a CUDA GPU" in p.stderr
