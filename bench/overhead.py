@@ -3,9 +3,10 @@ op forward + backward, and of a decoding step, beside PyTorch's SDPA in the same
 
     python -m bench.overhead [--calls 300] [--json PATH] [--profile 20]
 
-Shapes are tiny (128 tokens), so the GPU finishes each call's kernels before the host issues the
-next: the time is the host's. "queued": --calls calls issued back to back, one synchronize at the
-end, wall time over the calls (how a training step issues them); "synced": each call followed by
+Shapes are tiny (128 tokens), so the GPU should finish each call's kernels before the host
+issues the next, leaving the host's time ("graph us" checks it: the same calls replayed from a
+CUDA graph, queued, is the GPU's own time a call; where it nears "queued", the GPU bounds the
+call). "queued": --calls calls issued back to back, one synchronize at the end, wall time over the calls (how a training step issues them); "synced": each call followed by
 torch.cuda.synchronize(), the median call (how a latency-bound loop sees it). The decoding step
 (2-simplicial `attention_with_kvcache`, B 64, 4096 cached tokens, one new token; bench/decode.py)
 is timed eager and replayed from a CUDA graph: its GPU time is not negligible, and the ratio says
@@ -147,6 +148,7 @@ def print_profile(name: str, fn: Callable, calls: int, top: int) -> None:
 
 def main(argv=None) -> int:
     from profiling.common import metadata_line, report
+    from profiling.timing import graphed
 
     p = argparse.ArgumentParser(prog="python -m bench.overhead",
                                 description=__doc__.split("\n")[0])
@@ -164,14 +166,17 @@ def main(argv=None) -> int:
             with torch.no_grad() if "bwd" not in call else torch.enable_grad():
                 rows.append({"family": family, "call": call,
                              "queued_us": round(queued_us(fn, a.calls), 1),
-                             "synced_us": round(synced_us(fn, a.calls), 1)})
+                             "synced_us": round(synced_us(fn, a.calls), 1),
+                             "gpu_us": (None if "bwd" in call else
+                                        round(queued_us(graphed(fn), a.calls), 1))})
     sdpa = {r["call"]: r["queued_us"] for r in rows if r["family"] == "sdpa"}
     for r in rows:
         if r["call"] in sdpa:
             r["vs_sdpa"] = round(r["queued_us"] / sdpa[r["call"]], 2)
     rows += decode_rows(gen)
     report(rows, [("family", "family"), ("call", "call"), ("queued_us", "queued us"),
-                  ("synced_us", "synced us"), ("vs_sdpa", "x SDPA"), ("us", "us"),
+                  ("synced_us", "synced us"), ("gpu_us", "graph us"), ("vs_sdpa", "x SDPA"),
+                  ("us", "us"),
                   ("vs_graph", "graph/eager")], a.json,
            lambda meta: f"{metadata_line(meta)}\n{N} tokens a call; queued: {a.calls} calls, "
                         "one sync (best of 3 rounds)")
