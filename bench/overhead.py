@@ -3,16 +3,17 @@ op forward + backward, and of a decoding step, beside PyTorch's SDPA in the same
 
     python -m bench.overhead [--calls 300] [--json PATH] [--profile 20]
 
-Shapes are tiny (128 tokens), so the GPU should finish each call's kernels before the host
-issues the next, leaving the host's time ("graph us" checks it: the same calls replayed from a
-CUDA graph, queued, is the GPU's own time a call; where it nears "queued", the GPU bounds the
-call). "queued": --calls calls issued back to back, one synchronize at the end, wall time over the calls (how a training step issues them); "synced": each call followed by
-torch.cuda.synchronize(), the median call (how a latency-bound loop sees it). The decoding step
-(2-simplicial `attention_with_kvcache`, B 64, 4096 cached tokens, one new token; bench/decode.py)
-is timed eager and replayed from a CUDA graph: its GPU time is not negligible, and the ratio says
-what the host costs a serving loop that does not capture graphs. --profile K prints, after the
-table, the K functions with the most own time in --calls calls of each (cProfile; it inflates
-Python's share). docs/perf-call.md has the numbers and what each step of the call path costs.
+Shapes are tiny (128 tokens), so the GPU should finish each call's kernels before the host issues
+the next, leaving the host's time ("graph us" checks it: the same calls replayed from a CUDA graph,
+queued, is the GPU's own time a call; where it nears "queued", the GPU bounds the call). "queued":
+--calls calls issued back to back, one synchronize at the end, wall time over the calls (how a
+training step issues them); "synced": each call followed by torch.cuda.synchronize(), the median
+call (how a latency-bound loop sees it). The decoding step (2-simplicial `attention_with_kvcache`,
+B 64, 4096 cached tokens, one new token; bench/decode.py) is timed eager and replayed from a CUDA
+graph: its GPU time is not negligible, and the ratio says what the host costs a serving loop that
+does not capture graphs. --profile K prints, after the table, the K functions with the most own
+time in --calls calls of each (cProfile; it inflates Python's share).
+docs/perf-call.md has the numbers and what each step of the call path costs.
 """
 from __future__ import annotations
 
