@@ -18,7 +18,7 @@ BF16 = torch.bfloat16
 
 
 def rel(a, b) -> float:
-    a, b = a.double(), b.double()
+    a, b = a.double().cpu(), b.double().cpu()
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
