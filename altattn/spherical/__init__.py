@@ -2,11 +2,13 @@
 out[y] = sum_x s[y, x] v[x] / (||s[y, :]|| + eps): no exp, no running max.
 
     attention(q, k, v, *, causal, seqlens)   differentiable (a torch.library op), CPU or GPU
+    context_parallel_attention(q, k, v, group=pg)  one sequence sharded over a process group
     SphericalAttention(dim, n_heads, ...)    a layer: projections, GQA, padding, multiplicity
     forward / backward                       one pass on the GPU kernels, no autograd
     reference / reference_backward           plain PyTorch in fp64
     variants("fwd" | "bwd")                  the registered kernels
 """
+from .context_parallel import context_parallel_attention
 from .layer import SphericalAttention
 from .ops import attention
 from .passes import backward, forward
@@ -20,5 +22,5 @@ def variants(pass_: str = "fwd") -> dict[str, str]:
     return registry.variants(pass_, "spherical")
 
 
-__all__ = ["attention", "SphericalAttention", "forward", "backward", "reference",
-           "reference_backward", "variants", "SphericalSpec"]
+__all__ = ["attention", "context_parallel_attention", "SphericalAttention", "forward", "backward",
+           "reference", "reference_backward", "variants", "SphericalSpec"]
