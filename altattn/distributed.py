@@ -101,16 +101,17 @@ def exchange(group, sends: list[tuple[int, Tensor]], recvs: list[tuple[int, Tens
 
 
 class _GatherRows(torch.autograd.Function):
-    """Every rank's x (its `lens[rank]` rows along `dim`) -> the pieces `order` names, concatenated
-    along `dim`, on every rank; backward: each rank's rows of every rank's gradient, summed, back
-    to their owner (a reduce-scatter). Shards are padded to the longest for the collectives."""
+    """Every rank's x (its `lens[rank]` rows along `dim`) -> the rows [a, b) of each of `slices`
+    of the pieces `order` names, concatenated along `dim`, on every rank. Backward: the slices'
+    gradients added in fp32 (or fp64) into each owner's rows, summed over ranks (a reduce-scatter
+    in that dtype), rounded to x's dtype once. Shards are padded to the longest for the
+    collectives."""
 
     @staticmethod
-    def forward(ctx, group, lens, order, dim, x):
-        ctx.group, ctx.lens, ctx.order, ctx.dim, ctx.device = group, lens, order, dim, x.device
-        staged = _staged(x, group)
-        ctx.staged = staged
-        x = x.cpu() if staged else x
+    def forward(ctx, group, lens, order, slices, dim, x):
+        ctx.group, ctx.lens, ctx.order, ctx.slices, ctx.dim = group, lens, order, slices, dim
+        ctx.device, ctx.dtype, ctx.staged = x.device, x.dtype, _staged(x, group)
+        x = x.cpu() if ctx.staged else x
         m = max(lens)
         if x.shape[dim] == m:
             pad = x.contiguous()
@@ -123,38 +124,51 @@ class _GatherRows(torch.autograd.Function):
         else:
             dist.all_gather(list(every.unbind(0)), pad, group=group)
         out = torch.cat([every[s].narrow(dim, a, b - a) for s, a, b in order], dim)
-        return out.to(ctx.device) if staged else out
+        out = out.to(ctx.device) if ctx.staged else out
+        return tuple(out.narrow(dim, a, b - a) for a, b in slices)
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, *grads):
         dim, lens, rank = ctx.dim, ctx.lens, dist.get_rank(ctx.group)
-        g = g.cpu() if ctx.staged else g
-        shape = list(g.shape)
+        acc = torch.promote_types(ctx.dtype, torch.float32)
+        shape = list(next(g for g in grads if g is not None).shape)
         shape[dim] = max(lens)
-        every = g.new_zeros(len(lens), *shape)
-        row = 0
-        for s, a, b in ctx.order:
-            every[s].narrow(dim, a, b - a).copy_(g.narrow(dim, row, b - a))
-            row += b - a
+        every = torch.zeros(len(lens), *shape, dtype=acc,
+                            device="cpu" if ctx.staged else ctx.device)
+        for (a, b), g in zip(ctx.slices, grads):
+            if g is None:
+                continue
+            o = 0  # the slice's rows, piece by piece of `order`, added into their owner's rows
+            for s, pa, pb in ctx.order:
+                lo, hi = max(a, o), min(b, o + pb - pa)
+                if lo < hi:
+                    every[s].narrow(dim, pa + lo - o, hi - lo).add_(
+                        g.narrow(dim, lo - a, hi - lo).to(every.device, acc))
+                o += pb - pa
         if "nccl" in str(dist.get_backend(ctx.group)).lower():
             mine = every.new_empty(shape)
             dist.reduce_scatter_tensor(mine, every, group=ctx.group)
         else:  # gloo has no reduce-scatter: every rank sums every shard (tests: a few ranks)
             dist.all_reduce(every, group=ctx.group)
             mine = every[rank]
-        mine = mine.narrow(dim, 0, lens[rank])
-        mine = mine.to(ctx.device) if ctx.staged else mine.contiguous()
-        return None, None, None, None, mine
+        mine = mine.narrow(dim, 0, lens[rank]).to(ctx.device, ctx.dtype)
+        return None, None, None, None, None, mine.contiguous()
 
 
 def gather_rows(x: Tensor, lens: list[int], group, *, dim: int = 1,
-                order: list[tuple[int, int, int]] | None = None) -> Tensor:
+                order: list[tuple[int, int, int]] | None = None,
+                slices: list[tuple[int, int]] | None = None):
     """Differentiable all-gather of shards of any lengths (empty ones too): rank r passes x
     holding lens[r] rows along `dim`; every rank receives the pieces (rank, a, b) of `order`
     (rows [a, b) of that rank's shard), concatenated along `dim` in that order (default: each
-    rank's whole shard, in rank order). A piece must not appear twice. The backward returns to
-    each rank the sum over ranks of the gradients of its rows (NCCL: one reduce-scatter; gloo:
-    an all-reduce). A collective: every rank of `group` calls it, and runs its backward."""
+    rank's whole shard, in rank order), or with `slices`, a tuple of the rows [a, b) of that
+    concatenation for each (a, b) (views; they may overlap). A piece must not appear twice in
+    `order`. The backward returns to each rank the sum over ranks (and slices) of the gradients
+    of its rows, accumulated in fp32 and rounded once (NCCL: one reduce-scatter; gloo: an
+    all-reduce). A collective: every rank of `group` calls it, and runs its backward."""
     if order is None:
         order = [(s, 0, n) for s, n in enumerate(lens)]
-    return _GatherRows.apply(group, list(lens), list(order), dim, x)
+    whole = slices is None
+    slices = [(0, sum(b - a for _, a, b in order))] if whole else list(slices)
+    out = _GatherRows.apply(group, list(lens), list(order), slices, dim, x)
+    return out[0] if whole else out

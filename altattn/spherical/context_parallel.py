@@ -104,26 +104,31 @@ def merge(parts: list[tuple[Tensor, Tensor]], part_eps: float, eps: float, dtype
     return (u / (r + eps).transpose(1, 2).unsqueeze(-1)).to(dtype), r
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mine: list[tuple[int, int, int]], causal: bool,
-           eps: float, **opts):
-    """This rank's (out, r): its queries q [B, n, Hq, D] over the whole sequence's keys and
-    values k, v [B, N, Hk, D] (global order); `mine`: its pieces (global start, local start,
-    length). Every call reads k and v, so every rank's backward reaches the gather's."""
-    if not causal or q.shape[1] == 0:
-        return attention(q, k, v, causal=False, eps=eps, **opts)
+def calls(mine: list[tuple[int, int, int]], causal: bool, N: int):
+    """This rank's op calls, one list per group of calls whose results merge: each call is
+    (first query row of the shard, query rows, first key row, end key row of the sequence,
+    causal). `mine`: the rank's pieces (global start, local start, length). Non-causal (or no
+    queries): one call over all N keys. Causal: per piece, its diagonal block, then the keys
+    before it (none for a piece at the sequence's start). Every rank's calls read keys, so
+    every rank's backward reaches the gather's."""
+    n = sum(length for _, _, length in mine)
+    if not causal or n == 0:
+        return [[(0, n, 0, N, False)]]
+    return [[(a, m, g, g + m, True)] + ([(a, m, 0, g, False)] if g else [])
+            for g, a, m in mine if m]
+
+
+def attend(q: Tensor, keys: dict, groups, eps: float, **opts):
+    """This rank's (out, r) from its `calls` groups; keys[(first, end)]: the (k, v) rows
+    [first, end) of the sequence. A group of one call is that call; of several, their parts
+    merged (`merge`)."""
     part_eps = eps if eps > 0 else DEFAULT_EPS  # any eps_p > 0: U_p = out_p (r_p + eps_p) exact
     outs, rs = [], []
-    for g, a, n in mine:
-        if n == 0:
-            continue
-        qp = q[:, a:a + n]
-        if g == 0:  # the sequence's start: its diagonal block is all it sees
-            o, r = attention(qp, k[:, :n], v[:, :n], causal=True, eps=eps, **opts)
-        else:
-            o, r = merge([attention(qp, k[:, g:g + n], v[:, g:g + n], causal=True, eps=part_eps,
-                                    **opts),
-                          attention(qp, k[:, :g], v[:, :g], causal=False, eps=part_eps, **opts)],
-                         part_eps, eps, q.dtype)
+    for group in groups:
+        e = eps if len(group) == 1 else part_eps
+        parts = [attention(q[:, a:a + n], *keys[(ka, kb)], causal=c, eps=e, **opts)
+                 for a, n, ka, kb, c in group]
+        o, r = parts[0] if len(parts) == 1 else merge(parts, part_eps, eps, q.dtype)
         outs.append(o)
         rs.append(r)
     if len(outs) == 1:
@@ -211,9 +216,11 @@ def context_parallel_attention(q, k, v, *, group=None, causal: bool = False, sm_
     if len(lens) == 1 or spec.B == 0 or sum(lens) == 0:
         return attention(q, k, v, causal=spec.causal, eps=eps, **opts)
     order = sorted((g, s, a, a + n) for s, ps in enumerate(held) for g, a, n in ps if n)
-    kv = gather_rows(torch.stack([k, v]), lens, group, dim=2,
+    groups = calls(held[rank], spec.causal, sum(lens))
+    ranges = sorted({(ka, kb) for group in groups for _, _, ka, kb, _ in group})
+    kv = gather_rows(torch.stack([k, v]), lens, group, dim=2, slices=ranges,
                      order=[(s, a, b) for _, s, a, b in order])
-    return attend(q, kv[0], kv[1], held[rank], spec.causal, eps, **opts)
+    return attend(q, {key: (t[0], t[1]) for key, t in zip(ranges, kv)}, groups, eps, **opts)
 
 
 __all__ = ["context_parallel_attention", "zigzag_bounds", "zigzag_shard", "zigzag_unshard",
