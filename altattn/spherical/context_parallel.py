@@ -50,6 +50,12 @@ def _zigzag_chunks(rank: int, world: int) -> tuple[int, int]:
     return rank, 2 * world - 1 - rank
 
 
+def zigzag_lens(N: int, world: int) -> list[int]:
+    """Every rank's shard length in the zigzag layout of N tokens (`shard_lens` for it)."""
+    b = zigzag_bounds(N, world)
+    return [sum(b[c + 1] - b[c] for c in _zigzag_chunks(r, world)) for r in range(world)]
+
+
 def zigzag_shard(x: Tensor, rank: int, world: int, dim: int = 1) -> Tensor:
     """Rank `rank`'s shard of the whole sequence x in the zigzag layout: chunks rank and
     2·world − 1 − rank of `zigzag_bounds(x.shape[dim], world)`, concatenated (a copy)."""
@@ -63,12 +69,12 @@ def zigzag_unshard(shards: list[Tensor], dim: int = 1) -> Tensor:
     inverse; works as well on outputs [B, n_r, H, D] as on r [B, H, n_r] with dim=2)."""
     world = len(shards)
     b = zigzag_bounds(sum(s.shape[dim] for s in shards), world)
-    pieces = []
+    chunks = []
     for c in range(2 * world):
         r = c if c < world else 2 * world - 1 - c
         first = b[r + 1] - b[r]
-        pieces.append(shards[r].narrow(dim, 0 if c < world else first, b[c + 1] - b[c]))
-    return torch.cat(pieces, dim)
+        chunks.append(shards[r].narrow(dim, 0 if c < world else first, b[c + 1] - b[c]))
+    return torch.cat(chunks, dim)
 
 
 def pieces(lens: list[int], layout: str) -> list[list[tuple[int, int, int]]]:
@@ -85,7 +91,7 @@ def pieces(lens: list[int], layout: str) -> list[list[tuple[int, int, int]]]:
         c1, c2 = _zigzag_chunks(r, world)
         n1, n2 = b[c1 + 1] - b[c1], b[c2 + 1] - b[c2]
         out.append([(b[c1], 0, n1), (b[c2], n1, n2)])
-    want = [n1 + n2 for (_, _, n1), (_, _, n2) in out]
+    want = zigzag_lens(N, world)
     if want != list(lens):
         raise ValueError(f"layout='zigzag': the N = {N} tokens cut into {2 * world} chunks "
                          f"(zigzag_bounds) give the ranks {want} tokens (chunks r and "
@@ -124,10 +130,10 @@ def attend(q: Tensor, keys: dict, groups, eps: float, **opts):
     merged (`merge`)."""
     part_eps = eps if eps > 0 else DEFAULT_EPS  # any eps_p > 0: U_p = out_p (r_p + eps_p) exact
     outs, rs = [], []
-    for group in groups:
-        e = eps if len(group) == 1 else part_eps
+    for grp in groups:
+        e = eps if len(grp) == 1 else part_eps
         parts = [attention(q[:, a:a + n], *keys[(ka, kb)], causal=c, eps=e, **opts)
-                 for a, n, ka, kb, c in group]
+                 for a, n, ka, kb, c in grp]
         o, r = parts[0] if len(parts) == 1 else merge(parts, part_eps, eps, q.dtype)
         outs.append(o)
         rs.append(r)
@@ -183,7 +189,7 @@ def context_parallel_attention(q, k, v, *, group=None, causal: bool = False, sm_
     `attention`). layout="contiguous": rank r holds tokens [n_0 + ... + n_{r-1}, ... + n_r), any
     lengths (empty shards too). layout="zigzag" (balanced causal work): the sequence cut into 2P
     chunks (`zigzag_bounds`), rank r holding chunks r and 2P − 1 − r (`zigzag_shard` cuts a
-    sequence so, `zigzag_unshard` reassembles outputs). Returns this shard's out [B, n_r, Hq, D]
+    sequence so, `zigzag_unshard` reassembles outputs, `zigzag_lens` gives shard_lens). Returns this shard's out [B, n_r, Hq, D]
     and r [B, Hq, n_r], in the shard's row order, equal to those rows of `attention` on the whole
     sequence, both differentiable (the key and value gradients are returned to their owners).
     Other arguments, devices and dtypes as `altattn.spherical.attention`'s (no seqlens: one
@@ -217,11 +223,11 @@ def context_parallel_attention(q, k, v, *, group=None, causal: bool = False, sm_
         return attention(q, k, v, causal=spec.causal, eps=eps, **opts)
     order = sorted((g, s, a, a + n) for s, ps in enumerate(held) for g, a, n in ps if n)
     groups = calls(held[rank], spec.causal, sum(lens))
-    ranges = sorted({(ka, kb) for group in groups for _, _, ka, kb, _ in group})
+    ranges = sorted({(ka, kb) for grp in groups for _, _, ka, kb, _ in grp})
     kv = gather_rows(torch.stack([k, v]), lens, group, dim=2, slices=ranges,
                      order=[(s, a, b) for _, s, a, b in order])
     return attend(q, {key: (t[0], t[1]) for key, t in zip(ranges, kv)}, groups, eps, **opts)
 
 
-__all__ = ["context_parallel_attention", "zigzag_bounds", "zigzag_shard", "zigzag_unshard",
-           "LAYOUTS"]
+__all__ = ["context_parallel_attention", "zigzag_bounds", "zigzag_lens", "zigzag_shard",
+           "zigzag_unshard", "LAYOUTS"]

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from conftest import ROOT, no_gpu_env
 
 from altattn.spherical import SphericalAttention, attention, context_parallel_attention
-from altattn.spherical.context_parallel import pieces, zigzag_bounds, zigzag_shard, zigzag_unshard
+from altattn.spherical.context_parallel import pieces, zigzag_lens, zigzag_shard, zigzag_unshard
 from altattn.spherical.spec import NAMES
 
 # fp64 against fp64: the same sums, the parts' merged in another order
@@ -49,8 +49,7 @@ CASES = {
 def _lens(spec, world, layout):
     if layout == "contiguous":
         return spec
-    b = zigzag_bounds(spec, world)
-    return [b[r + 1] - b[r] + b[2 * world - r] - b[2 * world - 1 - r] for r in range(world)]
+    return zigzag_lens(spec, world)
 
 
 def _shard(x, rank, lens, layout, dim=1):
@@ -189,6 +188,7 @@ def test_zigzag_helpers_and_balance():
         shards = [zigzag_shard(x, r, world) for r in range(world)]
         assert torch.equal(zigzag_unshard(shards), x), (world, N)
         lens = [s.shape[1] for s in shards]
+        assert lens == zigzag_lens(N, world), (world, N)
         held = pieces(lens, "zigzag")
         rows = sorted(g + i for ps in held for g, _, n in ps for i in range(n))
         assert rows == list(range(N)), (world, N)

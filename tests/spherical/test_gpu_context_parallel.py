@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from altattn.spherical import SphericalAttention, attention, context_parallel_attention
-from altattn.spherical.context_parallel import zigzag_bounds, zigzag_shard
+from altattn.spherical.context_parallel import zigzag_lens, zigzag_shard
 from altattn.spherical.family import TOLERANCES
 from altattn.spherical.reference import reference, reference_backward
 from altattn.spherical.spec import NAMES
@@ -35,8 +35,7 @@ def _rel(a, b) -> float:
 def _lens(spec, world, layout):
     if layout == "contiguous":
         return spec
-    b = zigzag_bounds(spec, world)
-    return [b[r + 1] - b[r] + b[2 * world - r] - b[2 * world - 1 - r] for r in range(world)]
+    return zigzag_lens(spec, world)
 
 
 def _shard(x, rank, lens, layout, dim=1):
