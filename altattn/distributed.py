@@ -1,7 +1,8 @@
 """What context parallelism shares across families: the process group a call runs on, the
 agreement every rank reaches before any collective that could hang, and batched point-to-point
-exchange. `torch.distributed` itself: NCCL for CUDA tensors, gloo for CPU ones; a group whose
-backend has no NCCL takes CUDA tensors through host memory (tests on one GPU)."""
+exchange, and a differentiable all-gather of shards of unequal lengths (`gather_rows`).
+`torch.distributed` itself: NCCL for CUDA tensors, gloo for CPU ones; a group whose backend has
+no NCCL takes CUDA tensors through host memory (tests on one GPU)."""
 from __future__ import annotations
 
 import torch
@@ -72,14 +73,18 @@ def check_lens(shard_lens, world: int, rank: int, n: int) -> list[int]:
     return list(shard_lens)
 
 
+def _staged(t: Tensor, group) -> bool:
+    """Does a CUDA tensor go through host memory (a group with no NCCL: gloo sends host tensors)?"""
+    return t.device.type == "cuda" and "nccl" not in str(dist.get_backend(group)).lower()
+
+
 def exchange(group, sends: list[tuple[int, Tensor]], recvs: list[tuple[int, Tensor]]) -> None:
     """Send each (peer, tensor) of `sends`, fill each buffer of `recvs` from its peer, in one
     batch of point-to-point operations. CUDA tensors go through host memory when the group's
     backend has no NCCL (gloo sends host tensors)."""
     if not sends and not recvs:
         return
-    device = (sends or recvs)[0][1].device
-    staged = device.type == "cuda" and "nccl" not in str(dist.get_backend(group)).lower()
+    staged = _staged((sends or recvs)[0][1], group)
     ops, landed = [], []
     for peer, t in sends:
         ops.append(dist.P2POp(dist.isend, t.cpu() if staged else t.contiguous(),
@@ -93,3 +98,77 @@ def exchange(group, sends: list[tuple[int, Tensor]], recvs: list[tuple[int, Tens
     for t, buf in landed:
         if buf is not t:
             t.copy_(buf)
+
+
+class _GatherRows(torch.autograd.Function):
+    """Every rank's x (its `lens[rank]` rows along `dim`) -> the rows [a, b) of each of `slices`
+    of the pieces `order` names, concatenated along `dim`, on every rank. Backward: the slices'
+    gradients added in fp32 (or fp64) into each owner's rows, summed over ranks (a reduce-scatter
+    in that dtype), rounded to x's dtype once. Shards are padded to the longest for the
+    collectives."""
+
+    @staticmethod
+    def forward(ctx, group, lens, order, slices, dim, x):
+        ctx.group, ctx.lens, ctx.order, ctx.slices, ctx.dim = group, lens, order, slices, dim
+        ctx.device, ctx.dtype, ctx.staged = x.device, x.dtype, _staged(x, group)
+        x = x.cpu() if ctx.staged else x
+        m = max(lens)
+        if x.shape[dim] == m:
+            pad = x.contiguous()
+        else:
+            pad = x.new_zeros(*x.shape[:dim], m, *x.shape[dim + 1:])
+            pad.narrow(dim, 0, x.shape[dim]).copy_(x)
+        every = pad.new_empty(len(lens), *pad.shape)
+        if "nccl" in str(dist.get_backend(group)).lower():
+            dist.all_gather_into_tensor(every, pad, group=group)
+        else:
+            dist.all_gather(list(every.unbind(0)), pad, group=group)
+        out = torch.cat([every[s].narrow(dim, a, b - a) for s, a, b in order], dim)
+        out = out.to(ctx.device) if ctx.staged else out
+        return tuple(out.narrow(dim, a, b - a) for a, b in slices)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        dim, lens, rank = ctx.dim, ctx.lens, dist.get_rank(ctx.group)
+        acc = torch.promote_types(ctx.dtype, torch.float32)
+        shape = list(next(g for g in grads if g is not None).shape)
+        shape[dim] = max(lens)
+        every = torch.zeros(len(lens), *shape, dtype=acc,
+                            device="cpu" if ctx.staged else ctx.device)
+        for (a, b), g in zip(ctx.slices, grads):
+            if g is None:
+                continue
+            o = 0  # the slice's rows, piece by piece of `order`, added into their owner's rows
+            for s, pa, pb in ctx.order:
+                lo, hi = max(a, o), min(b, o + pb - pa)
+                if lo < hi:
+                    every[s].narrow(dim, pa + lo - o, hi - lo).add_(
+                        g.narrow(dim, lo - a, hi - lo).to(every.device, acc))
+                o += pb - pa
+        if "nccl" in str(dist.get_backend(ctx.group)).lower():
+            mine = every.new_empty(shape)
+            dist.reduce_scatter_tensor(mine, every, group=ctx.group)
+        else:  # gloo has no reduce-scatter: every rank sums every shard (tests: a few ranks)
+            dist.all_reduce(every, group=ctx.group)
+            mine = every[rank]
+        mine = mine.narrow(dim, 0, lens[rank]).to(ctx.device, ctx.dtype)
+        return None, None, None, None, None, mine.contiguous()
+
+
+def gather_rows(x: Tensor, lens: list[int], group, *, dim: int = 1,
+                order: list[tuple[int, int, int]] | None = None,
+                slices: list[tuple[int, int]] | None = None):
+    """Differentiable all-gather of shards of any lengths (empty ones too): rank r passes x
+    holding lens[r] rows along `dim`; every rank receives the pieces (rank, a, b) of `order`
+    (rows [a, b) of that rank's shard), concatenated along `dim` in that order (default: each
+    rank's whole shard, in rank order), or with `slices`, a tuple of the rows [a, b) of that
+    concatenation for each (a, b) (views; they may overlap). A piece must not appear twice in
+    `order`. The backward returns to each rank the sum over ranks (and slices) of the gradients
+    of its rows, accumulated in fp32 and rounded once (NCCL: one reduce-scatter; gloo: an
+    all-reduce). A collective: every rank of `group` calls it, and runs its backward."""
+    if order is None:
+        order = [(s, 0, n) for s, n in enumerate(lens)]
+    whole = slices is None
+    slices = [(0, sum(b - a for _, a, b in order))] if whole else list(slices)
+    out = _GatherRows.apply(group, list(lens), list(order), slices, dim, x)
+    return out[0] if whole else out

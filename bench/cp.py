@@ -3,6 +3,7 @@ P GPUs, against each GPU running its shard alone, in the same run (docs/perf-cp.
 
     torchrun --nproc_per_node P -m bench.cp [--tokens-per-rank 131072] [--pass fwd|fwd+bwd]
                                              [--iters 5] [--backend nccl|gloo] [--json PATH]
+    torchrun --nproc_per_node P -m bench.cp --family spherical ...   (bench/cp_spherical.py)
 
 One sequence, Hq 128, Hk 1, D 128, w 32 x 512 (S*'s heads and windows); rank r holds tokens
 [r n, (r + 1) n). Four paths, each a step of --pass on every rank at once:
@@ -82,8 +83,14 @@ def _time(steps: dict, iters: int) -> dict:
 
 
 def main(argv=None) -> int:
+    family = argparse.ArgumentParser(add_help=False)
+    family.add_argument("--family", choices=["simplicial", "spherical"], default="simplicial")
+    chosen, rest = family.parse_known_args(argv)
+    if chosen.family == "spherical":
+        from bench.cp_spherical import main as spherical
+        return spherical(rest)
     p = argparse.ArgumentParser(prog="torchrun --nproc_per_node P -m bench.cp",
-                                description=__doc__.split("\n")[0])
+                                description=__doc__.split("\n")[0], parents=[family])
     p.add_argument("--tokens-per-rank", type=int, default=131072)
     p.add_argument("--pass", dest="pass_", choices=["fwd", "fwd+bwd"], default="fwd+bwd")
     p.add_argument("--iters", type=int, default=5)

@@ -3,11 +3,13 @@ out[y] = sum_x s[y, x] v[x] / (||s[y, :]|| + eps): no exp, no running max.
 
     attention(q, k, v, *, causal, seqlens)   differentiable (a torch.library op), CPU or GPU
     attention_with_kvcache(q, k_cache, ...)  decoding against KV caches (inference only)
+    context_parallel_attention(q, k, v, ...) one sequence sharded over a process group
     SphericalAttention(dim, n_heads, ...)    a layer: projections, GQA, padding, multiplicity
     forward / backward                       one pass on the GPU kernels, no autograd
     reference / reference_backward           plain PyTorch in fp64
     variants("fwd" | "bwd")                  the registered kernels
 """
+from .context_parallel import context_parallel_attention
 from .kvcache import attention_with_kvcache
 from .layer import SphericalAttention
 from .ops import attention
@@ -22,5 +24,6 @@ def variants(pass_: str = "fwd") -> dict[str, str]:
     return registry.variants(pass_, "spherical")
 
 
-__all__ = ["attention", "attention_with_kvcache", "SphericalAttention", "forward", "backward",
+__all__ = ["attention", "attention_with_kvcache", "context_parallel_attention",
+           "SphericalAttention", "forward", "backward",
            "reference", "reference_backward", "variants", "SphericalSpec"]

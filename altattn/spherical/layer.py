@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from ..checks import check_bool, check_layer_input, positive_int
+from ..distributed import process_group
+from .context_parallel import check_layout, context_parallel_attention
 from .ops import attention, check_variant_names
 from .spec import DEFAULT_EPS, SUPPORTED_HEAD_DIMS, _check_eps
 
@@ -20,12 +22,15 @@ class SphericalAttention(nn.Module):
     multiplicity [B, N] scales each token's key (FlashSign's gene model scales keys by each gene's
     count in the cell). On CUDA the attention runs in bf16 and the result is cast back to x's
     dtype; on the CPU the fp64 reference runs. A configuration no device runs raises at
-    construction, naming the argument."""
+    construction, naming the argument. cp_group: context parallelism, a ProcessGroup or a 1-D
+    DeviceMesh (mesh["cp"]) over which the sequence is sharded: x is then this rank's shard
+    [B, n_r, dim] in layout cp_layout ("contiguous" or "zigzag": `context_parallel_attention`);
+    None: the whole sequence."""
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int | None = None,
                  head_dim: int = 128, *, causal: bool = False, bias: bool = False,
                  eps: float = DEFAULT_EPS, variant: str = "auto", bwd_variant: str = "auto",
-                 deterministic: bool = False):
+                 deterministic: bool = False, cp_group=None, cp_layout: str = "contiguous"):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         dim, n_heads, n_kv_heads, head_dim = (positive_int(name, v) for name, v in (
@@ -41,6 +46,8 @@ class SphericalAttention(nn.Module):
         self.eps = _check_eps(eps)
         self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv_heads, head_dim
         self.variant, self.bwd_variant, self.deterministic = variant, bwd_variant, deterministic
+        self.cp_group = None if cp_group is None else process_group(cp_group)
+        self.cp_layout = check_layout(cp_layout)
         self.q = nn.Linear(dim, n_heads * head_dim, bias=bias)
         self.k, self.v = (nn.Linear(dim, n_kv_heads * head_dim, bias=bias) for _ in range(2))
         self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
@@ -48,6 +55,8 @@ class SphericalAttention(nn.Module):
     def forward(self, x: torch.Tensor, seqlens: torch.Tensor | None = None,
                 multiplicity: torch.Tensor | None = None) -> torch.Tensor:
         check_layer_input(x, self.dim)
+        if seqlens is not None and self.cp_group is not None:
+            raise ValueError("seqlens: padded batches are not sharded (cp_group is set)")
         B, N, _ = x.shape
         dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
         k = self.k(x).view(B, N, self.n_kv_heads, self.head_dim)
@@ -58,9 +67,13 @@ class SphericalAttention(nn.Module):
             k = k * multiplicity.to(k.dtype)[:, :, None, None]
         q = self.q(x).view(B, N, self.n_heads, self.head_dim).to(dtype)
         v = self.v(x).view(B, N, self.n_kv_heads, self.head_dim).to(dtype)
-        o, _ = attention(q, k.to(dtype), v, causal=self.causal, eps=self.eps, seqlens=seqlens,
-                         variant=self.variant, bwd_variant=self.bwd_variant,
-                         deterministic=self.deterministic)
+        opts = dict(causal=self.causal, eps=self.eps, variant=self.variant,
+                    bwd_variant=self.bwd_variant, deterministic=self.deterministic)
+        if self.cp_group is None:
+            o, _ = attention(q, k.to(dtype), v, seqlens=seqlens, **opts)
+        else:
+            o, _ = context_parallel_attention(q, k.to(dtype), v, group=self.cp_group,
+                                              layout=self.cp_layout, **opts)
         return self.out(o.reshape(B, N, self.n_heads * self.head_dim).to(x.dtype))
 
     def extra_repr(self) -> str:
