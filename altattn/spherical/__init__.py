@@ -2,6 +2,8 @@
 out[y] = sum_x s[y, x] v[x] / (||s[y, :]|| + eps): no exp, no running max.
 
     attention(q, k, v, *, causal, seqlens)   differentiable (a torch.library op), CPU or GPU
+    attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                                             packed sequences (FlashAttention's varlen), the same
     SphericalAttention(dim, n_heads, ...)    a layer: projections, GQA, padding, multiplicity
     forward / backward                       one pass on the GPU kernels, no autograd
     reference / reference_backward           plain PyTorch in fp64
@@ -12,6 +14,7 @@ from .ops import attention
 from .passes import backward, forward
 from .reference import reference, reference_backward
 from .spec import SphericalSpec
+from .varlen import attention_varlen, backward_varlen, forward_varlen
 
 
 def variants(pass_: str = "fwd") -> dict[str, str]:
@@ -20,5 +23,6 @@ def variants(pass_: str = "fwd") -> dict[str, str]:
     return registry.variants(pass_, "spherical")
 
 
-__all__ = ["attention", "SphericalAttention", "forward", "backward", "reference",
+__all__ = ["attention", "attention_varlen", "forward_varlen", "backward_varlen",
+           "SphericalAttention", "forward", "backward", "reference",
            "reference_backward", "variants", "SphericalSpec"]

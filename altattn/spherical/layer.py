@@ -8,6 +8,7 @@ from torch import nn
 from ..checks import check_bool, check_layer_input, positive_int
 from .ops import attention, check_variant_names
 from .spec import DEFAULT_EPS, SUPPORTED_HEAD_DIMS, _check_eps
+from .varlen import attention_varlen
 
 
 class SphericalAttention(nn.Module):
@@ -16,9 +17,10 @@ class SphericalAttention(nn.Module):
 
     n_heads query heads share n_kv_heads key/value heads (n_heads % n_kv_heads == 0), each of
     size head_dim (64 or 128). causal: token y sees x <= y. forward(x, seqlens=None,
-    multiplicity=None): seqlens int32 [B] real lengths of padded sequences (padded rows give 0);
-    multiplicity [B, N] scales each token's key (FlashSign's gene model scales keys by each gene's
-    count in the cell). On CUDA the attention runs in bf16 and the result is cast back to x's
+    multiplicity=None, cu_seqlens=None, max_seqlen=None): seqlens int32 [B] real lengths of
+    padded sequences (padded rows give 0); multiplicity [B, N] scales each token's key
+    (FlashSign's gene model scales keys by each gene's count in the cell); cu_seqlens int32
+    [n + 1]: x is [T, dim], packed sequences (`attention_varlen`; multiplicity then [T]). On CUDA the attention runs in bf16 and the result is cast back to x's
     dtype; on the CPU the fp64 reference runs. A configuration no device runs raises at
     construction, naming the argument."""
 
@@ -46,8 +48,18 @@ class SphericalAttention(nn.Module):
         self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
 
     def forward(self, x: torch.Tensor, seqlens: torch.Tensor | None = None,
-                multiplicity: torch.Tensor | None = None) -> torch.Tensor:
-        check_layer_input(x, self.dim)
+                multiplicity: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None) -> torch.Tensor:
+        if cu_seqlens is not None:  # packed: one batch element of T tokens, cut at the offsets
+            if seqlens is not None:
+                raise ValueError("give seqlens (padded batches) or cu_seqlens (packed), not both")
+            check_layer_input(x[None] if isinstance(x, torch.Tensor) and x.dim() == 2 else x,
+                              self.dim)
+            x = x[None]
+            if multiplicity is not None and isinstance(multiplicity, torch.Tensor):
+                multiplicity = multiplicity[None]
+        else:
+            check_layer_input(x, self.dim)
         B, N, _ = x.shape
         dtype = torch.bfloat16 if x.device.type == "cuda" else x.dtype
         k = self.k(x).view(B, N, self.n_kv_heads, self.head_dim)
@@ -58,6 +70,12 @@ class SphericalAttention(nn.Module):
             k = k * multiplicity.to(k.dtype)[:, :, None, None]
         q = self.q(x).view(B, N, self.n_heads, self.head_dim).to(dtype)
         v = self.v(x).view(B, N, self.n_kv_heads, self.head_dim).to(dtype)
+        if cu_seqlens is not None:
+            o, _ = attention_varlen(q[0], k[0].to(dtype), v[0], cu_seqlens, cu_seqlens, max_seqlen,
+                                    max_seqlen, causal=self.causal, eps=self.eps,
+                                    variant=self.variant, bwd_variant=self.bwd_variant,
+                                    deterministic=self.deterministic)
+            return self.out(o.reshape(N, self.n_heads * self.head_dim).to(x.dtype))
         o, _ = attention(q, k.to(dtype), v, causal=self.causal, eps=self.eps, seqlens=seqlens,
                          variant=self.variant, bwd_variant=self.bwd_variant,
                          deterministic=self.deterministic)
