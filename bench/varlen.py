@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--min", type=int, default=None, help="256 (simplicial), 200 (spherical)")
     p.add_argument("--max", type=int, default=None, help="4096 (simplicial), 16000 (spherical)")
     p.add_argument("--causal", action="store_true", help="spherical: causal attention")
+    p.add_argument("--bwd-variant", default="auto", help="spherical: the packed backward's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)

@@ -56,7 +56,7 @@ def run(a) -> int:
     q, k, v = (_randn(gen, T, H, D) for _ in range(3))
     rows = _time("packed", lambda: forward_varlen(q, k, v, cu, cu, causal=causal),
                  lambda do, o, r: backward_varlen(do, None, q, k, v, o, r, cu, cu,
-                                                  causal=causal),
+                                                  causal=causal, variant=a.bwd_variant),
                  useful(lens, causal), T)
     del q, k, v
     N = T // a.docs

@@ -38,6 +38,8 @@ FWD = (
             module="kernels_triton.spherical.fwd", needs_hopper=True, rank=1,
             supports=_PACKED_TOO, warps=8, scopes=TRITON_SCOPES, accepts=PACKED),
 )
+
+
 BWD = (
     Variant(name="tlx_ws", family="spherical", pass_="bwd", module=_TLX + "bwd_ws",
             needs_hopper=True, rank=3, supports=_PACKED_TOO, warps=12, scopes=WS_SCOPES,
