@@ -168,12 +168,14 @@ def _prepared(module, spec, profile: bool | str) -> Callable:
 
 
 def plan(family: str, pass_: str, spec, variant: str = "auto", deterministic: bool = False,
-         device: torch.device | str = "cuda", optional: tuple = ()) -> Plan:
+         device: torch.device | str = "cuda", optional: tuple = (), io=None) -> Plan:
     """The launch plan of (family, pass_, spec, variant, deterministic, device): `select`'s
     variant (every check that `select` makes, made once) and its module's prepared launch,
     cached on these arguments for CUDA devices. `optional`: which optional tensors of the pass
-    are None (they change what kernels are compiled)."""
-    key = (family, pass_, spec, variant, deterministic, device, optional)
+    are None (they change what kernels are compiled). `io`: the pass's record where it is not
+    the family's (another calling convention of the same kernels: packed sequences)."""
+    io = io or registry.get_family(family).passes[pass_]
+    key = (family, pass_, spec, variant, deterministic, device, optional, io)
     found = _PLANS.get(key)
     if found is not None:
         return found
@@ -181,7 +183,6 @@ def plan(family: str, pass_: str, spec, variant: str = "auto", deterministic: bo
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", _current_device())
     v = choose(spec, variant, device, pass_, deterministic, family=family)
-    io = registry.get_family(family).passes[pass_]
     on_gpu = device.type == "cuda"
     with torch.cuda.device(device) if on_gpu else contextlib.nullcontext():  # prepare may ask it
         made = Plan(v, io, _prepared(v.load(), spec, False), device)
@@ -227,7 +228,7 @@ def run_call(family: str, pass_: str, call: Call, variant: str = "auto",
     pass's record, where the caller has it."""
     io = io or registry.get_family(family).passes[pass_]
     return plan(family, pass_, call.spec, variant, deterministic, call.device,
-                missing(io, call)).execute(call, outputs)
+                missing(io, call), io).execute(call, outputs)
 
 
 def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bool = False,

@@ -45,6 +45,11 @@ class OpDecl:
     cpu_backward: Callable                 # (grads, inputs, rest) -> input gradients
     optional: tuple[str, ...] = ()         # differentiable tensors that may be None, after params
     # (rest: the params, then the optional tensors; what the gradients are: module docstring)
+    # the ops' names, altattn::<name>_fwd / _bwd (default the family's), and the pass records
+    # the eager and GPU paths run (default the family's "fwd" and "bwd"; another calling
+    # convention of the same kernels, e.g. packed sequences, brings its own)
+    name: str = ""
+    passes: tuple | None = None            # (forward's record, backward's record)
 
 
 def _schema(decl: OpDecl) -> tuple[str, str]:
@@ -70,10 +75,10 @@ class Op:
         self.n_params, self.n_opt = len(decl.params), len(decl.optional)
         self.saved_idx = tuple(decl.outputs.index(n) for n in decl.saved)
         fam = registry.get_family(decl.family)
-        self.fwd_io, self.bwd_io = fam.passes["fwd"], fam.passes["bwd"]
+        self.fwd_io, self.bwd_io = decl.passes or (fam.passes["fwd"], fam.passes["bwd"])
         self._checked: set = set()
         fwd_schema, bwd_schema = _schema(decl)
-        name = f"altattn::{decl.family}_"
+        name = f"altattn::{decl.name or decl.family}_"
         self.fwd_op = torch.library.custom_op(name + "fwd", self._fwd_impl, mutates_args=(),
                                               schema=fwd_schema)
         self.fwd_op.register_fake(lambda *a: decl.fake(*a[:-3]))
@@ -103,7 +108,8 @@ class Op:
             outs = self.decl.cpu_forward(*args)
             return tuple(o.to(f.dtype).contiguous() for o, f in zip(outs, self.decl.fake(*args)))
         with torch.no_grad():
-            return launcher.run(self.decl.family, "fwd", *args, variant=variant)
+            return launcher.run_call(self.decl.family, "fwd", self.fwd_io.validate(*args),
+                                     variant, io=self.fwd_io)
 
     def _bwd_parts(self, args) -> tuple[tuple, tuple, tuple, tuple]:
         """The backward's arguments (without the two controls) as (grads, inputs, rest,
@@ -119,8 +125,9 @@ class Op:
             dx = self._input_grads(self.decl.cpu_backward(grads, inputs, rest), optional)
             return tuple(None if g is None else g.to(t.dtype).contiguous()
                          for g, t in zip(dx, (*inputs, *optional)))
-        return self._input_grads(launcher.run(self.decl.family, "bwd", *args, variant=variant,
-                                              deterministic=deterministic), optional)
+        call = self.bwd_io.validate(*args)
+        return self._input_grads(launcher.run_call(self.decl.family, "bwd", call, variant,
+                                                   deterministic, io=self.bwd_io), optional)
 
     def _bwd_fake(self, *args):
         _, inputs, _, optional = self._bwd_parts(args[:-2])
@@ -167,7 +174,7 @@ class Op:
             return self.fwd_op(*args, variant, bwd_variant, deterministic)
         call = self.fwd_io.bind(spec, *args)
         plan = launcher.plan(fam, "fwd", spec, variant, False, x.device,
-                             launcher.missing(self.fwd_io, call))
+                             launcher.missing(self.fwd_io, call), io=self.fwd_io)
         if not grad:
             return plan.execute(call)
         return _Eager.apply(self, plan, call, (bwd_variant, deterministic), *args)

@@ -1,13 +1,17 @@
 """Packed variable-length sequences against the dense batch path, same run (H200 numbers:
 docs/perf-varlen.md).
 
-    python -m bench.varlen [--docs 64] [--min 256] [--max 4096] [--seed 0] [--json PATH]
+    python -m bench.varlen [--family simplicial|spherical] [--docs 64] [--min N] [--max N]
+                           [--causal] [--seed 0] [--json PATH]
 
-Times `forward_varlen` and `backward_varlen` ("auto") on --docs documents of random lengths in
-[--min, --max] packed into one sequence (Hq 128, Hk 1, D 128, w 32 x 512), and the dense
-`forward` / `backward` ("auto") on S* (B 4, N 16384) and on a batch of the same token count
-(B = --docs, N = the mean length). TFLOPS: useful FLOPs (altattn.simplicial.flops, summed over
-the documents; backward 2.5x) over the median time (profiling.timing.median_ms).
+2-simplicial (default): times `forward_varlen` and `backward_varlen` ("auto") on --docs
+documents of random lengths in [--min, --max] (default 256..4096) packed into one sequence
+(Hq 128, Hk 1, D 128, w 32 x 512), and the dense `forward` / `backward` ("auto") on S* (B 4,
+N 16384) and on a batch of the same token count (B = --docs, N = the mean length).
+Spherical (bench/varlen_spherical.py): --docs sequences of lengths in [--min, --max] (default
+200..16000), H 16, D 128: packed against the dense batch of the same tokens and the padded
+`seqlens` batch of the same sequences. TFLOPS: useful FLOPs (summed over the documents;
+backward 2.5x) over the median time (profiling.timing.median_ms).
 """
 from __future__ import annotations
 
@@ -40,12 +44,19 @@ def _time(fwd, bwd, useful, name, tokens):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.varlen", description=__doc__.split("\n")[0])
+    p.add_argument("--family", choices=("simplicial", "spherical"), default="simplicial")
     p.add_argument("--docs", type=int, default=64)
-    p.add_argument("--min", type=int, default=256)
-    p.add_argument("--max", type=int, default=4096)
+    p.add_argument("--min", type=int, default=None, help="256 (simplicial), 200 (spherical)")
+    p.add_argument("--max", type=int, default=None, help="4096 (simplicial), 16000 (spherical)")
+    p.add_argument("--causal", action="store_true", help="spherical: causal attention")
+    p.add_argument("--bwd-variant", default="auto", help="spherical: the packed backward's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)
+    if a.family == "spherical":
+        from bench.varlen_spherical import run
+        return run(a)
+    a.min, a.max = a.min or 256, a.max or 4096
     rng = random.Random(a.seed)
     lens = [rng.randint(a.min, a.max) for _ in range(a.docs)]
     T = sum(lens)

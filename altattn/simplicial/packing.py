@@ -1,6 +1,7 @@
 """Packed sequences on the kernels: the token maps a packed launch reads, the checks of
-`cu_seqlens`, and one pass over packed sequences (`run_packed`), which `varlen.py` (prefill,
-training) and `kvcache.py` (decoding) share.
+`cu_seqlens` and the loop over sequences (altattn/packing.py, shared with the other families,
+re-exported here), and one packed launch (`launch`), which `varlen.py` (prefill, training) and
+`kvcache.py` (decoding) share.
 
 A packed launch sees B = 1: q [1, Tq, Hq, D] and keys [1, Tk, Hk, D], each sequence a run of
 rows. The kernels that take it (`accepts` "varlen" in family.py) read, per query token, its row
@@ -16,6 +17,7 @@ import torch
 
 from .. import launcher
 from ..launcher import Call
+from ..packing import check_cu_seqlens, per_sequence, values_checkable  # noqa: F401 (shared)
 from .passes import FAMILY
 from .spec import ProblemSpec
 
@@ -34,45 +36,6 @@ class Packed:
     lens: Tensor | None = None
     tokens: int = 1
     shift: int = 0
-
-
-def values_checkable(t: Tensor) -> bool:
-    """Whether reading t's values on the host is allowed here: not while torch.compile traces
-    or a CUDA graph is captured (the checks that need them are then skipped)."""
-    if torch.compiler.is_compiling():
-        return False
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
-def check_cu_seqlens(cu_seqlens, T: int, device: torch.device, max_seqlen=None) -> list | None:
-    """cu_seqlens: an int32 tensor [n + 1] on `device`, 0 first, non-decreasing, T last (the
-    packed token count); max_seqlen, if given, at least the longest sequence. TypeError /
-    ValueError naming the argument. Returns the offsets as a list, or None where the values
-    may not be read (`values_checkable`)."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype != torch.int32:
-        raise TypeError(f"cu_seqlens must be int32 (FlashAttention's convention), got "
-                        f"{cu_seqlens.dtype}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
-        raise ValueError(f"cu_seqlens must be 1-D [n_sequences + 1], got shape "
-                         f"{tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device != device:
-        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {device}")
-    if not values_checkable(cu_seqlens):
-        return None
-    cu = cu_seqlens.tolist()
-    if cu[0] != 0 or cu[-1] != T:
-        raise ValueError(f"cu_seqlens must run from 0 to the packed token count T = {T}, got "
-                         f"{cu[0]} .. {cu[-1]}")
-    lens = [b - a for a, b in zip(cu, cu[1:])]
-    if any(n < 0 for n in lens):
-        raise ValueError("cu_seqlens must be non-decreasing (sequence lengths >= 0), got "
-                         f"lengths {lens[:8]}{' ...' if len(lens) > 8 else ''}")
-    if max_seqlen is not None and lens and max(lens) > max_seqlen:
-        raise ValueError(f"max_seqlen = {max_seqlen} but the longest sequence has {max(lens)} "
-                         f"tokens")
-    return cu
 
 
 def token_maps(cu_seqlens: Tensor, T: int) -> Packed:
@@ -114,9 +77,3 @@ def launch(pass_io, v, spec: ProblemSpec, packed: Packed, tensors: dict, outs: d
     if args is None:
         return
     launcher.on_device(device, v.load().launch, spec, *args, packed=packed)
-
-
-def per_sequence(cu: list, fn, *packed: Tensor | None) -> list:
-    """fn(*slices) for each sequence, `packed` cut at the offsets `cu` along dim 0 (None stays
-    None); the sequences' results in order."""
-    return [fn(*(None if t is None else t[a:b] for t in packed)) for a, b in zip(cu, cu[1:])]

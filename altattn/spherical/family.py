@@ -17,32 +17,39 @@ TRITON_SCOPES = ("load_kv", "qk_gemm", "square", "pv_gemm", "epilogue")
 WS_SCOPES = ("load_kv", "wait_kv", "qk_gemm", "square", "pv_gemm", "epilogue")
 
 _ANY = "any B, N, Nk, Hq, Hk (Hq a multiple of Hk); D in {64, 128}; causal; seqlens"
+_PACKED_TOO = _ANY + "; packed sequences (cu_seqlens)"
 _TLX = "kernels_tlx.spherical."
+# `accepts` "packed": the variants that run packed sequences (varlen.py) in one launch; the family
+# default (False only) keeps "auto" off the others for a packed call
+PACKED = {"packed": (False, True)}
 # Forward ranks: the speed order on an H200 (docs/perf-spherical.md has the runs): tlx_pingpong
 # first at P1 and P2, level with the others causal; tlx_pipelined a little ahead at N 2048.
 FWD = (
     Variant(name="tlx_pingpong", family="spherical", pass_="fwd", module=_TLX + "fwd_common",
             switches=(("pipeline", True), ("pingpong", True)), needs_hopper=True, rank=4,
-            supports=_ANY, warps=12, scopes=WS_SCOPES, pipelined=True),
+            supports=_PACKED_TOO, warps=12, scopes=WS_SCOPES, accepts=PACKED, pipelined=True),
     Variant(name="tlx_pipelined", family="spherical", pass_="fwd", module=_TLX + "fwd_common",
             switches=(("pipeline", True), ("pingpong", False)), needs_hopper=True, rank=3,
-            supports=_ANY, warps=12, scopes=WS_SCOPES, pipelined=True),
+            supports=_PACKED_TOO, warps=12, scopes=WS_SCOPES, accepts=PACKED, pipelined=True),
     Variant(name="tlx_ws", family="spherical", pass_="fwd", module=_TLX + "fwd_common",
             switches=(("pipeline", False), ("pingpong", False)), needs_hopper=True, rank=2,
-            supports=_ANY, warps=12, scopes=WS_SCOPES),
+            supports=_PACKED_TOO, warps=12, scopes=WS_SCOPES, accepts=PACKED),
     Variant(name="triton", family="spherical", pass_="fwd",
-            module="kernels_triton.spherical.fwd", needs_hopper=True, rank=1, supports=_ANY,
-            warps=8, scopes=TRITON_SCOPES),
+            module="kernels_triton.spherical.fwd", needs_hopper=True, rank=1,
+            supports=_PACKED_TOO, warps=8, scopes=TRITON_SCOPES, accepts=PACKED),
 )
+
+
 BWD = (
     Variant(name="tlx_ws", family="spherical", pass_="bwd", module=_TLX + "bwd_ws",
-            needs_hopper=True, rank=3, supports=_ANY, warps=12, scopes=WS_SCOPES,
-            deterministic=False),
+            needs_hopper=True, rank=3, supports=_PACKED_TOO, warps=12, scopes=WS_SCOPES,
+            deterministic=False, accepts=PACKED),
     Variant(name="tlx_ws_det", family="spherical", pass_="bwd", module=_TLX + "bwd_ws_det",
-            needs_hopper=True, rank=2, supports=_ANY, warps=12, scopes=WS_SCOPES),
+            needs_hopper=True, rank=2, supports=_ANY + "; not packed sequences", warps=12,
+            scopes=WS_SCOPES),
     Variant(name="triton", family="spherical", pass_="bwd",
-            module="kernels_triton.spherical.bwd", needs_hopper=True, rank=1, supports=_ANY,
-            warps=8, scopes=TRITON_SCOPES),
+            module="kernels_triton.spherical.bwd", needs_hopper=True, rank=1,
+            supports=_PACKED_TOO, warps=8, scopes=TRITON_SCOPES, accepts=PACKED),
 )
 
 # Small shapes compute-sanitizer runs each variant on (tools/sanitize.py)
@@ -99,4 +106,5 @@ FAMILY = Family(
            Peer(name="triton_sigmoid", rule="triton-sigmoid's sigmoid attention at the same "
                 "shape (optional: PyPI triton-sigmoid)", runs="altattn.spherical.peers:triton_sigmoid")),
     scopes=SCOPES, sanitizer_shapes=SANITIZER_SHAPES, sanitizer_allowed=SANITIZER_ALLOWED,
-    tolerances=TOLERANCES, accepts={}, traits=frozenset(), variants=FWD + BWD, layer=_layer)
+    tolerances=TOLERANCES, accepts={"packed": (False,)}, traits=frozenset(), variants=FWD + BWD,
+    layer=_layer)

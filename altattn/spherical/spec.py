@@ -21,7 +21,8 @@ DEFAULT_EPS = 1e-6  # FlashSign's (docs/MATH.md §2)
 @dataclass(frozen=True)
 class SphericalSpec:
     """One call: q [B, N, Hq, D], k and v [B, Nk, Hk, D]; causal (N == Nk); scale c = sm_scale;
-    eps; varlen when a `seqlens` tensor gives each sequence's real length."""
+    eps; varlen when a `seqlens` tensor gives each sequence's real length; packed: B = 1 over
+    the N (Nk) packed tokens of sequences cut by cu_seqlens (altattn/spherical/varlen.py)."""
 
     B: int
     N: int
@@ -33,6 +34,7 @@ class SphericalSpec:
     sm_scale: float = 1.0
     eps: float = DEFAULT_EPS
     varlen: bool = False
+    packed: bool = False
 
     @property
     def G(self) -> int:
@@ -43,7 +45,8 @@ class SphericalSpec:
         s = f"B={self.B} N={self.N} Hq={self.Hq} Hk={self.Hk} D={self.D}"
         if self.Nk != self.N:
             s += f" Nk={self.Nk}"
-        return s + (" causal" if self.causal else "") + (" seqlens" if self.varlen else "")
+        return (s + (" causal" if self.causal else "") + (" seqlens" if self.varlen else "")
+                + (" packed" if self.packed else ""))
 
 
 def _check_eps(eps) -> float:

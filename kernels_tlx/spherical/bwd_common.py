@@ -23,6 +23,14 @@ Warp groups:
 Masks: keys >= Lk and (causal) x > y give P = dS = 0; rows >= Lq have A = Bt = 0 (row_coeffs) and
 rows >= N read A = Bt = 0 and zero Q/dO (TMA). Causal programs start at their diagonal query block;
 key blocks at or past Lk run no mainloop and write zero dK, dV.
+PACKED (packed sequences, kernels_triton/spherical/host.py): programs are KV heads x the rows of a
+key-tile map (blocks of 128 keys of one sequence, sorted by work); coordinates local to the
+sequence, offset by its first row and key at each TMA load. A and R are read by the consumers
+(masked loads, issued under the QK wgmma; Ad, Rd are then pointers): a sequence's rows start
+anywhere, and a 1-D bulk copy from an unaligned start is an illegal instruction (seen on the
+H200). They are 0 on the rows past the sequence's end (the next sequence's), so those rows add
+nothing and their dQ reduce-adds add exact zeros; dK, dV stores are masked to the sequence's
+keys.
 """
 from __future__ import annotations
 
@@ -35,7 +43,7 @@ from altattn.registry import CompileConfig
 from kernels_triton.proton import BF16_BYTES, enter, leave
 from kernels_triton.launch import Desc, Kernel, compile_configs
 from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows
-from kernels_triton.spherical.host import meta_args
+from kernels_triton.spherical.host import PerGrid, meta_args, packed_map, packed_tile
 from kernels_tlx.ring import empty_phase, full_phase
 
 BLOCK_N = 128         # keys per program (64 per consumer)
@@ -57,23 +65,31 @@ def seq_bounds(Seqlens, b, N, Nk, VARLEN: tl.constexpr):
 
 @triton.jit
 def key_program(N, Nk, Seqlens, HK: tl.constexpr, G: tl.constexpr, CAUSAL: tl.constexpr,
-                VARLEN: tl.constexpr):
+                VARLEN: tl.constexpr, PACKED: tl.constexpr):
     """This program's b, g, first key kb, Lk, first query block m_lo, query blocks per head n_m
-    and tile count (G heads x n_m blocks; 0 for a block at or past Lk). Computed in each warp
-    group (nothing crosses the partitions in registers)."""
-    n_kb = tl.cdiv(Nk, 128)
+    and tile count (G heads x n_m blocks; 0 for a block at or past Lk), and its sequence's first
+    row and key q_base, k_base and Lq (PACKED: Seqlens is the key-tile map; else 0, 0, N).
+    Computed in each warp group (nothing crosses the partitions in registers)."""
     pid = tl.program_id(0)
-    kb = (pid % n_kb) * 128
-    bg = pid // n_kb
-    b = bg // HK
-    g = bg % HK
-    Lq, Lk = seq_bounds(Seqlens, b, N, Nk, VARLEN)
+    if PACKED:
+        g = pid % HK
+        q_base, k_base, Lq, Lk, kb = packed_tile(Seqlens, pid // HK)
+        b = 0
+    else:
+        n_kb = tl.cdiv(Nk, 128)
+        kb = (pid % n_kb) * 128
+        bg = pid // n_kb
+        b = bg // HK
+        g = bg % HK
+        Lq, Lk = seq_bounds(Seqlens, b, N, Nk, VARLEN)
+        q_base = 0
+        k_base = 0
     m_lo = 0
     if CAUSAL:
         m_lo = kb // 64
     n_m = tl.maximum(tl.cdiv(Lq, 64) - m_lo, 0)
     n_tiles = tl.where(kb < Lk, G * n_m, 0)
-    return b, g, kb, Lk, m_lo, n_m, n_tiles
+    return b, g, kb, Lk, m_lo, n_m, n_tiles, q_base, k_base, Lq
 
 
 @triton.jit
@@ -118,7 +134,9 @@ def reduce_dq(DQd, stage, dq, b, q0, col, cid, PROFILE: tl.constexpr):
 def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.constexpr,
                 HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                 VARLEN: tl.constexpr, WITH_DQ: tl.constexpr, NUM_STAGES: tl.constexpr,
-                CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False):
+                CONSUMER_REGS: tl.constexpr, PACKED: tl.constexpr = False,
+                PROFILE: tl.constexpr = False):
+    # PACKED: Seqlens is the key-tile map, VARLEN set (keys >= Lk masked); module docstring
     DQ_COLS: tl.constexpr = D // 2 if D == 128 else D  # dQ columns per consumer (per tile)
     k_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)
     v_tiles = tlx.local_alloc((HALF, D), tl.bfloat16, NUM_CONSUMERS)
@@ -138,36 +156,44 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: K, V once; Q, dO per tile
-            b, g, kb, Lk, m_lo, n_m, n_tiles = key_program(N, Nk, Seqlens, HK, G, CAUSAL, VARLEN)
+            b, g, kb, Lk, m_lo, n_m, n_tiles, q_base, k_base, _ = key_program(
+                N, Nk, Seqlens, HK, G, CAUSAL, VARLEN, PACKED)
             if n_tiles > 0:
                 enter("load_kv", PROFILE)
                 tlx.barrier_expect_bytes(kv_full, 2 * 128 * D * BF16_BYTES)
                 for c in tl.static_range(NUM_CONSUMERS):
                     tlx.async_descriptor_load(Kd, tlx.local_view(k_tiles, c),
-                                              [b, kb + c * HALF, g * D], kv_full)
+                                              [b, k_base + kb + c * HALF, g * D], kv_full)
                     tlx.async_descriptor_load(Vd, tlx.local_view(v_tiles, c),
-                                              [b, kb + c * HALF, g * D], kv_full)
+                                              [b, k_base + kb + c * HALF, g * D], kv_full)
                 leave("load_kv", PROFILE)
+            q_first = q_base + m_lo * 64  # the first query block's row in q (one register)
             for it in range(n_tiles):
                 s = it % NUM_STAGES
                 h = g * G + it // n_m
-                q0 = (m_lo + it % n_m) * 64
+                q0 = q_first + (it % n_m) * 64
                 enter("load_kv", PROFILE)
                 tlx.barrier_wait(tlx.local_view(q_empties, s), empty_phase(it, NUM_STAGES))
                 full = tlx.local_view(q_fulls, s)
-                tlx.barrier_expect_bytes(full, 2 * 64 * D * BF16_BYTES + 2 * 64 * 4)
+                if PACKED:  # A, R: the consumers read them (a sequence's rows start anywhere)
+                    tlx.barrier_expect_bytes(full, 2 * 64 * D * BF16_BYTES)
+                else:
+                    tlx.barrier_expect_bytes(full, 2 * 64 * D * BF16_BYTES + 2 * 64 * 4)
                 tlx.async_descriptor_load(Qd, tlx.local_view(q_tiles, s), [b, q0, h * D], full)
                 tlx.async_descriptor_load(DOd, tlx.local_view(do_tiles, s), [b, q0, h * D], full)
-                # A, R as flat runs of rows padded to 16 bytes (zeros past N; past NP the next
-                # head's values, met by zero Q, dO rows)
-                row = coeff_row0(b, h, N, HQ).to(tl.int32) + q0
-                tlx.async_descriptor_load(Ad, tlx.local_view(a_tiles, s), [row], full)
-                tlx.async_descriptor_load(Rd, tlx.local_view(r_tiles, s), [row], full)
+                if not PACKED:
+                    # A, R as flat runs of rows padded to 16 bytes (zeros past N; past NP the
+                    # next head's values, met by zero Q, dO rows): a run's start is 16-byte
+                    # aligned, as the 1-D bulk copy needs
+                    row = coeff_row0(b, h, N, HQ).to(tl.int32) + q0
+                    tlx.async_descriptor_load(Ad, tlx.local_view(a_tiles, s), [row], full)
+                    tlx.async_descriptor_load(Rd, tlx.local_view(r_tiles, s), [row], full)
                 leave("load_kv", PROFILE)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
-            b, g, kb, Lk, m_lo, n_m, n_tiles = key_program(N, Nk, Seqlens, HK, G, CAUSAL, VARLEN)
+            b, g, kb, Lk, m_lo, n_m, n_tiles, q_base, _, Lq = key_program(
+                N, Nk, Seqlens, HK, G, CAUSAL, VARLEN, PACKED)
             k_tile = tlx.local_view(k_tiles, cid)
             v_tile = tlx.local_view(v_tiles, cid)
             k_first = kb + cid * HALF
@@ -181,6 +207,11 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                 s = it % NUM_STAGES
                 h = g * G + it // n_m
                 q0 = (m_lo + it % n_m) * 64
+                if PACKED:  # A, R of the tile's rows, loaded under QK; 0 past the sequence's end
+                    ab = coeff_row0(b, h, N, HQ) + q_base + q0
+                    live = q0 + tl.arange(0, 64) < Lq
+                    a_in = tl.load(Ad + ab + tl.arange(0, 64), mask=live, other=0.0)
+                    r_in = tl.load(Rd + ab + tl.arange(0, 64), mask=live, other=0.0)
                 enter("wait_kv", PROFILE)
                 tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(it, NUM_STAGES))
                 leave("wait_kv", PROFILE)
@@ -191,12 +222,18 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                 st = tlx.async_dot_wait(0, st)
                 leave("qk_gemm", PROFILE)
                 enter("square", PROFILE)
-                a = tlx.local_load(tlx.local_view(a_tiles, s))
+                if PACKED:
+                    a = a_in
+                else:
+                    a = tlx.local_load(tlx.local_view(a_tiles, s))
                 st = masked(st, k_first, q0, Lk, CAUSAL, VARLEN)
                 pt = (st * a[None, :]).to(tl.bfloat16)
                 # dP^T accumulates onto R S^T (R = Bt / A): dS^T = A (dP^T + R S^T), and S^T's
                 # registers are the accumulator's (S^T and dP^T are never live apart)
-                st = st * tlx.local_load(tlx.local_view(r_tiles, s))[None, :]
+                if PACKED:
+                    st = st * r_in[None, :]
+                else:
+                    st = st * tlx.local_load(tlx.local_view(r_tiles, s))[None, :]
                 leave("square", PROFILE)
                 enter("qk_gemm", PROFILE)
                 dpt = tlx.async_dot(v_tile, tlx.local_trans(do_tile), st)
@@ -229,7 +266,8 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                         dv = tlx.async_dot_wait(0, dv)
                         tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
                         leave("pv_gemm", PROFILE)
-                        reduce_dq(DQd, stage, dq, b, q0, h * D + cid * DQ_COLS, cid, PROFILE)
+                        reduce_dq(DQd, stage, dq, b, q_base + q0, h * D + cid * DQ_COLS, cid,
+                                  PROFILE)
                     else:  # D = 64: consumer it % 2 takes the whole tile's dQ
                         dk = tlx.async_dot_wait(0, dk)
                         dv = tlx.async_dot_wait(0, dv)
@@ -237,7 +275,7 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                         if cid == it % 2:
                             dq = tlx.async_dot_wait(0, dq_gemm(ds_tiles, par, k_tiles, 0, D))
                             leave("pv_gemm", PROFILE)
-                            reduce_dq(DQd, stage, dq, b, q0, h * D, cid, PROFILE)
+                            reduce_dq(DQd, stage, dq, b, q_base + q0, h * D, cid, PROFILE)
                         else:
                             leave("pv_gemm", PROFILE)
                 else:
@@ -249,8 +287,14 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
             if WITH_DQ:
                 tlx.async_descriptor_store_wait(0)
             kpos = k_first + tl.arange(0, HALF)
-            out = ((b * Nk + kpos).to(tl.int64) * HK + g)[:, None] * D + tl.arange(0, D)[None, :]
-            live = (kpos < Nk)[:, None]
+            if PACKED:  # the sequence's own keys (its first key read again: not held in the loop)
+                live = (kpos < Lk)[:, None]
+                k_base = tl.load(Seqlens + (tl.program_id(0) // HK) * 5 + 1)
+            else:
+                live = (kpos < Nk)[:, None]
+                k_base = 0
+            tok = (b * Nk + k_base + kpos).to(tl.int64)
+            out = (tok * HK + g)[:, None] * D + tl.arange(0, D)[None, :]
             tl.store(DK + out, dk.to(tl.bfloat16), mask=live)
             tl.store(DV + out, dv.to(tl.bfloat16), mask=live)
             leave("epilogue", PROFILE)
@@ -296,7 +340,7 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
     """The key-block kernel's launch of `spec`, made once: run(q, k, v, dout, A, R, seqlens, dk,
     dv, dq_acc) writes dk, dv (and, with_dq, reduce-adds dQ into the fp32 [B, N, Hq, D] dq_acc,
     zeroed); A and R = Bt / A fp32 [B, Hq, NP] (row_coeffs(..., ratio=True): rows padded to 16
-    bytes); seqlens int32 [B] or None."""
+    bytes); seqlens int32 [B] or None (spec.packed: altattn.packing.PackedSeqs, B = 1)."""
     cfg = config(spec, with_dq)
     D = spec.D
     rows = rows_layout(spec.B, spec.N, spec.Hq * D, BLOCK_M, D)
@@ -305,10 +349,20 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
     n = spec.B * spec.Hq * padded_rows(spec.N)
     coeffs = Desc([n], [1], [BLOCK_M])
     grid = (triton.cdiv(spec.Nk, BLOCK_N) * spec.B * spec.Hk,)
-    kernel = Kernel(_dkv_kernel, grid, HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D,
-                    CAUSAL=spec.causal, VARLEN=spec.varlen, WITH_DQ=with_dq, PROFILE=profile,
-                    **cfg)
+    opts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D, CAUSAL=spec.causal,
+                VARLEN=spec.varlen or spec.packed, WITH_DQ=with_dq, PROFILE=profile, **cfg)
     N, Nk = spec.N, spec.Nk
+    if spec.packed:  # KV heads x key-tile map rows
+        per_grid = PerGrid(_dkv_kernel, lambda n: (spec.Hk * n,), PACKED=True, **opts)
+
+        def run_packed(q, k, v, dout, A, R, seqs, dk, dv, dq_acc) -> None:
+            tiles, n = packed_map(seqs, Nk, BLOCK_N, spec.causal, keys=True)
+            if n:
+                per_grid(n)(rows(q), keys(k), keys(v), rows(dout), A, R, tiles, dk, dv,
+                            dq_rows(dq_acc) if with_dq else A, N, Nk)
+
+        return run_packed
+    kernel = Kernel(_dkv_kernel, grid, **opts)
 
     def run(q, k, v, dout, A, R, seqlens, dk, dv, dq_acc) -> None:
         kernel(rows(q), keys(k), keys(v), rows(dout), coeffs(A.view(-1)), coeffs(R.view(-1)),
@@ -331,7 +385,8 @@ def prepare_convert(n: int):
 
 
 def compile_specs():
-    """The compile shapes: D 64 and 128, causal and not, varlen and not, G 1 and 8."""
+    """The compile shapes: D 64 and 128, causal and not, varlen and not, G 1 and 8; packed (G 8,
+    causal and not)."""
     from altattn.spherical.spec import SphericalSpec
     out = []
     for d in (64, 128):
@@ -339,20 +394,26 @@ def compile_specs():
             for causal, varlen in ((False, False), (True, False), (False, True)):
                 out.append(SphericalSpec(B=1, N=4096, Nk=4096, Hq=hq, Hk=hk, D=d, causal=causal,
                                          sm_scale=d ** -0.5, varlen=varlen))
+        for causal in (False, True):
+            out.append(SphericalSpec(B=1, N=4096, Nk=4096, Hq=16, Hk=2, D=d, causal=causal,
+                                     sm_scale=d ** -0.5, packed=True))
     return out
 
 
 def spec_name(spec) -> str:
     return (f"G{spec.G}_Hk{spec.Hk}_D{spec.D}" + ("_causal" if spec.causal else "")
-            + ("_varlen" if spec.varlen else ""))
+            + ("_varlen" if spec.varlen else "") + ("_packed" if spec.packed else ""))
 
 
-def build_compile_configs(prepare, kernels: dict) -> list[CompileConfig]:
-    """The launches `prepare(spec)` makes (recorded on meta tensors) at every compile spec, of
-    the kernels in `kernels` (kernel -> name; the key-block kernel's gains "_dq" where it
-    accumulates dQ)."""
+def build_compile_configs(prepare, kernels: dict, supports_fn=supports) -> list[CompileConfig]:
+    """The launches `prepare(spec)` makes (recorded on meta tensors) at every compile spec that
+    `supports_fn` takes, of the kernels in `kernels` (kernel -> name; the key-block kernel's
+    gains "_dq" where it accumulates dQ)."""
     out = []
     for spec in compile_specs():
+        if supports_fn(spec) is not None:
+            continue
+
         def name(launch, tag=spec_name(spec)):
             prefix = kernels.get(launch.fn)
             if prefix is None:

@@ -8,7 +8,8 @@ registers and, per tile, share dS^T through shared memory for dQ = dS K (D = 128
 each; D = 64: the whole tile, consumers alternating), which a TMA reduce-add adds into an fp32
 [B, N, Hq, D] scratch; a last small kernel converts it to bf16 dq. 5 tensor-core GEMM units per
 (row, key) tile pair.
-Supports every spherical spec (D 64 and 128, any B, N, Nk, G, causal, seqlens).
+Supports every spherical spec (D 64 and 128, any B, N, Nk, G, causal, seqlens) and packed
+sequences (bwd_common.py's PACKED).
 Differs from `tlx_ws_det` (bwd_ws_det.py): dQ comes from the key-block kernel through reduce-adds
 in the hardware's order (fp32 sums in varying order: not bitwise repeatable) instead of a second
 kernel that recomputes S and dP per row block. Scratch: 4 * B * N * Hq * D bytes.
@@ -48,7 +49,8 @@ def prepare(spec, profile: bool | str = False):
 
     def run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv) -> None:
         dq_acc = torch.empty(dq.shape, dtype=torch.float32, device=dq.device)
-        A, R = coeffs(out, dout, r, dr, seqlens, dq_acc)  # zeroes dq_acc too
+        # zeroes dq_acc too; packed: every row is a real one (seqlens holds the offsets)
+        A, R = coeffs(out, dout, r, dr, None if spec.packed else seqlens, dq_acc)
         dkv(q, k, v, dout, A, R, seqlens, dk, dv, dq_acc)
         convert(dq_acc, dq)
 

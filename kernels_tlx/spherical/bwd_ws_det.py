@@ -160,6 +160,8 @@ def _dq_kernel(Qd, Kd, Vd, DOd, A, R, Seqlens, DQ, N, Nk, HQ: tl.constexpr, HK: 
 
 
 def supports(spec) -> str | None:
+    if spec.packed:  # its dQ kernel has no packed grid yet
+        return "packed sequences: not taken (tlx_ws and triton take them)"
     return common_supports(spec)
 
 
@@ -209,4 +211,4 @@ def launch(spec, q, k, v, out, r, dout, dr, seqlens, dq, dk, dv, profile: bool |
 
 def compile_configs() -> list[CompileConfig]:
     """Both kernels at every compile shape (bwd_common.compile_specs)."""
-    return build_compile_configs(prepare, {_dkv_kernel: "dkv", _dq_kernel: "dq"})
+    return build_compile_configs(prepare, {_dkv_kernel: "dkv", _dq_kernel: "dq"}, supports)

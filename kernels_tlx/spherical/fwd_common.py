@@ -38,6 +38,11 @@ then the G query heads of the kv head (they read the same K/V blocks at the same
 Masks: causal and varlen tiles mask only blocks past the first `n_full` (the diagonal block, the
 block holding Lk); key blocks past Lk (or past the diagonal) are never loaded; a tile with no row
 below Lq runs no mainloop and writes zeros.
+PACKED (packed sequences, kernels_triton/spherical/host.py): tiles are heads x the rows of a tile
+map (sorted by work, largest first; persistent programs walk them in that order), coordinates
+local to the tile's sequence and offset by its first row at each TMA load; out and r leave by
+masked stores of the sequence's own rows (no o_tiles staging: a TMA store of a tile that runs
+past its sequence would overwrite the next one's rows).
 """
 from __future__ import annotations
 
@@ -50,50 +55,20 @@ from altattn.registry import CompileConfig
 from altattn.spherical.spec import SphericalSpec
 from kernels_triton.proton import BF16_BYTES, enter, leave
 from kernels_triton.spherical.host import (
+    PerGrid,
     build_compile_configs,
     layout,
+    packed_map,
+    store_rows,
 )
 from kernels_triton.spherical.host import supports as host_supports
 from kernels_triton.launch import Kernel, constexprs, sm_count
 from kernels_tlx.consumers import NUM_CONSUMERS, pass_turn, take_turn
 from kernels_tlx.ring import empty_phase, full_phase
+from kernels_tlx.spherical.fwd_tiles import tile_info
 
 ROWS = tl.constexpr(64)  # query rows per consumer warp group
 EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's 128 threads around its output store
-
-
-@triton.jit
-def tile_coords(tile, n_m, HQ: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
-                CAUSAL: tl.constexpr):
-    """(b, h, g, m0) of tile `tile`: (b, g) outermost, query block next (descending when causal),
-    the G heads of kv head g innermost."""
-    HK: tl.constexpr = HQ // G
-    hh = tile % G
-    rest = tile // G
-    mi = rest % n_m
-    bg = rest // n_m
-    if CAUSAL:
-        mi = n_m - 1 - mi
-    g = bg % HK
-    return bg // HK, g * G + hh, g, mi * BLOCK_M
-
-
-@triton.jit
-def tile_keys(b, m0, Seqlens, N, NK, CAUSAL: tl.constexpr, VARLEN: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(Lq, Lk, n_blocks): the tile's real query and key lengths and its key blocks to load
-    (none when no row of the tile is below Lq)."""
-    Lq = N
-    Lk = NK
-    if VARLEN:
-        L = tl.load(Seqlens + b)
-        Lq = tl.minimum(tl.maximum(L, 0), N)
-        Lk = tl.minimum(tl.maximum(L, 0), NK)
-    hi = Lk
-    if CAUSAL:
-        hi = tl.minimum(hi, m0 + BLOCK_M)
-    hi = tl.where(m0 < Lq, hi, 0)
-    return Lq, Lk, tl.cdiv(hi, BLOCK_N)
 
 
 @triton.jit
@@ -101,16 +76,17 @@ def produce_tile(Qd, Kd, Vd, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fu
                  v_fulls, v_empties, tile, it, cnt, Seqlens, N, NK, n_m, HQ: tl.constexpr,
                  G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  NUM_BUFFERS: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr,
-                 PROFILE: tl.constexpr):
+                 PACKED: tl.constexpr, PROFILE: tl.constexpr):
     """Producer, one tile (the `it`-th of this program; ring position `cnt`): Q halves, then K and
     V blocks 0 .. n_blocks - 1. Returns the ring position after the tile."""
-    b, h, g, m0 = tile_coords(tile, n_m, HQ, G, BLOCK_M, CAUSAL)
-    n_blocks = tile_keys(b, m0, Seqlens, N, NK, CAUSAL, VARLEN, BLOCK_M, BLOCK_N)[2]
+    b, h, g, m0, q0, k0, _, _, n_blocks = tile_info(tile, n_m, Seqlens, N, NK, HQ, G, BLOCK_M,
+                                                    BLOCK_N, CAUSAL, VARLEN, PACKED)
     for c in tl.static_range(NUM_CONSUMERS):
         tlx.barrier_wait(tlx.local_view(q_empties, c), empty_phase(it, 1))
         q_full = tlx.local_view(q_fulls, c)
         tlx.barrier_expect_bytes(q_full, ROWS * D * BF16_BYTES)
-        tlx.async_descriptor_load(Qd, tlx.local_view(q_tiles, c), [b, m0 + c * ROWS, h * D], q_full)
+        tlx.async_descriptor_load(Qd, tlx.local_view(q_tiles, c), [b, q0 + m0 + c * ROWS, h * D],
+                                  q_full)
     for t in range(n_blocks):
         buf = cnt % NUM_BUFFERS
         phase = empty_phase(cnt, NUM_BUFFERS)
@@ -118,11 +94,13 @@ def produce_tile(Qd, Kd, Vd, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fu
         tlx.barrier_wait(tlx.local_view(k_empties, buf), phase)
         k_full = tlx.local_view(k_fulls, buf)
         tlx.barrier_expect_bytes(k_full, BLOCK_N * D * BF16_BYTES)
-        tlx.async_descriptor_load(Kd, tlx.local_view(k_tiles, buf), [b, t * BLOCK_N, g * D], k_full)
+        tlx.async_descriptor_load(Kd, tlx.local_view(k_tiles, buf), [b, k0 + t * BLOCK_N, g * D],
+                                  k_full)
         tlx.barrier_wait(tlx.local_view(v_empties, buf), phase)
         v_full = tlx.local_view(v_fulls, buf)
         tlx.barrier_expect_bytes(v_full, BLOCK_N * D * BF16_BYTES)
-        tlx.async_descriptor_load(Vd, tlx.local_view(v_tiles, buf), [b, t * BLOCK_N, g * D], v_full)
+        tlx.async_descriptor_load(Vd, tlx.local_view(v_tiles, buf), [b, k0 + t * BLOCK_N, g * D],
+                                  v_full)
         leave("load_kv", PROFILE)
         cnt += 1
     return cnt
@@ -281,24 +259,29 @@ def mainloop(q_smem, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, a
 
 
 @triton.jit
-def epilogue(acc, z, o_smem, Od, R, b, h, row0, Lq, N, sm_scale, eps, cid, HQ: tl.constexpr,
-             D: tl.constexpr, PROFILE: tl.constexpr):
+def epilogue(acc, z, o_smem, Od, R, b, h, q0, row0, Lq, N, sm_scale, eps, cid,
+             HQ: tl.constexpr, D: tl.constexpr, PACKED: tl.constexpr, PROFILE: tl.constexpr):
     """r = c sqrt(z), out = acc c / (r + eps), both 0 on rows >= Lq or with z = 0; r stored per
     row (< N), out staged in the consumer's o_smem (once the previous tile's store has read it)
-    and TMA-stored (rows past N clipped), not waited for."""
+    and TMA-stored (rows past N clipped), not waited for. PACKED: rows from q0, out and r by
+    masked stores of rows < Lq alone (Od a pointer)."""
     enter("epilogue", PROFILE)
     rows = row0 + tl.arange(0, ROWS)
     real = rows < Lq
     r = sm_scale * tl.sqrt(z)
     scale = tl.where(real & (z > 0), sm_scale / (r + eps), 0.0)
-    tl.store(R + (b * HQ + h).to(tl.int64) * N + rows, tl.where(real, r, 0.0), mask=rows < N)
     out = (acc * scale[:, None]).to(tl.bfloat16)
-    tlx.async_descriptor_store_wait(0)
-    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # the previous store has read o_smem
-    tlx.local_store(o_smem, out)
-    tlx.fence_async_shared()
-    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every thread's part is in o_smem
-    tlx.async_descriptor_store(Od, o_smem, [b, row0, h * D])
+    if PACKED:
+        tl.store(R + h.to(tl.int64) * N + q0 + rows, r, mask=real)
+        store_rows(Od, out, q0, rows, real, HQ, h, D)
+    else:
+        tl.store(R + (b * HQ + h).to(tl.int64) * N + rows, tl.where(real, r, 0.0), mask=rows < N)
+        tlx.async_descriptor_store_wait(0)
+        tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # the previous store has read o_smem
+        tlx.local_store(o_smem, out)
+        tlx.fence_async_shared()
+        tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every thread's part is in o_smem
+        tlx.async_descriptor_store(Od, o_smem, [b, row0, h * D])
     leave("epilogue", PROFILE)
 
 
@@ -308,11 +291,11 @@ def consume_tile(Od, R, Seqlens, q_tiles, o_tiles, k_tiles, v_tiles, q_fulls, q_
                  sm_scale, eps, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS: tl.constexpr,
                  CAUSAL: tl.constexpr, VARLEN: tl.constexpr, PIPELINE: tl.constexpr,
-                 PINGPONG: tl.constexpr, PROFILE: tl.constexpr):
+                 PINGPONG: tl.constexpr, PACKED: tl.constexpr, PROFILE: tl.constexpr):
     """Consumer cid, one tile (the `it`-th of this program, ring position cnt): its 64 rows.
     Returns the ring position after the tile."""
-    b, h, _, m0 = tile_coords(tile, n_m, HQ, G, BLOCK_M, CAUSAL)
-    Lq, Lk, n_blocks = tile_keys(b, m0, Seqlens, N, NK, CAUSAL, VARLEN, BLOCK_M, BLOCK_N)
+    b, h, _, m0, q0, _, Lq, Lk, n_blocks = tile_info(tile, n_m, Seqlens, N, NK, HQ, G, BLOCK_M,
+                                                     BLOCK_N, CAUSAL, VARLEN, PACKED)
     row0 = m0 + cid * ROWS
     # blocks 0 .. n_full - 1 are visible to every row of this consumer: no mask
     n_full = Lk // BLOCK_N
@@ -329,8 +312,8 @@ def consume_tile(Od, R, Seqlens, q_tiles, o_tiles, k_tiles, v_tiles, q_fulls, q_
                                NUM_BUFFERS, CAUSAL, PIPELINE, PINGPONG, PROFILE)
     # every QK of the tile is done: the producer may load the next tile's Q half
     tlx.barrier_arrive(tlx.local_view(q_empties, cid), 1)
-    epilogue(acc, z, tlx.local_view(o_tiles, cid), Od, R, b, h, row0, Lq, N, sm_scale, eps, cid,
-             HQ, D, PROFILE)
+    epilogue(acc, z, tlx.local_view(o_tiles, cid), Od, R, b, h, q0, row0, Lq, N, sm_scale, eps,
+             cid, HQ, D, PACKED, PROFILE)
     return cnt
 
 
@@ -342,10 +325,14 @@ def spherical_fwd_kernel(Qd, Kd, Vd, Od, R, Seqlens, B, N, NK, sm_scale, eps,
                          NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
                          PIPELINE: tl.constexpr,
                          PINGPONG: tl.constexpr, PERSISTENT: tl.constexpr,
-                         PROFILE: tl.constexpr = False):
+                         PACKED: tl.constexpr = False, PROFILE: tl.constexpr = False):
+    # PACKED: Seqlens is the tile map and B its row count; Od a pointer (module docstring)
     tl.static_assert(BLOCK_M == NUM_CONSUMERS * ROWS, "two consumers of 64 rows")
     n_m = tl.cdiv(N, BLOCK_M)
-    n_tiles = B * HQ * n_m
+    if PACKED:
+        n_tiles = B * HQ
+    else:
+        n_tiles = B * HQ * n_m
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     q_tiles = tlx.local_alloc((ROWS, D), tl.bfloat16, NUM_CONSUMERS)
@@ -371,12 +358,13 @@ def spherical_fwd_kernel(Qd, Kd, Vd, Od, R, Seqlens, B, N, NK, sm_scale, eps,
                     cnt = produce_tile(Qd, Kd, Vd, q_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                                        k_fulls, k_empties, v_fulls, v_empties, tile, it, cnt,
                                        Seqlens, N, NK, n_m, HQ, G, D, BLOCK_M, BLOCK_N,
-                                       NUM_BUFFERS, CAUSAL, VARLEN, PROFILE)
+                                       NUM_BUFFERS, CAUSAL, VARLEN, PACKED, PROFILE)
                     it += 1
             else:
                 produce_tile(Qd, Kd, Vd, q_tiles, k_tiles, v_tiles, q_fulls, q_empties, k_fulls,
                              k_empties, v_fulls, v_empties, pid, 0, pid * 0, Seqlens, N, NK, n_m, HQ,
-                             G, D, BLOCK_M, BLOCK_N, NUM_BUFFERS, CAUSAL, VARLEN, PROFILE)
+                             G, D, BLOCK_M, BLOCK_N, NUM_BUFFERS, CAUSAL, VARLEN, PACKED,
+                             PROFILE)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
             if PINGPONG:
@@ -390,14 +378,14 @@ def spherical_fwd_kernel(Qd, Kd, Vd, Od, R, Seqlens, B, N, NK, sm_scale, eps,
                                        q_empties, k_fulls, k_empties, v_fulls, v_empties, tile,
                                        it, cnt, cid, N, NK, n_m, sm_scale, eps, HQ, G, D,
                                        BLOCK_M, BLOCK_N, NUM_BUFFERS, CAUSAL, VARLEN, PIPELINE,
-                                       PINGPONG, PROFILE)
+                                       PINGPONG, PACKED, PROFILE)
                     it += 1
                 tlx.async_descriptor_store_wait(0)
             else:
                 consume_tile(Od, R, Seqlens, q_tiles, o_tiles, k_tiles, v_tiles, q_fulls, q_empties,
                              k_fulls, k_empties, v_fulls, v_empties, pid, 0, pid * 0, cid, N, NK, n_m,
                              sm_scale, eps, HQ, G, D, BLOCK_M, BLOCK_N, NUM_BUFFERS, CAUSAL,
-                             VARLEN, PIPELINE, PINGPONG, PROFILE)
+                             VARLEN, PIPELINE, PINGPONG, PACKED, PROFILE)
                 tlx.async_descriptor_store_wait(0)
 
 
@@ -420,10 +408,12 @@ def supports(spec: SphericalSpec) -> str | None:
     return host_supports(spec)
 
 
-def grid(spec: SphericalSpec, cfg: dict) -> tuple[int]:
+def grid(spec: SphericalSpec, cfg: dict, map_rows: int | None = None) -> tuple[int]:
     """One program per tile, or min(#SMs of the current GPU, tiles) programs walking tiles
-    (PERSISTENT)."""
+    (PERSISTENT); packed: the tiles are heads x map_rows."""
     tiles = spec.B * spec.Hq * triton.cdiv(spec.N, cfg["BLOCK_M"])
+    if map_rows is not None:
+        tiles = spec.Hq * map_rows
     if cfg["PERSISTENT"]:
         return (min(tiles, sm_count()),)
     return (tiles,)
@@ -432,15 +422,26 @@ def grid(spec: SphericalSpec, cfg: dict) -> tuple[int]:
 def prepare_with(cfg: dict, spec: SphericalSpec, profile: bool = False):
     """The launch of `spec` with config `cfg` (config()), made once: run(q, k, v, seqlens, out,
     r) writes out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32 from q [B, N, Hq, D], k, v
-    [B, Nk, Hk, D] (bf16, contiguous) and seqlens (int32 [B], or None when not spec.varlen)."""
+    [B, Nk, Hk, D] (bf16, contiguous) and seqlens (int32 [B], or None when not spec.varlen;
+    spec.packed: altattn.packing.PackedSeqs, B = 1)."""
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     rows = layout(spec.B, spec.N, spec.Hq, spec.D, bm // 2)
     keys = layout(spec.B, spec.Nk, spec.Hk, spec.D, bn)
-    kernel = Kernel(spherical_fwd_kernel, grid(spec, cfg), HQ=spec.Hq, HK=spec.Hk, G=spec.G,
-                    D=spec.D, CAUSAL=spec.causal, VARLEN=spec.varlen, PROFILE=bool(profile),
-                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                    **constexprs(cfg))
+    opts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, CAUSAL=spec.causal,
+                VARLEN=spec.varlen, PROFILE=bool(profile), num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"], **constexprs(cfg))
     B, N, Nk, scale, eps = spec.B, spec.N, spec.Nk, spec.sm_scale, spec.eps
+    if spec.packed:
+        per_grid = PerGrid(spherical_fwd_kernel, lambda n: grid(spec, cfg, n), PACKED=True,
+                           **opts)
+
+        def run_packed(q, k, v, seqs, out, r) -> None:
+            tiles, n = packed_map(seqs, N, bm, spec.causal)
+            if n:
+                per_grid(n)(rows(q), keys(k), keys(v), out, r, tiles, n, N, Nk, scale, eps)
+
+        return run_packed
+    kernel = Kernel(spherical_fwd_kernel, grid(spec, cfg), **opts)
 
     def run(q, k, v, seqlens, out, r) -> None:
         kernel(rows(q), keys(k), keys(v), rows(out), r, seqlens, B, N, Nk, scale, eps)

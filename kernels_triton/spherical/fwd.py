@@ -14,7 +14,8 @@ holding Lk): host.key_blocks. Causal tiles skip blocks past their last row; with
 past Lk are skipped and tiles past Lq visit none (they only write zeros).
 Warps: num_warps (8) of one group, no warp specialization (Triton's pipeliner does the overlap);
 the TLX siblings (kernels_tlx/spherical) add a TMA producer warp group and consumer groups.
-Supports every shape host.supports takes: any B, N, Nk, G; D 64 and 128; causal; seqlens.
+Supports every shape host.supports takes: any B, N, Nk, G; D 64 and 128; causal; seqlens; packed
+sequences (PACKED: a grid over heads x the tile map, out and r by masked stores: host.py).
 """
 from __future__ import annotations
 
@@ -26,23 +27,28 @@ from altattn.spherical.spec import SphericalSpec
 from kernels_triton.launch import Kernel, constexprs
 from kernels_triton.proton import enter, leave
 from kernels_triton.spherical.host import (
+    PerGrid,
     build_compile_configs,
     layout,
     key_blocks,
+    packed_map,
+    packed_row_tile,
     row_grid,
     row_tile,
     seq_bounds,
+    store_rows,
     supports,  # noqa: F401  (this variant's `supports`)
 )
 
 
 @triton.jit
-def _step(acc, z, q, K, V, b, g, x0, rows, Lk, D: tl.constexpr, BLOCK_N: tl.constexpr,
+def _step(acc, z, q, K, V, b, g, k0, x0, rows, Lk, D: tl.constexpr, BLOCK_N: tl.constexpr,
           MASK: tl.constexpr, CAUSAL: tl.constexpr, PROFILE: tl.constexpr):
-    """One key block at x0: acc += bf16(t) V, z += rowsum(t^2) (t = 0 where hidden if MASK)."""
+    """One key block at x0 (of the keys from row k0): acc += bf16(t) V, z += rowsum(t^2) (t = 0
+    where hidden if MASK)."""
     enter("load_kv", PROFILE)
-    k = K.load([b, x0, g * D]).reshape(BLOCK_N, D)
-    v = V.load([b, x0, g * D]).reshape(BLOCK_N, D)
+    k = K.load([b, k0 + x0, g * D]).reshape(BLOCK_N, D)
+    v = V.load([b, k0 + x0, g * D]).reshape(BLOCK_N, D)
     leave("load_kv", PROFILE)
     enter("qk_gemm", PROFILE)
     t = tl.dot(q, tl.trans(k))
@@ -68,27 +74,38 @@ def spherical_fwd_kernel(Q, K, V, Out, R, Seqlens, N, Nk, sm_scale, eps,
                          HQ: tl.constexpr, HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                          CAUSAL: tl.constexpr, VARLEN: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         PROFILE: tl.constexpr = False):
-    b, g, h, m0 = row_tile(N, HK, G, BLOCK_M, CAUSAL)
-    Lq, Lk = seq_bounds(Seqlens, b, N, Nk, VARLEN)
+                         PACKED: tl.constexpr = False, PROFILE: tl.constexpr = False):
+    if PACKED:  # Seqlens is the tile map, Out a pointer; rows and keys from q0, k0
+        h, q0, k0, Lq, Lk, m0 = packed_row_tile(Seqlens, HQ)
+        g = h // G
+        b = 0
+    else:
+        b, g, h, m0 = row_tile(N, HK, G, BLOCK_M, CAUSAL)
+        Lq, Lk = seq_bounds(Seqlens, b, N, Nk, VARLEN)
+        q0 = 0
+        k0 = 0
     n_full, n_all = key_blocks(m0, Lq, Lk, CAUSAL, BLOCK_M, BLOCK_N)
     rows = m0 + tl.arange(0, BLOCK_M)
-    q = Q.load([b, m0, h * D]).reshape(BLOCK_M, D)
+    q = Q.load([b, q0 + m0, h * D]).reshape(BLOCK_M, D)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     z = tl.zeros([BLOCK_M], tl.float32)
     for j in range(n_full):  # every row sees every key
-        acc, z = _step(acc, z, q, K, V, b, g, j * BLOCK_N, rows, Lk, D, BLOCK_N,
+        acc, z = _step(acc, z, q, K, V, b, g, k0, j * BLOCK_N, rows, Lk, D, BLOCK_N,
                        False, CAUSAL, PROFILE)
     for j in range(n_full, n_all):  # the causal diagonal, the block holding Lk
-        acc, z = _step(acc, z, q, K, V, b, g, j * BLOCK_N, rows, Lk, D, BLOCK_N,
+        acc, z = _step(acc, z, q, K, V, b, g, k0, j * BLOCK_N, rows, Lk, D, BLOCK_N,
                        True, CAUSAL, PROFILE)
     enter("epilogue", PROFILE)
     live = rows < Lq
     r = tl.where(live, sm_scale * tl.sqrt(z), 0.0)
     scale = tl.where(live, sm_scale / (r + eps), 0.0)
     out = (acc * scale[:, None]).to(tl.bfloat16)
-    Out.store([b, m0, h * D], out.reshape(1, BLOCK_M, D))
-    tl.store(R + (b.to(tl.int64) * HQ + h) * N + rows, r, mask=rows < N)
+    if PACKED:  # this sequence's rows only
+        store_rows(Out, out, q0, rows, live, HQ, h, D)
+        tl.store(R + h.to(tl.int64) * N + q0 + rows, r, mask=live)
+    else:
+        Out.store([b, m0, h * D], out.reshape(1, BLOCK_M, D))
+        tl.store(R + (b.to(tl.int64) * HQ + h) * N + rows, r, mask=rows < N)
     leave("epilogue", PROFILE)
 
 
@@ -102,16 +119,26 @@ def config(spec: SphericalSpec) -> dict:
 def prepare(spec: SphericalSpec, profile: bool = False, cfg: dict | None = None):
     """The launch of `spec`, made once: run(q, k, v, seqlens, out, r) writes out [B, N, Hq, D]
     bf16 and r [B, Hq, N] fp32 from q [B, N, Hq, D], k, v [B, Nk, Hk, D] (bf16, contiguous) and
-    seqlens (int32 [B], or None unless spec.varlen). cfg: another tile config (tuning)."""
+    seqlens (int32 [B], or None unless spec.varlen; spec.packed: altattn.packing.PackedSeqs, B = 1).
+    cfg: another tile config (tuning)."""
     cfg = cfg or config(spec)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     rows = layout(spec.B, spec.N, spec.Hq, spec.D, bm)
     keys = layout(spec.B, spec.Nk, spec.Hk, spec.D, bn)
-    kernel = Kernel(spherical_fwd_kernel, row_grid(spec, bm), HQ=spec.Hq, HK=spec.Hk, G=spec.G,
-                    D=spec.D, CAUSAL=spec.causal, VARLEN=spec.varlen, PROFILE=bool(profile),
-                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                    **constexprs(cfg))
+    opts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, CAUSAL=spec.causal,
+                VARLEN=spec.varlen, PROFILE=bool(profile), num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"], **constexprs(cfg))
     N, Nk, scale, eps = spec.N, spec.Nk, spec.sm_scale, spec.eps
+    if spec.packed:
+        per_grid = PerGrid(spherical_fwd_kernel, lambda n: (spec.Hq * n,), PACKED=True, **opts)
+
+        def run_packed(q, k, v, seqs, out, r) -> None:
+            tiles, n = packed_map(seqs, N, bm, spec.causal)
+            if n:
+                per_grid(n)(rows(q), keys(k), keys(v), out, r, tiles, N, Nk, scale, eps)
+
+        return run_packed
+    kernel = Kernel(spherical_fwd_kernel, row_grid(spec, bm), **opts)
 
     def run(q, k, v, seqlens, out, r) -> None:
         kernel(rows(q), keys(k), keys(v), rows(out), r, seqlens, N, Nk, scale, eps)

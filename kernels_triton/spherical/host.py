@@ -10,6 +10,16 @@ Grid of a row-tile kernel (forward, dQ): one flat axis, the G query heads of one
 (they read the same K/V blocks at the same time, from L2), then the row tiles, then (b, kv head).
 Causal kernels visit a head's row tiles from the last (the most keys) to the first, so the short
 tiles fill the end of the launch. A key-block kernel (dK/dV) has key blocks fastest, then (b, g).
+
+Packed sequences (spec.packed, altattn/spherical/varlen.py): B = 1 over the packed tokens, and in
+place of `seqlens` a launch gets altattn.packing.PackedSeqs (the offsets). Its run builds a tile
+map on the device (altattn.packing.tile_map: per tile the sequence's first query and key row,
+both lengths and the tile's first row or key; sorted by work, largest first) and launches a grid
+of heads x map rows, the heads of one tile fastest (`packed_row_tile`). A program's coordinates are local
+to its sequence (masks, causal diagonal, key blocks as a batch element's), offset by the
+sequence's first row at each load; a tile that runs past its sequence reads the next one's rows,
+masked in the scores (exactly 0 for finite values), and stores only its own rows (masked stores,
+not TMA: a TMA store of such a tile would overwrite the next sequence's rows).
 """
 from __future__ import annotations
 
@@ -19,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
+from altattn.packing import PackedSeqs, max_tiles, tile_map
 from altattn.registry import CompileConfig
-from kernels_triton.launch import Desc, compile_configs, meta
+from kernels_triton.launch import Desc, Kernel, compile_configs, meta
 from altattn.spherical.spec import SphericalSpec
 
 SUPPORTED_D = (64, 128)
@@ -118,6 +129,56 @@ def query_blocks(x0, Lq, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
     return m_lo, tl.minimum(n_diag, n_all), n_all
 
 
+# ---- packed sequences ---------------------------------------------------------------------
+
+def packed_map(seqs: PackedSeqs, T: int, block: int, causal: bool,
+               keys: bool = False) -> tuple[torch.Tensor, int]:
+    """(tile map, its rows) of the packed launch over T rows (keys=True: T keys) in tiles of
+    `block` (module docstring); no host read of the offsets."""
+    n = max_tiles(T, seqs.cu_q.numel() - 1, block)
+    return tile_map(seqs.cu_q, seqs.cu_k, block, n, causal=causal, keys=keys), n
+
+
+class PerGrid:
+    """A packed launch's Kernels, one per grid (its grid grows with the number of sequences):
+    `per_grid(n)` is the Kernel of fn over grid(n) with `options`, made at its first use."""
+
+    def __init__(self, fn, grid: Callable[[int], tuple], **options):
+        self.fn, self.grid, self.options = fn, grid, options
+        self.kernels: dict[int, Kernel] = {}
+
+    def __call__(self, n: int) -> Kernel:
+        k = self.kernels.get(n)
+        if k is None:
+            k = self.kernels[n] = Kernel(self.fn, self.grid(n), **self.options)
+        return k
+
+
+@triton.jit
+def packed_tile(Map, ti):
+    """(q_start, k_start, Lq, Lk, first) of tile-map row ti: the sequence's first query row and
+    first key row in the packed tensors, its lengths, the tile's first row (or key) in it."""
+    row = Map + ti * 5
+    return tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3), tl.load(row + 4)
+
+
+@triton.jit
+def packed_row_tile(Map, H: tl.constexpr):
+    """(head, q_start, k_start, Lq, Lk, first) of this program of a packed grid of H heads x map
+    rows (the heads of one tile adjacent)."""
+    pid = tl.program_id(0)
+    q0, k0, lq, lk, first = packed_tile(Map, pid // H)
+    return pid % H, q0, k0, lq, lk, first
+
+
+@triton.jit
+def store_rows(Ptr, x, tok0, rows, live, H: tl.constexpr, h, D: tl.constexpr):
+    """x [rows, D] into rows tok0 + rows of head h of a [T, H, D] tensor, where `live`."""
+    tok = (tok0 + rows).to(tl.int64)
+    tl.store(Ptr + (tok * H + h)[:, None] * D + tl.arange(0, D)[None, :], x,
+             mask=live[:, None])
+
+
 # ---- compile configs (tools.resources; CI compiles them for sm_90a without a GPU) ----------
 
 Prepare = Callable[[SphericalSpec], Callable]   # spec -> the prepared launch, run(*meta_args)
@@ -125,13 +186,16 @@ Prepare = Callable[[SphericalSpec], Callable]   # spec -> the prepared launch, r
 
 def compile_specs() -> list[SphericalSpec]:
     """The specs compile configs cover: D 64 and 128, causal and not, seqlens and not, G 1 and 8
-    (not every combination: G and seqlens change little code)."""
+    (not every combination: G and seqlens change little code), packed at D 128 and 64."""
     out = []
     for d, causal, varlen, hq, hk in ((128, False, False, 16, 16), (128, True, False, 16, 16),
                                       (128, False, True, 16, 2), (128, True, True, 16, 2),
                                       (64, False, False, 16, 16), (64, True, True, 16, 2)):
         out.append(SphericalSpec(B=2, N=4096, Nk=4096, Hq=hq, Hk=hk, D=d, causal=causal,
                                  sm_scale=d ** -0.5, varlen=varlen))
+    for d, causal in ((128, False), (128, True), (64, True)):
+        out.append(SphericalSpec(B=1, N=8192, Nk=8192, Hq=16, Hk=2, D=d, causal=causal,
+                                 sm_scale=d ** -0.5, packed=True))
     return out
 
 
@@ -142,6 +206,8 @@ def meta_args(spec: SphericalSpec, pass_: str) -> tuple:
     kv = meta(spec.B, spec.Nk, spec.Hk, spec.D)
     r = meta(spec.B, spec.Hq, spec.N, dtype=torch.float32)
     seqlens = meta(spec.B, dtype=torch.int32) if spec.varlen else None
+    if spec.packed:  # 4 sequences
+        seqlens = PackedSeqs(*[meta(5, dtype=torch.int32)] * 2)
     if pass_ == "fwd":
         return q, kv, kv, seqlens, q, r
     return q, kv, kv, q, r, q, r, seqlens, q, kv, kv
@@ -149,7 +215,7 @@ def meta_args(spec: SphericalSpec, pass_: str) -> tuple:
 
 def spec_tag(spec: SphericalSpec) -> str:
     return (f"G{spec.G}_D{spec.D}" + ("_causal" if spec.causal else "")
-            + ("_varlen" if spec.varlen else ""))
+            + ("_varlen" if spec.varlen else "") + ("_packed" if spec.packed else ""))
 
 
 def build_compile_configs(prepare: Prepare, pass_: str, names: dict | None = None,

@@ -121,7 +121,7 @@ def _layer_case(rank, world, seed):
             grad = p.grad.clone()
             dist.all_reduce(grad)
             assert _max_rel(grad, w.grad) <= FP64_TOL, (layout, name, rank)
-    with pytest.raises(ValueError, match="seqlens: padded batches are not sharded"):
+    with pytest.raises(ValueError, match="seqlens: padded or packed batches are not sharded"):
         layer(xs, seqlens=torch.tensor([1, 1], dtype=torch.int32))
 
 
