@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from ..distributed import agree, all_gather_stack, all_reduce_sum, check_lens, process_group
 from .ops import attention, check_variant_names
+from .pieces import read_state, shard_state
 from .spec import REFERENCE_DTYPES, default_scale, validate
 
 Tensor = torch.Tensor
@@ -109,16 +110,55 @@ def context_parallel_attention(q1, q2, k1, k2, v, *, group=None, scale=None,
     x = (q1, q2, k1, k2, v)
     if world == 1 or q1.shape[0] * q1.shape[2] == 0:  # one rank; or no heads: empty states
         return attention(*x, causal=causal, initial_state=initial_state, **opts)
-    _, own = attention(*x, causal=False, **opts)  # S_r: this shard's state, from 0
-    if not causal:  # every token reads the whole state; the call adds its own S_r back
-        total = _sum_over_ranks(own, group, deterministic)
+    return sharded(x, group, causal, initial_state, opts)
+
+
+def sharded(x, group, causal: bool, initial_state, opts: dict, composed: bool = False):
+    """`context_parallel_attention` after its checks (P > 1, B H > 0; opts: `attention`'s
+    scale, resolved, variant, bwd_variant, deterministic). This rank's shard state S_r, the
+    states' sum over the ranks, then what the shard reads:
+        non-causal  read_state(q1, q2, S0 + sum_r S_r)        (pieces.py: the op's kernels, cut)
+        causal      attention(..., initial_state=S0 + sum_{r' < rank} S_r')
+    S_r from pieces.shard_state (the op's `partials` and state kernel, no apply), so that
+    non-causal costs one call of the op and causal one call plus a state.
+    composed=True: the first version, built from calls of the op alone (what each costs:
+    docs/perf-cp.md): S_r the state of a whole call on the shard, its out unused, and the
+    non-causal read a second call from S0 + sum_r S_r - S_r (it adds S_r back)."""
+    q1, q2, k1, k2, v = x
+    kernels = {"variant": opts["variant"], "bwd_variant": opts["bwd_variant"]}
+    if composed:
+        _, own = attention(*x, causal=False, **opts)  # S_r: this shard's state, from 0
+    else:
+        own = shard_state(k1, k2, v, opts["scale"], **kernels)
+    rank = dist.get_rank(group)
+    if not causal:  # every token reads the whole state
+        total = _sum_over_ranks(own, group, opts["deterministic"])
         if initial_state is not None:
             total = initial_state.to(own.dtype) + total
-        out, _ = attention(*x, causal=False, initial_state=total - own, **opts)
-        return out, total
-    prefix, total = _prefix_and_total(own, group, rank, initial_state)
+        if composed:  # the call adds its own S_r back
+            return attention(*x, causal=False, initial_state=total - own, **opts)[0], total
+        return read_state(q1, q2, total, **kernels), total
+    every = all_gather_stack(own, group)
+    prefix, total = _prefix_and_total(every, rank, initial_state)
     out, _ = attention(*x, causal=True, initial_state=prefix, **opts)
-    return out, total
+    # rank 0's out reads no other rank's state: tied to the gather, its backward still takes
+    # part in the gather's (a rank whose loss reads only out would otherwise skip it, and the
+    # others would wait for it)
+    return _Tie.apply(out, every), total
+
+
+class _Tie(torch.autograd.Function):
+    """(out, t) -> out; backward: out's gradient, and zeros for t. Puts t's collective on the
+    backward path of out on every rank."""
+
+    @staticmethod
+    def forward(ctx, out: Tensor, t: Tensor):
+        ctx.t_shape, ctx.t_dtype = t.shape, t.dtype
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, grad.new_zeros(ctx.t_shape, dtype=ctx.t_dtype)
 
 
 def _sum_over_ranks(own: Tensor, group, deterministic: bool) -> Tensor:
@@ -133,12 +173,11 @@ def _sum_over_ranks(own: Tensor, group, deterministic: bool) -> Tensor:
     return total
 
 
-def _prefix_and_total(own: Tensor, group, rank: int, initial_state):
-    """(S0 + sum_{r' < rank} S_r', S0 + sum_r S_r) from every rank's S_r: the first None when
-    it is a sum of nothing (rank 0, no S0). Every rank sums in rank order, so the totals are
-    bitwise equal across ranks."""
-    every = all_gather_stack(own, group)
-    acc, prefix = None if initial_state is None else initial_state.to(own.dtype), None
+def _prefix_and_total(every: Tensor, rank: int, initial_state):
+    """(S0 + sum_{r' < rank} S_r', S0 + sum_r S_r) from every rank's S_r (stacked): the first
+    None when it is a sum of nothing (rank 0, no S0). Every rank sums in rank order, so the
+    totals are bitwise equal across ranks."""
+    acc, prefix = None if initial_state is None else initial_state.to(every.dtype), None
     for r in range(every.shape[0]):
         if r == rank:
             prefix = acc

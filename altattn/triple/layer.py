@@ -60,9 +60,9 @@ class TripleAttention(nn.Module):
                 return_state: bool = False):
         check_layer_input(x, self.dim)
         check_bool("return_state", return_state)
-        opts = dict(scale=self.scale, causal=self.causal, initial_state=initial_state,
-                    variant=self.variant, bwd_variant=self.bwd_variant,
-                    deterministic=self.deterministic)
+        opts = {"scale": self.scale, "causal": self.causal, "initial_state": initial_state,
+                "variant": self.variant, "bwd_variant": self.bwd_variant,
+                "deterministic": self.deterministic}
         if self.cp_group is not None:
             o, state = context_parallel_attention(*self._heads(x), group=self.cp_group, **opts)
         else:

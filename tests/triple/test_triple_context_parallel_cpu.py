@@ -15,6 +15,8 @@ import torch.multiprocessing as mp
 
 from altattn.triple import TripleAttention, attention, context_parallel_attention
 from altattn.triple import spec as triple_spec
+from altattn.triple.context_parallel import sharded
+from altattn.triple.spec import default_scale
 
 NAMES = ("q1", "q2", "k1", "k2", "v")
 TOL = 1e-12  # fp64 against fp64: the same sums, grouped by shard
@@ -46,8 +48,25 @@ def _shard(lens, rank, *tensors):
     return [t.narrow(1, a, lens[rank]) for t in tensors]
 
 
+def _call(x, lens, causal, scale, s0, deterministic, composed):
+    """The public call, or (composed) the first version: the op called twice."""
+    if not composed:
+        return context_parallel_attention(*x, scale=scale, causal=causal, initial_state=s0,
+                                          deterministic=deterministic)
+    c = default_scale(sum(lens)) if scale is None else scale
+    opts = {"scale": c, "variant": "auto", "bwd_variant": "auto", "deterministic": deterministic}
+    return sharded(x, dist.group.WORLD, causal, s0, opts, composed=True)
+
+
 def _check_case(rank, world, lens, B, H, Dq, Dv, causal, scale, with_state, deterministic,
                 seed):
+    for composed in (False, True) if B else (False,):
+        _check_one(rank, world, lens, B, H, Dq, Dv, causal, scale, with_state, deterministic,
+                   seed, composed)
+
+
+def _check_one(rank, world, lens, B, H, Dq, Dv, causal, scale, with_state, deterministic, seed,
+               composed):
     g = torch.Generator().manual_seed(seed)  # the same whole sequence on every rank
     N = sum(lens)
     full = [torch.randn(B, N, H, d, generator=g, dtype=torch.float64)
@@ -58,14 +77,18 @@ def _check_case(rank, world, lens, B, H, Dq, Dv, causal, scale, with_state, dete
     dstates = torch.randn(world, B, H, Dq, Dv, Dq, generator=g, dtype=torch.float64)
     mine = [t.clone().requires_grad_() for t in _shard(lens, rank, *full)]
     s0_mine = s0.clone().requires_grad_() if with_state else None
-    out, state = context_parallel_attention(*mine, scale=scale, causal=causal,
-                                            initial_state=s0_mine, deterministic=deterministic)
-    ((out * _shard(lens, rank, dout)[0]).sum() + (state * dstates[rank]).sum()).backward()
+    out, state = _call(mine, lens, causal, scale, s0_mine, deterministic, composed)
+    # half the cases' losses read out alone: every rank's backward must still take part in the
+    # collectives' (rank 0's causal out reads no other rank's state)
+    with_dstate = seed % 2 == 0
+    dstates *= with_dstate
+    ((out * _shard(lens, rank, dout)[0]).sum()
+     + with_dstate * (state * dstates[rank]).sum()).backward()
     whole = [t.clone().requires_grad_() for t in full]
     s0_whole = s0.clone().requires_grad_() if with_state else None
     ro, rs = attention(*whole, scale=scale, causal=causal, initial_state=s0_whole)
     ((ro * dout).sum() + (rs * dstates.sum(0)).sum()).backward()
-    case = (lens, B, H, Dq, Dv, causal, scale, with_state, deterministic, rank)
+    case = (lens, B, H, Dq, Dv, causal, scale, with_state, deterministic, composed, rank)
     assert out.shape == (B, lens[rank], H, Dv) and state.shape == (B, H, Dq, Dv, Dq), case
     assert out.dtype == ro.dtype and state.dtype == rs.dtype, case
     assert _max_rel(out, _shard(lens, rank, ro)[0]) <= TOL, case
@@ -79,6 +102,8 @@ def _check_case(rank, world, lens, B, H, Dq, Dv, causal, scale, with_state, dete
         share = s0_mine.grad.clone()
         dist.all_reduce(share)
         assert _max_rel(share, s0_whole.grad) <= TOL, ("initial_state", *case)
+    if composed:
+        return
     with torch.no_grad():  # the lengths given: no all-gather of the arguments, the same call
         trusted = context_parallel_attention(*mine, scale=scale, causal=causal,
                                              initial_state=s0_mine, deterministic=deterministic,
@@ -87,14 +112,15 @@ def _check_case(rank, world, lens, B, H, Dq, Dv, causal, scale, with_state, dete
 
 
 def _layer_case(rank, world, seed):
-    """The layer on shards (causal, scale None: 1/N of the whole sequence), fed an initial state
-    and returning the final one: its rows, its state, and its weights' gradients summed over the
-    ranks (each rank's part of the whole loss), against the layer on the whole sequence."""
+    """The layer on shards against the layer on the whole sequence: causal with scale None (1/N
+    of the whole sequence), the loss reading its output alone; then fed an initial state and
+    returning the final one, causal and not. Its rows, its state, and its weights' gradients
+    summed over the ranks (each rank's part of the whole loss)."""
     lens, dim = [5, 3, 6, 2][:world], 16
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2, sum(lens), dim, generator=g, dtype=torch.float64)
     gy = torch.randn(2, sum(lens), dim, generator=g, dtype=torch.float64)
-    for causal, scale in ((True, None), (False, 0.1)):
+    for causal, scale in ((True, None), (False, 0.1), (True, 0.1)):
         s0 = torch.randn(2, 2, 32, 64, 32, generator=g, dtype=torch.float64) if scale else None
 
         def make(cp_group, causal=causal, scale=scale):
@@ -104,11 +130,15 @@ def _layer_case(rank, world, seed):
 
         whole, sharded = make(None), make(dist.group.WORLD)
         y, state = whole(x, s0, return_state=True)
-        ((y * gy).sum() + state.sum()).backward()
-        ys, ss = sharded(_shard(lens, rank, x)[0], s0, return_state=True)
-        ((ys * _shard(lens, rank, gy)[0]).sum() + ss.sum() / world).backward()
+        ((y * gy).sum() + (s0 is not None) * state.sum()).backward()
+        if s0 is None:  # the layer as a model calls it: the output alone
+            ys = sharded(_shard(lens, rank, x)[0])
+            (ys * _shard(lens, rank, gy)[0]).sum().backward()
+        else:
+            ys, ss = sharded(_shard(lens, rank, x)[0], s0, return_state=True)
+            ((ys * _shard(lens, rank, gy)[0]).sum() + ss.sum() / world).backward()
+            assert _max_rel(ss, state) <= TOL, (causal, rank)
         assert _max_rel(ys, _shard(lens, rank, y)[0]) <= TOL, (causal, rank)
-        assert _max_rel(ss, state) <= TOL, (causal, rank)
         for (name, p), w in zip(sharded.named_parameters(), whole.parameters()):
             grad = p.grad.clone()
             dist.all_reduce(grad)
@@ -184,3 +214,22 @@ def test_needs_an_initialized_process_group():
         pytest.skip("a process group is initialized in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
         context_parallel_attention(*x)
+
+
+def test_pieces_are_the_non_causal_op(gen, tiny_dims):
+    """read_state(q1, q2, shard_state(k1, k2, v, c)) is `attention` (non-causal, no initial
+    state) in fp64: out, state and the five gradients; an empty sequence gives a zero state."""
+    from altattn.triple.pieces import read_state, shard_state
+    x = [torch.randn(2, 7, 2, d, generator=gen, dtype=torch.float64, requires_grad=True)
+         for d in (2, 2, 2, 2, 3)]
+    dout = torch.randn(2, 7, 2, 3, generator=gen, dtype=torch.float64)
+    dstate = torch.randn(2, 2, 2, 3, 2, generator=gen, dtype=torch.float64)
+    state = shard_state(x[2], x[3], x[4], 0.3)
+    out = read_state(x[0], x[1], state)
+    got = [out, state, *torch.autograd.grad((out, state), x, (dout, dstate))]
+    ro, rs = attention(*x, scale=0.3)
+    want = [ro, rs, *torch.autograd.grad((ro, rs), x, (dout, dstate))]
+    for name, a, b in zip(("out", "state", *NAMES), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
+    empty = shard_state(*(t[:, :0] for t in x[2:]), 0.3)
+    assert empty.shape == (2, 2, 2, 3, 2) and not empty.any()
