@@ -172,3 +172,69 @@ def gather_rows(x: Tensor, lens: list[int], group, *, dim: int = 1,
     slices = [(0, sum(b - a for _, a, b in order))] if whole else list(slices)
     out = _GatherRows.apply(group, list(lens), list(order), slices, dim, x)
     return out[0] if whole else out
+
+
+def _all_reduce_(group, t: Tensor) -> Tensor:
+    """Sum `t` (contiguous) over the ranks of `group`, in place (through host memory where
+    _staged); returns t."""
+    if _staged(t, group):
+        host = t.cpu()
+        dist.all_reduce(host, group=group)
+        return t.copy_(host)
+    dist.all_reduce(t, group=group)
+    return t
+
+
+class _AllReduce(torch.autograd.Function):
+    """x -> the sum over the ranks of every rank's x, on every rank; backward: the same sum of
+    the incoming gradients (each rank's loss reads the sum)."""
+
+    @staticmethod
+    def forward(ctx, group, x: Tensor):
+        ctx.group = group
+        return _all_reduce_(group, x.clone(memory_format=torch.contiguous_format))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return None, _all_reduce_(ctx.group, grad.clone(memory_format=torch.contiguous_format))
+
+
+class _AllGather(torch.autograd.Function):
+    """x -> [P, *x.shape], row r rank r's x, on every rank; backward: rank r's gradient is the
+    sum over the ranks of their gradients' row r (a reduce-scatter on NCCL; an all-reduce of
+    the whole stack elsewhere: gloo has no reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, group, x: Tensor):
+        ctx.group = group
+        x = x.contiguous()
+        world = dist.get_world_size(group)
+        staged = _staged(x, group)
+        src = x.cpu() if staged else x
+        every = src.new_empty(world, *x.shape)
+        dist.all_gather(list(every.unbind(0)), src, group=group)
+        return every.to(x.device) if staged else every
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        group = ctx.group
+        grad = grad.contiguous()
+        if "nccl" in str(dist.get_backend(group)).lower():
+            mine = grad.new_empty(grad.shape[1:])
+            dist.reduce_scatter_tensor(mine, grad, group=group)
+            return None, mine
+        return None, _all_reduce_(group, grad.clone())[dist.get_rank(group)].clone()
+
+
+def all_reduce_sum(x: Tensor, group) -> Tensor:
+    """The sum over the ranks of `group` of every rank's `x` (same shape everywhere), on every
+    rank; differentiable (its backward sums the incoming gradients the same way). A collective:
+    every rank calls it, and every rank runs its backward when one does."""
+    return _AllReduce.apply(group, x)
+
+
+def all_gather_stack(x: Tensor, group) -> Tensor:
+    """Every rank's `x` stacked in rank order, [P, *x.shape], on every rank; differentiable
+    (rank r's gradient: the sum over the ranks of their gradients' row r). A collective, as
+    all_reduce_sum."""
+    return _AllGather.apply(group, x)

@@ -2,6 +2,7 @@
 S[i, j, k] = c sum_n K1[n, i] V[n, j] K2[n, k], Y[n, j] = sum_{i,k} Q1[n, i] S[i, j, k] Q2[n, k].
 
     attention(q1, q2, k1, k2, v, *, scale, causal)   differentiable (a torch.library op), CPU or GPU
+    context_parallel_attention(..., group=pg)        one sequence sharded over the ranks of pg
     TripleAttention(dim, n_heads, ...)               a layer: five projections, optional L2 norm
     forward / backward                               one pass on the GPU kernels, no autograd
     step(q1, q2, k1, k2, v, state, *, scale)          decoding: T new tokens read and advance
@@ -9,6 +10,7 @@ S[i, j, k] = c sum_n K1[n, i] V[n, j] K2[n, k], Y[n, j] = sum_{i,k} Q1[n, i] S[i
     reference / reference_backward                   plain PyTorch in fp64
     variants("fwd" | "bwd")                          the registered kernels
 """
+from .context_parallel import context_parallel_attention
 from .decode import step
 from .layer import TripleAttention
 from .ops import attention
@@ -23,5 +25,5 @@ def variants(pass_: str = "fwd") -> dict[str, str]:
     return registry.variants(pass_, "triple")
 
 
-__all__ = ["TripleAttention", "TripleSpec", "attention", "backward", "forward", "reference",
-           "reference_backward", "step", "variants"]
+__all__ = ["TripleAttention", "TripleSpec", "attention", "backward", "context_parallel_attention",
+           "forward", "reference", "reference_backward", "step", "variants"]

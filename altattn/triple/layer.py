@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_bool, check_layer_input, positive_int
+from ..distributed import process_group
+from .context_parallel import context_parallel_attention
 from .decode import step as triple_step
 from .ops import attention, check_variant_names
 from .spec import SUPPORTED_DIMS, check_scale
@@ -25,12 +27,15 @@ class TripleAttention(nn.Module):
     False): the attention's initial state [B, n_heads, head_dim, v_head_dim, head_dim] (the op's;
     scale must then be given) and, with return_state=True, (y, state): a causal layer fed in
     chunks, each chunk's state the next one's, equals one call. step(x, state): decoding, the
-    state advanced in place."""
+    state advanced in place. cp_group: context parallelism, a ProcessGroup or a 1-D DeviceMesh
+    (mesh["cp"]) over which the sequence is sharded: x is then this rank's contiguous shard
+    [B, n_r, dim] and the state the whole sequence's (`context_parallel_attention`; scale None
+    is 1/N of the whole sequence); None: the whole sequence."""
 
     def __init__(self, dim: int, n_heads: int, head_dim: int = 64, v_head_dim: int | None = None,
                  *, causal: bool = False, scale: float | None = None, normalize: bool = False,
                  bias: bool = False, variant: str = "auto", bwd_variant: str = "auto",
-                 deterministic: bool = False):
+                 deterministic: bool = False, cp_group=None):
         super().__init__()
         v_head_dim = head_dim if v_head_dim is None else v_head_dim
         dim, n_heads, head_dim, v_head_dim = (positive_int(name, v) for name, v in (
@@ -45,6 +50,7 @@ class TripleAttention(nn.Module):
         self.scale = None if scale is None else check_scale(scale, 1)
         self.dim, self.n_heads, self.head_dim, self.v_head_dim = dim, n_heads, head_dim, v_head_dim
         self.variant, self.bwd_variant, self.deterministic = variant, bwd_variant, deterministic
+        self.cp_group = None if cp_group is None else process_group(cp_group)
         self.q1, self.q2, self.k1, self.k2 = (nn.Linear(dim, n_heads * head_dim, bias=bias)
                                               for _ in range(4))
         self.v = nn.Linear(dim, n_heads * v_head_dim, bias=bias)
@@ -54,9 +60,13 @@ class TripleAttention(nn.Module):
                 return_state: bool = False):
         check_layer_input(x, self.dim)
         check_bool("return_state", return_state)
-        o, state = attention(*self._heads(x), scale=self.scale, causal=self.causal,
-                             initial_state=initial_state, variant=self.variant,
-                             bwd_variant=self.bwd_variant, deterministic=self.deterministic)
+        opts = {"scale": self.scale, "causal": self.causal, "initial_state": initial_state,
+                "variant": self.variant, "bwd_variant": self.bwd_variant,
+                "deterministic": self.deterministic}
+        if self.cp_group is not None:
+            o, state = context_parallel_attention(*self._heads(x), group=self.cp_group, **opts)
+        else:
+            o, state = attention(*self._heads(x), **opts)
         return (self._project(o, x), state) if return_state else self._project(o, x)
 
     def step(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -65,6 +75,10 @@ class TripleAttention(nn.Module):
         place (altattn.triple.step); returns y [B, T, dim], the rows a forward over all the
         tokens would give. A causal layer with an explicit scale; inference only (call it
         under torch.no_grad())."""
+        if self.cp_group is not None:
+            raise ValueError("step decodes on one rank: the layer's cp_group is set (after a "
+                             "sharded prefill every rank holds the whole state; decode with a "
+                             "layer without cp_group, or altattn.triple.step)")
         if not self.causal:
             raise ValueError("step decodes a causal layer (causal=True): a non-causal token "
                              "reads every token of its call, including later ones")
