@@ -5,7 +5,8 @@ Families (each a subpackage with its op, layer, reference and kernels; `families
                          simplicial_attention_varlen, simplicial_attention_with_kvcache,
                          simplicial_context_parallel_attention
     altattn.spherical    spherical attention (FlashSign): spherical_attention, SphericalAttention
-    altattn.triple       triple attention: triple_attention, TripleAttention
+    altattn.triple       triple attention: triple_attention, TripleAttention,
+                         triple_attention_varlen
 
 `variants(family, pass_)` names the registered kernels. See README.md and docs/DESIGN.md.
 """
@@ -19,6 +20,7 @@ from .spherical import SphericalAttention
 from .spherical import attention as spherical_attention
 from .triple import TripleAttention
 from .triple import attention as triple_attention
+from .triple import attention_varlen as triple_attention_varlen
 
 
 def families() -> dict[str, str]:
@@ -39,4 +41,4 @@ __all__ = ["simplicial", "simplicial_attention", "SimplicialAttention",
            "simplicial_attention_varlen", "simplicial_attention_with_kvcache",
            "simplicial_context_parallel_attention", "spherical",
            "spherical_attention", "SphericalAttention", "triple", "triple_attention",
-           "TripleAttention", "families", "variants"]
+           "triple_attention_varlen", "TripleAttention", "families", "variants"]

@@ -2,12 +2,20 @@
 docs/perf-varlen.md).
 
     python -m bench.varlen [--docs 64] [--min 256] [--max 4096] [--seed 0] [--json PATH]
+    python -m bench.varlen --family triple [--docs 64] [--min 1024] [--max 16384] [--h 8]
+                           [--d 64] [--json PATH]
 
-Times `forward_varlen` and `backward_varlen` ("auto") on --docs documents of random lengths in
-[--min, --max] packed into one sequence (Hq 128, Hk 1, D 128, w 32 x 512), and the dense
-`forward` / `backward` ("auto") on S* (B 4, N 16384) and on a batch of the same token count
-(B = --docs, N = the mean length). TFLOPS: useful FLOPs (altattn.simplicial.flops, summed over
-the documents; backward 2.5x) over the median time (profiling.timing.median_ms).
+2-simplicial (default): times `forward_varlen` and `backward_varlen` ("auto") on --docs
+documents of random lengths in [--min, --max] packed into one sequence (Hq 128, Hk 1, D 128,
+w 32 x 512), and the dense `forward` / `backward` ("auto") on S* (B 4, N 16384) and on a batch
+of the same token count (B = --docs, N = the mean length). TFLOPS: useful FLOPs
+(altattn.simplicial.flops, summed over the documents; backward 2.5x) over the median time
+(profiling.timing.median_ms).
+Triple (--family triple; --min/--max default 1024/16384): the packed forward and forward +
+backward (altattn.triple.varlen's forward_varlen, backward_varlen: the kernels, no autograd, no
+host check of cu_seqlens), each sequence its own 1/length, against the dense batch of the same
+token count (B = --docs, N = the mean length: the dense passes), non-causal and causal; FLOPs
+4 H T Dq^2 Dv forward, 3x that forward + backward (bench/varlen_triple.py).
 """
 from __future__ import annotations
 
@@ -40,12 +48,19 @@ def _time(fwd, bwd, useful, name, tokens):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.varlen", description=__doc__.split("\n")[0])
+    p.add_argument("--family", choices=("simplicial", "triple"), default="simplicial")
     p.add_argument("--docs", type=int, default=64)
-    p.add_argument("--min", type=int, default=256)
-    p.add_argument("--max", type=int, default=4096)
+    p.add_argument("--min", type=int, default=None, help="256 (triple: 1024)")
+    p.add_argument("--max", type=int, default=None, help="4096 (triple: 16384)")
+    p.add_argument("--h", type=int, default=8, help="triple: heads")
+    p.add_argument("--d", type=int, default=64, help="triple: Dq = Dv")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)
+    if a.family == "triple":
+        from bench.varlen_triple import run
+        return run(a)
+    a.min, a.max = a.min or 256, a.max or 4096
     rng = random.Random(a.seed)
     lens = [rng.randint(a.min, a.max) for _ in range(a.docs)]
     T = sum(lens)

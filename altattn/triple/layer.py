@@ -10,6 +10,7 @@ from ..checks import check_bool, check_layer_input, positive_int
 from .decode import step as triple_step
 from .ops import attention, check_variant_names
 from .spec import SUPPORTED_DIMS, check_scale
+from .varlen import attention_varlen
 
 
 class TripleAttention(nn.Module):
@@ -24,8 +25,9 @@ class TripleAttention(nn.Module):
     raises at construction, naming the argument. forward(x, initial_state=None, return_state=
     False): the attention's initial state [B, n_heads, head_dim, v_head_dim, head_dim] (the op's;
     scale must then be given) and, with return_state=True, (y, state): a causal layer fed in
-    chunks, each chunk's state the next one's, equals one call. step(x, state): decoding, the
-    state advanced in place."""
+    chunks, each chunk's state the next one's, equals one call; cu_seqlens / max_seqlen: x is
+    [T, dim], packed sequences (as SimplicialAttention's). step(x, state): decoding, the state
+    advanced in place."""
 
     def __init__(self, dim: int, n_heads: int, head_dim: int = 64, v_head_dim: int | None = None,
                  *, causal: bool = False, scale: float | None = None, normalize: bool = False,
@@ -51,12 +53,24 @@ class TripleAttention(nn.Module):
         self.out = nn.Linear(n_heads * v_head_dim, dim, bias=bias)
 
     def forward(self, x: torch.Tensor, initial_state: torch.Tensor | None = None, *,
-                return_state: bool = False):
-        check_layer_input(x, self.dim)
+                return_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None):
+        """x [B, N, dim] -> [B, N, dim]; with cu_seqlens (int32 [n + 1]), x is [T, dim]: packed
+        sequences, each its own state (`attention_varlen`; initial_state and the state
+        returned [n, n_heads, head_dim, v_head_dim, head_dim])."""
         check_bool("return_state", return_state)
-        o, state = attention(*self._heads(x), scale=self.scale, causal=self.causal,
-                             initial_state=initial_state, variant=self.variant,
-                             bwd_variant=self.bwd_variant, deterministic=self.deterministic)
+        opts = dict(scale=self.scale, causal=self.causal, initial_state=initial_state,
+                    variant=self.variant, bwd_variant=self.bwd_variant,
+                    deterministic=self.deterministic)
+        if cu_seqlens is not None:  # packed: one batch element of T tokens, cut at the starts
+            check_layer_input(x[None] if isinstance(x, torch.Tensor) and x.dim() == 2 else x,
+                              self.dim)
+            o, state = attention_varlen(*(t[0] for t in self._heads(x[None])), cu_seqlens,
+                                        max_seqlen, **opts)
+            y = self._project(o[None], x[None])[0]
+            return (y, state) if return_state else y
+        check_layer_input(x, self.dim)
+        o, state = attention(*self._heads(x), **opts)
         return (self._project(o, x), state) if return_state else self._project(o, x)
 
     def step(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
