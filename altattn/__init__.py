@@ -6,7 +6,7 @@ Families (each a subpackage with its op, layer, reference and kernels; `families
                          simplicial_context_parallel_attention
     altattn.spherical    spherical attention (FlashSign): spherical_attention, SphericalAttention
     altattn.triple       triple attention: triple_attention, TripleAttention,
-                         triple_context_parallel_attention
+                         triple_attention_varlen, triple_context_parallel_attention
 
 `variants(family, pass_)` names the registered kernels. See README.md and docs/DESIGN.md.
 """
@@ -20,6 +20,7 @@ from .spherical import SphericalAttention
 from .spherical import attention as spherical_attention
 from .triple import TripleAttention
 from .triple import attention as triple_attention
+from .triple import attention_varlen as triple_attention_varlen
 from .triple import context_parallel_attention as triple_context_parallel_attention
 
 
@@ -41,4 +42,5 @@ __all__ = ["simplicial", "simplicial_attention", "SimplicialAttention",
            "simplicial_attention_varlen", "simplicial_attention_with_kvcache",
            "simplicial_context_parallel_attention", "spherical",
            "spherical_attention", "SphericalAttention", "triple", "triple_attention",
-           "triple_context_parallel_attention", "TripleAttention", "families", "variants"]
+           "triple_attention_varlen", "triple_context_parallel_attention", "TripleAttention",
+           "families", "variants"]

@@ -37,11 +37,13 @@ def values_checkable(t: Tensor) -> bool:
 
 
 def check_cu_seqlens(cu_seqlens, T: int, device: torch.device, max_seqlen=None,
-                     name: str = "cu_seqlens", max_name: str = "max_seqlen") -> list | None:
+                     name: str = "cu_seqlens", max_name: str = "max_seqlen",
+                     values: bool = True) -> list | None:
     """`name`: an int32 tensor [n + 1] on `device`, 0 first, non-decreasing, T last (the
     packed token count); `max_name` (max_seqlen), if given, at least the longest sequence.
     TypeError / ValueError naming the argument. Returns the offsets as a list, or None where
-    the values may not be read (`values_checkable`)."""
+    the values may not be read (`values_checkable`) or are not to be (values=False: its kind
+    only)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype != torch.int32:
@@ -52,7 +54,7 @@ def check_cu_seqlens(cu_seqlens, T: int, device: torch.device, max_seqlen=None,
                          f"{tuple(cu_seqlens.shape)}")
     if cu_seqlens.device != device:
         raise ValueError(f"{name} is on {cu_seqlens.device} but q is on {device}")
-    if not values_checkable(cu_seqlens):
+    if not values or not values_checkable(cu_seqlens):
         return None
     cu = cu_seqlens.tolist()
     if cu[0] != 0 or cu[-1] != T:

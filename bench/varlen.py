@@ -1,8 +1,8 @@
 """Packed variable-length sequences against the dense batch path, same run (H200 numbers:
 docs/perf-varlen.md).
 
-    python -m bench.varlen [--family simplicial|spherical] [--docs 64] [--min N] [--max N]
-                           [--causal] [--seed 0] [--json PATH]
+    python -m bench.varlen [--family simplicial|spherical|triple] [--docs 64] [--min N]
+                           [--max N] [--causal] [--seed 0] [--json PATH]
 
 2-simplicial (default): times `forward_varlen` and `backward_varlen` ("auto") on --docs
 documents of random lengths in [--min, --max] (default 256..4096) packed into one sequence
@@ -12,6 +12,11 @@ Spherical (bench/varlen_spherical.py): --docs sequences of lengths in [--min, --
 200..16000), H 16, D 128: packed against the dense batch of the same tokens and the padded
 `seqlens` batch of the same sequences. TFLOPS: useful FLOPs (summed over the documents;
 backward 2.5x) over the median time (profiling.timing.median_ms).
+Triple (bench/varlen_triple.py; --min/--max default 1024/16384, --h 8, --d 64): the packed
+forward and forward + backward (altattn.triple.varlen's forward_varlen, backward_varlen: the
+kernels, no autograd, no host check of cu_seqlens), each sequence its own 1/length, against the
+dense batch of the same token count (B = --docs, N = the mean length: the dense passes),
+non-causal and causal; FLOPs 4 H T Dq^2 Dv forward, 3x that forward + backward.
 """
 from __future__ import annotations
 
@@ -44,15 +49,23 @@ def _time(fwd, bwd, useful, name, tokens):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.varlen", description=__doc__.split("\n")[0])
-    p.add_argument("--family", choices=("simplicial", "spherical"), default="simplicial")
+    p.add_argument("--family", choices=("simplicial", "spherical", "triple"),
+                   default="simplicial")
     p.add_argument("--docs", type=int, default=64)
-    p.add_argument("--min", type=int, default=None, help="256 (simplicial), 200 (spherical)")
-    p.add_argument("--max", type=int, default=None, help="4096 (simplicial), 16000 (spherical)")
+    p.add_argument("--min", type=int, default=None,
+                   help="256 (simplicial), 200 (spherical), 1024 (triple)")
+    p.add_argument("--max", type=int, default=None,
+                   help="4096 (simplicial), 16000 (spherical), 16384 (triple)")
     p.add_argument("--causal", action="store_true", help="spherical: causal attention")
     p.add_argument("--bwd-variant", default="auto", help="spherical: the packed backward's")
+    p.add_argument("--h", type=int, default=8, help="triple: heads")
+    p.add_argument("--d", type=int, default=64, help="triple: Dq = Dv")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the rows here")
     a = p.parse_args(argv)
+    if a.family == "triple":
+        from bench.varlen_triple import run
+        return run(a)
     if a.family == "spherical":
         from bench.varlen_spherical import run
         return run(a)

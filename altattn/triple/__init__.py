@@ -2,6 +2,8 @@
 S[i, j, k] = c sum_n K1[n, i] V[n, j] K2[n, k], Y[n, j] = sum_{i,k} Q1[n, i] S[i, j, k] Q2[n, k].
 
     attention(q1, q2, k1, k2, v, *, scale, causal)   differentiable (a torch.library op), CPU or GPU
+    attention_varlen(q1, ..., v, cu_seqlens, max_seqlen, ...)   packed sequences [T, H, D], a
+                                                     state per sequence (FlashAttention's varlen)
     context_parallel_attention(..., group=pg)        one sequence sharded over the ranks of pg
     TripleAttention(dim, n_heads, ...)               a layer: five projections, optional L2 norm
     forward / backward                               one pass on the GPU kernels, no autograd
@@ -17,6 +19,7 @@ from .ops import attention
 from .passes import backward, forward
 from .reference import reference, reference_backward
 from .spec import TripleSpec
+from .varlen import attention_varlen
 
 
 def variants(pass_: str = "fwd") -> dict[str, str]:
@@ -25,5 +28,6 @@ def variants(pass_: str = "fwd") -> dict[str, str]:
     return registry.variants(pass_, "triple")
 
 
-__all__ = ["TripleAttention", "TripleSpec", "attention", "backward", "context_parallel_attention",
-           "forward", "reference", "reference_backward", "step", "variants"]
+__all__ = ["TripleAttention", "TripleSpec", "attention", "attention_varlen", "backward",
+           "context_parallel_attention", "forward", "reference", "reference_backward", "step",
+           "variants"]

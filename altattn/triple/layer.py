@@ -12,6 +12,7 @@ from .context_parallel import context_parallel_attention
 from .decode import step as triple_step
 from .ops import attention, check_variant_names
 from .spec import SUPPORTED_DIMS, check_scale
+from .varlen import attention_varlen
 
 
 class TripleAttention(nn.Module):
@@ -26,8 +27,9 @@ class TripleAttention(nn.Module):
     raises at construction, naming the argument. forward(x, initial_state=None, return_state=
     False): the attention's initial state [B, n_heads, head_dim, v_head_dim, head_dim] (the op's;
     scale must then be given) and, with return_state=True, (y, state): a causal layer fed in
-    chunks, each chunk's state the next one's, equals one call. step(x, state): decoding, the
-    state advanced in place. cp_group: context parallelism, a ProcessGroup or a 1-D DeviceMesh
+    chunks, each chunk's state the next one's, equals one call; cu_seqlens / max_seqlen: x is
+    [T, dim], packed sequences (as SimplicialAttention's). step(x, state): decoding, the state
+    advanced in place. cp_group: context parallelism, a ProcessGroup or a 1-D DeviceMesh
     (mesh["cp"]) over which the sequence is sharded: x is then this rank's contiguous shard
     [B, n_r, dim] and the state the whole sequence's (`context_parallel_attention`; scale None
     is 1/N of the whole sequence); None: the whole sequence."""
@@ -57,12 +59,25 @@ class TripleAttention(nn.Module):
         self.out = nn.Linear(n_heads * v_head_dim, dim, bias=bias)
 
     def forward(self, x: torch.Tensor, initial_state: torch.Tensor | None = None, *,
-                return_state: bool = False):
-        check_layer_input(x, self.dim)
+                return_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None):
+        """x [B, N, dim] -> [B, N, dim]; with cu_seqlens (int32 [n + 1]), x is [T, dim]: packed
+        sequences, each its own state (`attention_varlen`; initial_state and the state
+        returned [n, n_heads, head_dim, v_head_dim, head_dim])."""
         check_bool("return_state", return_state)
-        opts = {"scale": self.scale, "causal": self.causal, "initial_state": initial_state,
-                "variant": self.variant, "bwd_variant": self.bwd_variant,
-                "deterministic": self.deterministic}
+        opts = dict(scale=self.scale, causal=self.causal, initial_state=initial_state,
+                    variant=self.variant, bwd_variant=self.bwd_variant,
+                    deterministic=self.deterministic)
+        if cu_seqlens is not None:  # packed: one batch element of T tokens, cut at the starts
+            if self.cp_group is not None:
+                raise ValueError("cu_seqlens: packed batches are not sharded (cp_group is set)")
+            check_layer_input(x[None] if isinstance(x, torch.Tensor) and x.dim() == 2 else x,
+                              self.dim)
+            o, state = attention_varlen(*(t[0] for t in self._heads(x[None])), cu_seqlens,
+                                        max_seqlen, **opts)
+            y = self._project(o[None], x[None])[0]
+            return (y, state) if return_state else y
+        check_layer_input(x, self.dim)
         if self.cp_group is not None:
             o, state = context_parallel_attention(*self._heads(x), group=self.cp_group, **opts)
         else:

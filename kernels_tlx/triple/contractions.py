@@ -15,7 +15,13 @@ from __future__ import annotations
 from kernels_triton.triple import host
 from kernels_tlx.consumers import NUM_CONSUMERS
 from kernels_tlx.triple import apply as resident
-from kernels_tlx.triple.partials import n_splits, prepare_partials, takes  # noqa: F401
+from kernels_tlx.triple.partials import (n_splits, padded_varlen,  # noqa: F401
+                                         prepare_partials, prepare_partials_varlen,
+                                         split_blocks, takes)
+
+# packed sequences (kernels_triton/triple/varlen.py): the Triton `apply` (the resident one walks
+# a head's tiles of one batch element)
+prepare_apply_varlen = host.prepare_apply_varlen
 
 
 def prepare_apply(B: int, N: int, H: int, dx: int, dy: int, do: int, c: float, chunk: int = 0,
@@ -42,8 +48,13 @@ def apply_warps(dx: int, dy: int, do: int, chunk: int) -> int:
 
 
 def compile_configs():
+    import sys
+
     from kernels_tlx.triple import partials as ws
-    return ws.compile_configs() + resident.compile_configs()
+    from kernels_triton.triple import varlen
+    return (ws.compile_configs() + resident.compile_configs()
+            + [c for c in varlen.compile_configs(sys.modules[__name__])
+               if "partials" in c.name or "permute" in c.name])
 
 
 def variant(pass_: str) -> dict:

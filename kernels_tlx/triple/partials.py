@@ -124,11 +124,12 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                        H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
                        BI: tl.constexpr, ACC: tl.constexpr,
                        NUM_BUFFERS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-                       PROFILE: tl.constexpr = False):
+                       PROFILE: tl.constexpr = False, Splits=None):
     NJB: tl.constexpr = DY // ROWS       # 64-row blocks of j (2 at DY = 128)
     tl.static_assert(NJB * (BI // ACC) == NUM_CONSUMERS, "consumers = j blocks x i groups")
     tl.static_assert(ACC <= 4, "at most four accumulators")
-    ib, s, bh, b, h, start, end = split_program(N, split_len, n_splits, H, D1 // BI)
+    ib, s, bh, b, h, start, end, pstart = split_program(N, split_len, n_splits, H, D1 // BI,
+                                                        Splits)
     n_steps = tl.cdiv(tl.maximum(end - start, 0), BN)
 
     y_tiles = tlx.local_alloc((BN, DY), tl.bfloat16, NUM_BUFFERS)
@@ -148,7 +149,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 tlx.async_descriptor_load(Yd, tlx.local_view(y_tiles, buf), [b, n0, h * DY], full)
                 tlx.async_descriptor_load(X2d, tlx.local_view(x2_tiles, buf), [b, n0, h * D2],
                                           full)
-                prefetch_x1(X1P, bh, D1, ib * BI, BI, NP, n0)
+                prefetch_x1(X1P, bh, D1, ib * BI, BI, NP, pstart + t * BN)
                 leave("load", PROFILE)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -166,7 +167,7 @@ def partials_ws_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 enter("build", PROFILE)
                 y = tlx.local_slice(tlx.local_view(y_tiles, buf), [0, jb * ROWS], [BN, ROWS])
                 vt = tlx.local_load(tlx.local_trans(y), layout=A_LAYOUT)
-                x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)
+                x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + pstart + t * BN)
                 leave("build", PROFILE)
                 enter("gemm", PROFILE)
                 acc0, acc1, acc2, acc3 = step_gemms(vt, x1p, NP, 0, tlx.local_view(x2_tiles, buf),
@@ -221,6 +222,28 @@ def _permute_kernel(X1, X1P, N, NP, H: tl.constexpr, D1: tl.constexpr, RUNS: tl.
                 mask=n[:, None] < N, other=0.0)
     dst = (bh.to(tl.int64) * D1 + i[:, None]) * NP + p[None, :]
     tl.store(X1P + dst, tl.trans(x), mask=p[None, :] < NP)
+
+
+@triton.jit
+def _permute_varlen_kernel(X1, X1P, Runs, Splits, NP, H: tl.constexpr, D1: tl.constexpr,
+                           RUNS: tl.constexpr):
+    """Packed sequences (B = 1): `_permute_kernel` with each split's runs starting at its padded
+    position Splits[s, 2] (a multiple of BN): X1P[h, i, pstart + pos(t)] = X1[start + t, h, i]
+    for t < end - start, zeros elsewhere; Runs[r]: the split whose padded runs hold run r."""
+    h = tl.program_id(1)
+    p = tl.program_id(0) * (RUNS * BN) + tl.arange(0, RUNS * BN)
+    inside = p < NP
+    split = Splits + 3 * tl.load(Runs + p // BN, mask=inside, other=0)
+    start = tl.load(split)
+    q = p % BN
+    n = start + p - q + 16 * ((q >> 2) & 3) + 8 * ((q >> 1) & 1) + 2 * (q >> 4) + (q & 1) - \
+        tl.load(split + 2)
+    live = inside & (n < tl.load(split + 1))
+    i = tl.arange(0, D1)
+    x = tl.load(X1 + (n[:, None].to(tl.int64) * H + h) * D1 + i[None, :], mask=live[:, None],
+                other=0.0)
+    tl.store(X1P + (h.to(tl.int64) * D1 + i[:, None]) * NP + p[None, :], tl.trans(x),
+             mask=inside[None, :])
 
 
 def _padded(N: int) -> int:
@@ -291,6 +314,49 @@ def prepare_partials(B: int, N: int, H: int, d1: int, dy: int, d2: int, splits: 
         x1p = permute(x1)
         P = torch.empty(shape, device=x1.device, dtype=torch.float32)
         kernel(x1p, y_layout(y), x2_layout(x2), P, N, NP, split_len, splits)
+        return P
+
+    return run
+
+
+def split_blocks(d1: int, dy: int, d2: int) -> int:
+    """`partials` CTAs per split and head (blocks of BI values of i)."""
+    if not takes(dy):
+        return triton_host.split_blocks(d1, dy, d2)
+    return d1 // config(d1, dy, d2)["BI"]
+
+
+def padded_varlen(T: int, C: int) -> int:
+    """NP of packed sequences cut in at most C splits: room for each split's tokens rounded up
+    to BN (the permuted copy's runs start at a split's start)."""
+    return _padded(T) + C * int(BN)
+
+
+def prepare_partials_varlen(T: int, H: int, d1: int, dy: int, d2: int, C: int,
+                            profile: bool = False):
+    """kernels_triton.triple.host.prepare_partials_varlen's contract: run(x1, y, x2, maps) -> P
+    [1, H, C, D1, DY, D2] fp32, split s the tokens maps.splits[s] = (start, end, pstart). The
+    permuted copy of X1 puts each split's runs at pstart (maps.runs: each run's split), zeros
+    past its end, so the last step's tokens of the next sequence (loaded by TMA with the step)
+    are multiplied by 0: finite values there add nothing. (An inf or NaN there would: isolation
+    holds for finite inputs.)"""
+    if not takes(dy):
+        return triton_host.prepare_partials_varlen(T, H, d1, dy, d2, C, profile)
+    cfg = config(d1, dy, d2)
+    bn, NP = int(BN), padded_varlen(T, C)
+    runs = max(1, 8192 // (bn * d1))
+    permute = Kernel(_permute_varlen_kernel, (triton.cdiv(NP // bn, runs), H), H=H, D1=d1,
+                     RUNS=runs, num_warps=4)
+    y_layout, x2_layout = _layout(1, T, H, dy), _layout(1, T, H, d2)
+    fn, consts = _kernel(d1, dy, d2, H)
+    kernel = Kernel(fn, (H * C * (d1 // cfg["BI"]),), **consts, PROFILE=bool(profile),
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    def run(x1, y, x2, maps) -> torch.Tensor:
+        x1p = torch.empty((1, H, d1, NP), device=x1.device, dtype=x1.dtype)
+        permute(x1, x1p, maps.runs, maps.splits, NP)
+        P = torch.empty((1, H, C, d1, dy, d2), device=x1.device, dtype=torch.float32)
+        kernel(x1p, y_layout(y), x2_layout(x2), P, T, NP, 0, C, Splits=maps.splits)
         return P
 
     return run

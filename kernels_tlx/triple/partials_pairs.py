@@ -34,10 +34,11 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                           H: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr,
                           BI: tl.constexpr, ACC: tl.constexpr, NUM_BUFFERS: tl.constexpr,
                           COPIER_REGS: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-                          PROFILE: tl.constexpr = False):
+                          PROFILE: tl.constexpr = False, Splits=None):
     tl.static_assert(BI == NUM_CONSUMERS * ACC * 2, "two values of i per accumulator")
     tl.static_assert(ACC <= 4, "at most four accumulators")
-    ib, s, bh, b, h, start, end = split_program(N, split_len, n_splits, H, D1 // BI)
+    ib, s, bh, b, h, start, end, pstart = split_program(N, split_len, n_splits, H, D1 // BI,
+                                                        Splits)
     n_steps = tl.cdiv(tl.maximum(end - start, 0), BN)
 
     v_tiles = tlx.local_alloc((BN, DY), tl.bfloat16, NUM_BUFFERS)
@@ -59,7 +60,7 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 tlx.barrier_expect_bytes(full, BN * D2 * BF16)
                 tlx.async_descriptor_load(X2d, tlx.local_view(x2_tiles, buf), [b, n0, h * D2],
                                           full)
-                prefetch_x1(X1P, bh, D1, ib * BI, BI, NP, n0)
+                prefetch_x1(X1P, bh, D1, ib * BI, BI, NP, pstart + t * BN)
                 vfull = tlx.local_view(vfulls, buf)
                 tlx.barrier_expect_bytes(vfull, BN * DY * BF16)
                 tlx.async_descriptor_load(Yd, tlx.local_view(v_tiles, buf), [b, n0, h * DY],
@@ -94,7 +95,7 @@ def partials_pairs_kernel(X1P, Yd, X2d, P, N, NP, split_len, n_splits,
                 leave("wait", PROFILE)
                 enter("build", PROFILE)
                 vt = tlx.local_load(tlx.local_trans(tlx.local_view(y_tiles, buf)), layout=A_LAYOUT)
-                x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + start + t * BN)
+                x1p = X1P + ((bh.to(tl.int64) * D1 + ib * BI + i0) * NP + pstart + t * BN)
                 leave("build", PROFILE)
                 enter("gemm", PROFILE)
                 acc0, acc1, acc2, acc3 = step_gemms(vt, x1p, 2 * NP, pair,

@@ -36,25 +36,37 @@ def _rows(X, rows, live, b, h, N, H: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def split_program(N, split_len, n_splits, H: tl.constexpr, NIB: tl.constexpr):
-    """(ib, s, bh, b, h, start, end) of a `partials` program: its block of i (NIB blocks, fastest:
-    they read the same Y and X2 rows at the same time, from L2), its split of N (tokens
-    start .. end - 1), its (b, h) (slowest). Every `partials` kernel's grid is one flat axis."""
+def split_program(N, split_len, n_splits, H: tl.constexpr, NIB: tl.constexpr, Splits=None):
+    """(ib, s, bh, b, h, start, end, pstart) of a `partials` program: its block of i (NIB blocks,
+    fastest: they read the same Y and X2 rows at the same time, from L2), its split of N (tokens
+    start .. end - 1), its (b, h) (slowest). Every `partials` kernel's grid is one flat axis.
+    Splits (packed sequences, B = 1; kernels_triton/triple/varlen.py): int32 [n_splits, 3], split
+    s is tokens Splits[s, 0] .. Splits[s, 1] - 1 (of one sequence) and pstart = Splits[s, 2] its
+    first position in the TLX kernels' padded copy of X1; without it pstart = start."""
     pid = tl.program_id(0)
     ib = pid % NIB
     rest = pid // NIB
     s = rest % n_splits
     bh = rest // n_splits
-    start = s * split_len
-    return ib, s, bh, bh // H, bh % H, start, tl.minimum(start + split_len, N)
+    if Splits is None:
+        start = s * split_len
+        end = tl.minimum(start + split_len, N)
+        pstart = start
+    else:
+        start = tl.load(Splits + 3 * s)
+        end = tl.load(Splits + 3 * s + 1)
+        pstart = tl.load(Splits + 3 * s + 2)
+    return ib, s, bh, bh // H, bh % H, start, end, pstart
 
 
 @triton.jit
 def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
                     H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
-                    BI: tl.constexpr, BN: tl.constexpr, PROFILE: tl.constexpr = False):
-    """P [B, H, n_splits, D1, DY, D2] fp32 (module docstring); grid: `split_program`."""
-    ib, s, bh, b, h, start, end = split_program(N, split_len, n_splits, H, D1 // BI)
+                    BI: tl.constexpr, BN: tl.constexpr, PROFILE: tl.constexpr = False,
+                    Splits=None):
+    """P [B, H, n_splits, D1, DY, D2] fp32 (module docstring); grid: `split_program` (Splits:
+    its packed splits)."""
+    ib, s, bh, b, h, start, end, _ = split_program(N, split_len, n_splits, H, D1 // BI, Splits)
     cols = ib * BI + tl.arange(0, BI)
     acc = tl.zeros([BI * DY, D2], tl.float32)
     for n0 in range(start, end, BN):
@@ -82,26 +94,47 @@ def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
 @triton.jit
 def apply_kernel(X, Y, W, Out, N, c, w_head, w_chunk,
                  H: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, DO: tl.constexpr,
-                 BM: tl.constexpr, CHUNK: tl.constexpr, PROFILE: tl.constexpr = False):
+                 BM: tl.constexpr, CHUNK: tl.constexpr, PROFILE: tl.constexpr = False,
+                 Tiles=None, CS=None):
     """Out [B, N, H, DO] (bf16, or fp32 when Out is): the module docstring's sum. W is a TMA
     descriptor of the slabs as rows [B*H*chunks*DY*DX, DO], box [DX, DO]: a head's first row is
     bh * w_head, a chunk's w_chunk rows further (CHUNK = 0: one slab per head). Grid: one flat
-    axis, the token tiles of a head fastest."""
-    pid = tl.program_id(0)
-    n_m = tl.cdiv(N, BM)
-    mi = pid % n_m
-    bh = pid // n_m
-    b = bh // H
-    h = bh % H
+    axis, the token tiles of a head fastest.
+    Packed sequences (B = 1; kernels_triton/triple/varlen.py): Tiles int32 [G, 5], grid (G, H):
+    tile t is rows Tiles[t, 0] .. Tiles[t, 2] - 1 (at most BM, one sequence), reading slab
+    Tiles[t, 3] (its row h * w_head + slab * w_chunk), scaled by c * CS[Tiles[t, 4]] (CS: fp32
+    per sequence, or None)."""
+    if Tiles is None:
+        pid = tl.program_id(0)
+        n_m = tl.cdiv(N, BM)
+        mi = pid % n_m
+        bh = pid // n_m
+        b = bh // H
+        h = bh % H
+        r0 = mi * BM
+        r1 = N
+    else:
+        tile = Tiles + 5 * tl.program_id(0)
+        h = tl.program_id(1)
+        b = h * 0
+        r0 = tl.load(tile)
+        r1 = tl.load(tile + 2)
+        if r0 >= r1:  # past the last tile of the packed sequences
+            return
     enter("load", PROFILE)
-    rows = mi * BM + tl.arange(0, BM)
-    live = rows < N
+    rows = r0 + tl.arange(0, BM)
+    live = rows < r1
     yrow = ((b.to(tl.int64) * N + rows) * H + h) * DY
     x = _rows(X, rows, live, b, h, N, H, DX)
     leave("load", PROFILE)
-    w0 = bh * w_head
-    if CHUNK > 0:
-        w0 += ((mi * BM) // CHUNK) * w_chunk
+    if Tiles is None:
+        w0 = bh * w_head
+        if CHUNK > 0:
+            w0 += ((mi * BM) // CHUNK) * w_chunk
+    else:
+        w0 = h * w_head + tl.load(tile + 3) * w_chunk
+        if CS is not None:
+            c = c * tl.load(CS + tl.load(tile + 4))
     acc = tl.zeros([BM, DO], tl.float32)
     for p in range(DY):
         enter("build", PROFILE)

@@ -52,5 +52,6 @@ def profiled_kernels(spec) -> dict[str, int]:
 
 def compile_configs():
     """The contractions', the causal intra-chunk kernels' and the decoding step's."""
-    from kernels_triton.triple import causal, intra, step
-    return host.compile_configs(causal.CHUNK) + intra.compile_configs() + step.compile_configs()
+    from kernels_triton.triple import causal, intra, step, varlen
+    return (host.compile_configs(causal.CHUNK) + intra.compile_configs() + step.compile_configs()
+            + varlen.compile_configs(host))

@@ -50,6 +50,11 @@ def apply_config(dx: int, dy: int, do: int) -> dict:
     return {"BM": BLOCK_M, "num_warps": 8 if dx * do > 64 * 128 else 4, "num_stages": 2}
 
 
+def split_blocks(d1: int, dy: int, d2: int) -> int:
+    """`partials` programs per split and head (blocks of BI values of i)."""
+    return d1 // partials_config(d1, dy, d2)["BI"]
+
+
 def partials_warps(d1: int, dy: int, d2: int) -> int:
     return partials_config(d1, dy, d2)["num_warps"]
 
@@ -151,6 +156,49 @@ def apply(x, y, w, out, c: float, chunk: int = 0, profile: bool = False) -> None
     assert w.is_contiguous() and w.dtype == torch.bfloat16
     B, N, H, dx = x.shape
     prepare_apply(B, N, H, dx, y.shape[-1], out.shape[-1], c, chunk, profile)(x, y, w, out)
+
+
+def prepare_partials_varlen(T: int, H: int, d1: int, dy: int, d2: int, C: int,
+                            profile: bool = False):
+    """`prepare_partials` for packed sequences (B = 1, T tokens; kernels_triton/triple/varlen.py):
+    run(x1, y, x2, maps) -> P [1, H, C, D1, DY, D2] fp32, split s the tokens maps.splits[s]
+    (within one sequence; a split of no tokens gives zeros)."""
+    cfg = partials_config(d1, dy, d2)
+    kernel = Kernel(partials_kernel, (H * C * (d1 // cfg["BI"]),), H=H, D1=d1, DY=dy, D2=d2,
+                    BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    def run(x1, y, x2, maps) -> torch.Tensor:
+        P = torch.empty((1, H, C, d1, dy, d2), device=x1.device, dtype=torch.float32)
+        kernel(x1, y, x2, P, T, 0, C, Splits=maps.splits)
+        return P
+
+    return run
+
+
+def prepare_apply_varlen(T: int, H: int, dx: int, dy: int, do: int, c: float, tiles: int,
+                         w_rows: int, w_head: int, w_chunk: int, profile: bool = False):
+    """`prepare_apply` for packed sequences (B = 1, T tokens): run(x, y, w, out, tile_map,
+    cs=None) writes out's rows of each tile of tile_map (int32 [tiles, 5], core.apply_kernel)
+    from the slab it names: w rows [w_rows, DO] (w_rows = w.numel() / DO), a slab's first row
+    h * w_head + slab * w_chunk (in units of DY * DX rows); c scaled per sequence by cs (fp32
+    [n]) where given. A launch made per use of cs (None or not)."""
+    cfg = apply_config(dx, dy, do)
+    w_layout = Desc([w_rows, do], [do, 1], [dx, do])
+    opts = dict(H=H, DX=dx, DY=dy, DO=do, BM=cfg["BM"], CHUNK=0, PROFILE=bool(profile),
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    kernels = {False: Kernel(apply_kernel, (tiles, H), **opts),
+               True: Kernel(apply_kernel, (tiles, H), **opts)}
+    c, w_head, w_chunk = float(c), w_head * dy * dx, w_chunk * dy * dx
+
+    def run(x, y, w, out, tile_map, cs=None) -> None:
+        args = (x, y, w_layout(w), out, T, c, w_head, w_chunk)
+        if cs is None:
+            kernels[False](*args, Tiles=tile_map)
+        else:
+            kernels[True](*args, Tiles=tile_map, CS=cs)
+
+    return run
 
 
 def prepare_state(B: int, H: int, d1: int, dy: int, d2: int, splits: int, c: float):

@@ -75,6 +75,41 @@ def _row_tile(N, H, chunk, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _packed_tile(Tiles, c, CS):
+    """(b, h, first row m0, chunk start c0, end hi, c) of a packed launch's program (B = 1,
+    grid (tiles, H); kernels_triton/triple/varlen.py): tile t is Tiles[t] = (m0, c0, hi, slab,
+    seq), rows m0 .. hi - 1 at most a tile (hi: the end of the chunk or of the sequence), c
+    scaled by CS[seq] (CS fp32 per sequence, or None)."""
+    tile = Tiles + 5 * tl.program_id(0)
+    h = tl.program_id(1)
+    if CS is not None:
+        c = c * tl.load(CS + tl.load(tile + 4))
+    return h * 0, h, tl.load(tile), tl.load(tile + 1), tl.load(tile + 2), c
+
+
+@triton.jit
+def _store_rows(Out, y, m0, hi, h, H, D: tl.constexpr, ROWS: tl.constexpr):
+    """Packed: y [ROWS, D] into rows m0 .. of Out [1, T, H, D] (a tensor), only rows < hi (the
+    next rows are another sequence's)."""
+    rows = m0 + tl.arange(0, ROWS)
+    offs = (rows.to(tl.int64) * H + h) * D
+    tl.store(Out + offs[:, None] + tl.arange(0, D)[None, :], y.to(Out.dtype.element_ty),
+             mask=(rows < hi)[:, None])
+
+
+@triton.jit
+def _epilogue(Inter, Out, acc, c, b, m0, h, hi, H, D: tl.constexpr, ROWS: tl.constexpr,
+              DESC: tl.constexpr):
+    """Out rows m0 .. m0 + ROWS - 1 of head h = Inter's + c acc, in bf16: by TMA (DESC: Out a
+    descriptor, rows past N clipped), or packed (`_store_rows`, rows < hi)."""
+    y = Inter.load([b, m0, h * D]).reshape(ROWS, D) + c * acc
+    if DESC:
+        Out.store([b, m0, h * D], y.to(tl.bfloat16).reshape(1, ROWS, D))
+    else:
+        _store_rows(Out, y, m0, hi, h, H, D, ROWS)
+
+
+@triton.jit
 def _row_blocks(m0, c0, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(n_full, n_all) for the row tile at m0: key blocks c0 + j * BLOCK_N, j < n_full wholly
     below row m0 (no mask), n_full <= j < n_all on the diagonal (mask m <= n)."""
@@ -98,9 +133,15 @@ def _fwd_step(acc, q1, q2, K1, K2, V, b, h, x0, rows, DQ: tl.constexpr, DV: tl.c
 @triton.jit(do_not_specialize=["N", "H", "chunk"])
 def _fwd_kernel(Q1, Q2, K1, K2, V, Inter, Out, N, H, chunk, c,
                 DQ: tl.constexpr, DV: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    b, h, m0, c0 = _row_tile(N, H, chunk, BLOCK_M)
-    n_full, n_all = _row_blocks(m0, c0, N, BLOCK_M, BLOCK_N)
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None):
+    if Tiles is None:
+        b, h, m0, c0 = _row_tile(N, H, chunk, BLOCK_M)
+        hi = N
+    else:  # packed: Out a tensor, rows past hi not stored
+        b, h, m0, c0, hi, c = _packed_tile(Tiles, c, CS)
+        if m0 >= hi:
+            return
+    n_full, n_all = _row_blocks(m0, c0, hi, BLOCK_M, BLOCK_N)
     rows = m0 + tl.arange(0, BLOCK_M)
     q1 = Q1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
     q2 = Q2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
@@ -111,8 +152,7 @@ def _fwd_kernel(Q1, Q2, K1, K2, V, Inter, Out, N, H, chunk, c,
     for j in range(n_full, n_all):  # the diagonal
         acc = _fwd_step(acc, q1, q2, K1, K2, V, b, h, c0 + j * BLOCK_N, rows, DQ, DV, BLOCK_N,
                         True)
-    y = Inter.load([b, m0, h * DV]).reshape(BLOCK_M, DV) + c * acc
-    Out.store([b, m0, h * DV], y.to(tl.bfloat16).reshape(1, BLOCK_M, DV))
+    _epilogue(Inter, Out, acc, c, b, m0, h, hi, H, DV, BLOCK_M, Tiles is None)
 
 
 @triton.jit
@@ -136,9 +176,15 @@ def _dq_step(dq1, dq2, q1, q2, do, K1, K2, V, b, h, x0, rows, DQ: tl.constexpr,
 @triton.jit(do_not_specialize=["N", "H", "chunk"])
 def _dq_kernel(Q1, Q2, K1, K2, V, DO, IDQ1, IDQ2, DQ1, DQ2, N, H, chunk, c,
                DQ: tl.constexpr, DV: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    b, h, m0, c0 = _row_tile(N, H, chunk, BLOCK_M)
-    n_full, n_all = _row_blocks(m0, c0, N, BLOCK_M, BLOCK_N)
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None):
+    if Tiles is None:
+        b, h, m0, c0 = _row_tile(N, H, chunk, BLOCK_M)
+        hi = N
+    else:  # packed, as _fwd_kernel
+        b, h, m0, c0, hi, c = _packed_tile(Tiles, c, CS)
+        if m0 >= hi:
+            return
+    n_full, n_all = _row_blocks(m0, c0, hi, BLOCK_M, BLOCK_N)
     rows = m0 + tl.arange(0, BLOCK_M)
     q1 = Q1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
     q2 = Q2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
@@ -151,17 +197,15 @@ def _dq_kernel(Q1, Q2, K1, K2, V, DO, IDQ1, IDQ2, DQ1, DQ2, N, H, chunk, c,
     for j in range(n_full, n_all):  # the diagonal
         dq1, dq2 = _dq_step(dq1, dq2, q1, q2, do, K1, K2, V, b, h, c0 + j * BLOCK_N, rows,
                             DQ, DV, BLOCK_N, True)
-    g1 = IDQ1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ) + c * dq1
-    DQ1.store([b, m0, h * DQ], g1.to(tl.bfloat16).reshape(1, BLOCK_M, DQ))
-    g2 = IDQ2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ) + c * dq2
-    DQ2.store([b, m0, h * DQ], g2.to(tl.bfloat16).reshape(1, BLOCK_M, DQ))
+    _epilogue(IDQ1, DQ1, dq1, c, b, m0, h, hi, H, DQ, BLOCK_M, Tiles is None)
+    _epilogue(IDQ2, DQ2, dq2, c, b, m0, h, hi, H, DQ, BLOCK_M, Tiles is None)
 
 
 @triton.jit
 def _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m0, keys, DQ: tl.constexpr,
-               DV: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr):
+               DV: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, hi=None):
     """The query block at m0 against the program's keys (keys are the GEMM rows: a^T, bb^T,
-    dp^T are [BLOCK_N, BLOCK_M])."""
+    dp^T are [BLOCK_N, BLOCK_M]); with MASK and hi (packed), rows >= hi masked too."""
     q1 = Q1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
     q2 = Q2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
     do = DO.load([b, m0, h * DV]).reshape(BLOCK_M, DV)
@@ -171,6 +215,8 @@ def _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m0, keys, DQ: tl.const
     if MASK:  # a^T and dp^T masked: every product below has one of them
         rows = m0 + tl.arange(0, BLOCK_M)
         vis = keys[:, None] <= rows[None, :]
+        if hi is not None:
+            vis = vis & (rows < hi)[None, :]
         at = tl.where(vis, at, 0.0)
         dpt = tl.where(vis, dpt, 0.0)
     dv = tl.dot((at * bt).to(tl.bfloat16), do, dv)
@@ -182,15 +228,21 @@ def _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m0, keys, DQ: tl.const
 @triton.jit(do_not_specialize=["N", "H", "chunk"])
 def _dkdv_kernel(Q1, Q2, K1, K2, V, DO, IDK1, IDK2, IDV, DK1, DK2, DV_, N, H, chunk, c,
                  DQ: tl.constexpr, DV: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid = tl.program_id(0)
-    n_n = tl.cdiv(N, BLOCK_N)
-    bh = pid // n_n
-    b = bh // H
-    h = bh % H
-    x0 = (pid % n_n) * BLOCK_N  # key tiles of a chunk: the first (the most query blocks) first
-    hi = tl.minimum(x0 // chunk * chunk + chunk, N)  # the chunk's end
-    m_lo = x0 // BLOCK_M * BLOCK_M
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None):
+    if Tiles is None:
+        pid = tl.program_id(0)
+        n_n = tl.cdiv(N, BLOCK_N)
+        bh = pid // n_n
+        b = bh // H
+        h = bh % H
+        x0 = (pid % n_n) * BLOCK_N  # key tiles of a chunk: the first (the most query blocks) first
+        hi = tl.minimum(x0 // chunk * chunk + chunk, N)  # the chunk's end
+        m_lo = x0 // BLOCK_M * BLOCK_M
+    else:  # packed: a key tile of the chunk at c0, whose queries end at hi (chunk or sequence)
+        b, h, x0, c0, hi, c = _packed_tile(Tiles, c, CS)
+        if x0 >= hi:
+            return
+        m_lo = c0 + (x0 - c0) // BLOCK_M * BLOCK_M
     n_all = tl.cdiv(hi - m_lo, BLOCK_M)
     n_diag = tl.minimum(tl.cdiv(x0 + BLOCK_N - m_lo, BLOCK_M), n_all)  # blocks needing m <= n
     keys = x0 + tl.arange(0, BLOCK_N)
@@ -200,18 +252,29 @@ def _dkdv_kernel(Q1, Q2, K1, K2, V, DO, IDK1, IDK2, IDV, DK1, DK2, DV_, N, H, ch
     dk1 = tl.zeros([BLOCK_N, DQ], tl.float32)
     dk2 = tl.zeros([BLOCK_N, DQ], tl.float32)
     dv = tl.zeros([BLOCK_N, DV], tl.float32)
-    for i in range(n_diag):  # the diagonal
-        dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m_lo + i * BLOCK_M,
-                                  keys, DQ, DV, BLOCK_M, True)
-    for i in range(n_diag, n_all):  # every row sees every key
-        dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m_lo + i * BLOCK_M,
-                                  keys, DQ, DV, BLOCK_M, False)
-    g = IDK1.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ) + c * dk1
-    DK1.store([b, x0, h * DQ], g.to(tl.bfloat16).reshape(1, BLOCK_N, DQ))
-    g = IDK2.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ) + c * dk2
-    DK2.store([b, x0, h * DQ], g.to(tl.bfloat16).reshape(1, BLOCK_N, DQ))
-    g = IDV.load([b, x0, h * DV]).reshape(BLOCK_N, DV) + c * dv
-    DV_.store([b, x0, h * DV], g.to(tl.bfloat16).reshape(1, BLOCK_N, DV))
+    if Tiles is None:
+        for i in range(n_diag):  # the diagonal
+            dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h,
+                                      m_lo + i * BLOCK_M, keys, DQ, DV, BLOCK_M, True)
+        for i in range(n_diag, n_all):  # every row sees every key
+            dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h,
+                                      m_lo + i * BLOCK_M, keys, DQ, DV, BLOCK_M, False)
+    else:  # packed: the last query block, where it runs past hi, masked as the diagonal
+        n_plain = n_all
+        if (hi - m_lo) % BLOCK_M != 0:
+            n_plain = tl.maximum(n_all - 1, n_diag)
+        for i in range(n_diag):
+            dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h,
+                                      m_lo + i * BLOCK_M, keys, DQ, DV, BLOCK_M, True, hi)
+        for i in range(n_diag, n_plain):
+            dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h,
+                                      m_lo + i * BLOCK_M, keys, DQ, DV, BLOCK_M, False)
+        for i in range(n_plain, n_all):
+            dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h,
+                                      m_lo + i * BLOCK_M, keys, DQ, DV, BLOCK_M, True, hi)
+    _epilogue(IDK1, DK1, dk1, c, b, x0, h, hi, H, DQ, BLOCK_N, Tiles is None)
+    _epilogue(IDK2, DK2, dk2, c, b, x0, h, hi, H, DQ, BLOCK_N, Tiles is None)
+    _epilogue(IDV, DV_, dv, c, b, x0, h, hi, H, DV, BLOCK_N, Tiles is None)
 
 
 # --------------------------------------------------------------------------------------- host
