@@ -23,8 +23,16 @@ from ..checks import check_bool, check_group, dense_aligned, validate_aux
 from ..packing import check_cu_seqlens, values_checkable
 from .ops import check_variant_names
 from .reference import reference, reference_backward
-from .spec import (NAMES, REFERENCE_DTYPES, SUPPORTED_DTYPES, STATE_LAYOUT, TripleSpec,
-                   check_dims, check_initial_state, check_scale)
+from .spec import (
+    NAMES,
+    REFERENCE_DTYPES,
+    STATE_LAYOUT,
+    SUPPORTED_DTYPES,
+    TripleSpec,
+    check_dims,
+    check_initial_state,
+    check_scale,
+)
 
 Tensor = torch.Tensor
 # the kernels each registered variant of the dense passes runs (its `impl`)
