@@ -158,6 +158,24 @@ def check_layer_input(x, dim: int) -> None:
         raise ValueError(f"x must be [B, N, dim] with dim = {dim}, got shape {tuple(x.shape)}")
 
 
+def is_int(x) -> bool:
+    """An int, not a bool (a decoding call's cache_seqlens may be one)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_cache_seqlens(cache_seqlens, B: int, device: torch.device) -> None:
+    """A decoding call's cache_seqlens: an int, or an int32 tensor [B] on `device` (TypeError /
+    ValueError naming it). Its values are not read here."""
+    if is_int(cache_seqlens):
+        return
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError(f"cache_seqlens must be an int or an int32 tensor [B], got "
+                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+    if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != device:
+        raise ValueError(f"cache_seqlens must be [B] = [{B}] on {device}, got "
+                         f"{tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+
+
 MAX_REMEMBERED = 4096  # specs a cached_validate keeps (a spec holds no tensor)
 
 

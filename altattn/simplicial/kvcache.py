@@ -24,7 +24,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..checks import cached_validate, check_group, dense_aligned, positive_int
+from ..checks import (
+    cached_validate,
+    check_cache_seqlens,
+    check_group,
+    dense_aligned,
+    is_int,
+    positive_int,
+)
 from . import packing
 from .ops import _lse_dtype
 from .passes import Forward
@@ -65,20 +72,10 @@ def _check(q, caches, cache_seqlens, new, w1, w2):
         for name, r in (("k1_cache", R1), ("k2_cache", R2)):
             if r < T:
                 raise ValueError(f"{name} has {r} slots, fewer than the T = {T} new tokens")
-    if not _is_int(cache_seqlens):
-        if not isinstance(cache_seqlens, Tensor) or cache_seqlens.dtype != torch.int32:
-            raise TypeError(f"cache_seqlens must be an int or an int32 tensor [B], got "
-                            f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
-        if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
-            raise ValueError(f"cache_seqlens must be [B] = [{B}] on {q.device}, got "
-                             f"{tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+    check_cache_seqlens(cache_seqlens, B, q.device)
     positive_int("w1", w1, "a window of at least one token")
     positive_int("w2", w2, "a window of at least one token")
     return B, T, R1, R2
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -197,7 +194,7 @@ def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seql
     captured). Inputs that require grad are refused: this is the inference path."""
     caches = (k1_cache, k2_cache, v1_cache, v2_cache)
     new = (k1, k2, v1, v2)
-    as_int = _is_int(cache_seqlens)
+    as_int = is_int(cache_seqlens)
     s = _remembered_setup(q, *caches, 0 if as_int else cache_seqlens, *new, w1, w2, sm_scale,
                           variant, form)
     B, T = s.B, s.T

@@ -35,7 +35,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import cached_validate, check_bool, check_group, dense_aligned, positive_float
+from ..checks import (
+    cached_validate,
+    check_bool,
+    check_cache_seqlens,
+    check_group,
+    dense_aligned,
+    is_int,
+    positive_float,
+)
 from ..launcher import on_device
 from .spec import (
     DEFAULT_EPS,
@@ -46,10 +54,6 @@ from .spec import (
 )
 
 Tensor = torch.Tensor
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -99,14 +103,7 @@ def setup(q, k_cache, v_cache, cache_seqlens, k, v, causal, sm_scale, eps) -> Se
                                  f"{q.device}, got {tuple(t.shape)} on {t.device}")
         if R < T:
             raise ValueError(f"k_cache has R = {R} rows, fewer than the T = {T} new tokens")
-    if _is_int(cache_seqlens):
-        pass
-    elif not isinstance(cache_seqlens, Tensor) or cache_seqlens.dtype != torch.int32:
-        raise TypeError(f"cache_seqlens must be an int or an int32 tensor [B], got "
-                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
-    elif tuple(cache_seqlens.shape) != (B,) or cache_seqlens.device != q.device:
-        raise ValueError(f"cache_seqlens must be [B] = [{B}] on {q.device}, got "
-                         f"{tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+    check_cache_seqlens(cache_seqlens, B, q.device)
     causal = check_bool("causal", causal)
     sm_scale = (1.0 / math.sqrt(D) if sm_scale is None
                 else positive_float("sm_scale", sm_scale, "a float or None"))
@@ -119,7 +116,7 @@ _remembered = cached_validate(setup)
 def check_lengths(cache_seqlens, s: Setup) -> None:
     """The values of cache_seqlens where reading them costs no host sync (an int, a CPU tensor):
     >= 0 and the sequence's L (cache_seqlens + T with new keys) at most the cache's R rows."""
-    if _is_int(cache_seqlens):
+    if is_int(cache_seqlens):
         lo = hi = cache_seqlens
     elif cache_seqlens.device.type == "cpu" and cache_seqlens.numel():
         lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
@@ -141,7 +138,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     docstring: shapes, the visible rows, what is checked). k, v given: written into the caches
     in place first, at rows cache_seqlens[b] + t. Returns (out [B, T, Hq, D], r [B, Hq, T]).
     Inference only: inputs that require grad (with grad enabled) raise ValueError."""
-    as_int = _is_int(cache_seqlens)
+    as_int = is_int(cache_seqlens)
     s = _remembered(q, k_cache, v_cache, 0 if as_int else cache_seqlens, k, v, causal,
                     sm_scale, eps)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
