@@ -27,7 +27,7 @@ from ..launcher import Call, run_call
 from ..ops import OpDecl, make_op
 from ..packing import PackedSeqs, check_cu_seqlens, check_max_seqlen
 from .ops import check_variant_names
-from .passes import FAMILY, GRADS
+from .passes import FAMILY, GRADS, Backward
 from .reference import reference, reference_backward
 from .spec import DEFAULT_EPS, NAMES, REFERENCE_DTYPES, SUPPORTED_DTYPES, SphericalSpec, validate
 
@@ -116,12 +116,10 @@ class PackedForward:
         return outs["out"], outs["r"]
 
 
-class PackedBackward:
+class PackedBackward(Backward):
     """The backward's record for packed sequences: (dout, dr, q, k, v, out, r, cu_seqlens_q,
-    cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, eps) -> (dq, dk, dv) bf16."""
-
-    outputs = GRADS
-    optional = ("dr",)  # None: r unused
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, eps) -> (dq, dk, dv) bf16.
+    Outputs, allocation and result: the dense record's (`passes.Backward`)."""
 
     @staticmethod
     def validate(dout, dr, q, k, v, out, r, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
@@ -144,11 +142,6 @@ class PackedBackward:
                                      "dr": dr, "cu_q": cu_seqlens_q, "cu_k": cu_seqlens_k})
 
     @staticmethod
-    def allocate(call: Call, given: dict) -> dict:
-        return {g: output(given.get(g), g, tuple(call.tensors[n].shape), torch.bfloat16,
-                          call.device) for g, n in zip(GRADS, NAMES)}
-
-    @staticmethod
     def kernel_args(call: Call, outs: dict):
         if any(g.numel() == 0 for g in outs.values()):  # no rows or no keys: nothing flows
             for g in outs.values():
@@ -159,11 +152,8 @@ class PackedBackward:
         dr = None if t["dr"] is None else dense_aligned(t["dr"].float())[None]
         return (*x, dense_aligned(t["out"].to(torch.bfloat16))[None],
                 dense_aligned(t["r"].float())[None],
-                dense_aligned(t["dout"].to(torch.bfloat16))[None], dr, _seqs(t["cu_q"], t["cu_k"]), *(outs[g][None] for g in GRADS))
-
-    @staticmethod
-    def result(call: Call, outs: dict) -> tuple:
-        return tuple(outs[g] for g in GRADS)
+                dense_aligned(t["dout"].to(torch.bfloat16))[None], dr,
+                _seqs(t["cu_q"], t["cu_k"]), *(outs[g][None] for g in GRADS))
 
 
 # ---- the CPU path: the fp64 reference, sequence by sequence --------------------------------
