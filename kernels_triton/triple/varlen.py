@@ -25,6 +25,7 @@ sequence's inputs may reach its neighbours' outputs (0 * inf) where the kernels 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -361,4 +362,9 @@ def compile_configs(impl) -> list:
                 if c.key() not in seen:
                     seen.add(c.key())
                     out.append(c)
+    names: dict = {}  # one kernel's launches of a tag numbered: _2, _3, ...
+    for i, c in enumerate(out):
+        names[c.name] = names.get(c.name, 0) + 1
+        if names[c.name] > 1:
+            out[i] = dataclasses.replace(c, name=f"{c.name}_{names[c.name]}")
     return out
