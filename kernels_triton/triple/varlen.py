@@ -123,7 +123,7 @@ def build_maps(cu_seqlens: Tensor, scale: float | None, T: int, n: int, L: int, 
 def segment_kernel(P, Seg, Slot, S, n_splits, H: tl.constexpr, D1: tl.constexpr,
                    DY: tl.constexpr, D2: tl.constexpr, MODE: tl.constexpr, W=None, S0=None,
                    CS=None):
-    """Per sequence s and head h (grid (D1, n * H): program (i, s H + h) owns row i), over the
+    """Per sequence s and head h (grid (n * H, D1): program (s H + h, i) owns row i), over the
     splits of P [1, H, n_splits, D1, DY, D2] fp32 that Seg and Slot give s, in order:
     SUM     S[s, h] = S0 + c * sum of the splits (S0 None: 0; c = CS[s], or 1 for CS None), and
             its bf16 slab W[s, h, i, k, j] where W is given (host.slab's "ikj");
@@ -134,8 +134,8 @@ def segment_kernel(P, Seg, Slot, S, n_splits, H: tl.constexpr, D1: tl.constexpr,
     SUFFIX  each split replaced in place by S0 plus the sum of the splits after it (S0: dstate);
             S = S0 + the sum of all where given (initial_state's gradient).
     S, S0, W: [n, H, D1, DY, D2] (W [n, H, D1, D2, DY])."""
-    i = tl.program_id(0)
-    sh = tl.program_id(1)
+    sh = tl.program_id(0)
+    i = tl.program_id(1)
     s = sh // H
     h = sh % H
     lo = tl.load(Seg + s)
@@ -247,7 +247,7 @@ class Plan:
         kernel = self.segments.get(key)
         if kernel is None:
             kernel = self.segments[key] = Kernel(
-                segment_kernel, (self.Dq, self.n * self.H), H=self.H, D1=self.Dq, DY=self.Dv,
+                segment_kernel, (self.n * self.H, self.Dq), H=self.H, D1=self.Dq, DY=self.Dv,
                 D2=self.Dq, MODE=int(mode), num_warps=8 if self.Dv * self.Dq > 64 * 64 else 4)
         kernel(P, maps.seg, maps.slot, S, self.C, **opt)
 
