@@ -123,18 +123,19 @@ def build_maps(cu_seqlens: Tensor, scale: float | None, T: int, n: int, L: int, 
 def segment_kernel(P, Seg, Slot, S, n_splits, H: tl.constexpr, D1: tl.constexpr,
                    DY: tl.constexpr, D2: tl.constexpr, MODE: tl.constexpr, W=None, S0=None,
                    CS=None):
-    """Per sequence s and head h (grid (D1, n * H): program (i, s H + h) owns row i), over the
+    """Per sequence s and head h (grid (n * H, D1): program (s H + h, i) owns row i), over the
     splits of P [1, H, n_splits, D1, DY, D2] fp32 that Seg and Slot give s, in order:
     SUM     S[s, h] = S0 + c * sum of the splits (S0 None: 0; c = CS[s], or 1 for CS None), and
             its bf16 slab W[s, h, i, k, j] where W is given (host.slab's "ikj");
     PREFIX  each split replaced in place by the sum of the splits before it plus S0 / c (the
-            state its tokens read, unscaled: apply scales by c); S = S0 + c * the sum of all
-            where S is given;
+            state its tokens read, unscaled: apply scales by c), or, where W is given, that
+            written as its bf16 slab W[0, h, split, i, k, j] instead (P left as it was);
+            S = S0 + c * the sum of all where S is given;
     SUFFIX  each split replaced in place by S0 plus the sum of the splits after it (S0: dstate);
             S = S0 + the sum of all where given (initial_state's gradient).
     S, S0, W: [n, H, D1, DY, D2] (W [n, H, D1, D2, DY])."""
-    i = tl.program_id(0)
-    sh = tl.program_id(1)
+    sh = tl.program_id(0)
+    i = tl.program_id(1)
     s = sh // H
     h = sh % H
     lo = tl.load(Seg + s)
@@ -143,8 +144,10 @@ def segment_kernel(P, Seg, Slot, S, n_splits, H: tl.constexpr, D1: tl.constexpr,
     k = tl.arange(0, D2)
     jk = j[:, None] * D2 + k[None, :]
     own = (sh.to(tl.int64) * D1 + i) * (DY * D2) + jk
-    part = P + (h.to(tl.int64) * n_splits * D1 + i) * (DY * D2) + jk
+    row = (h.to(tl.int64) * n_splits * D1 + i) * (DY * D2)
+    part = P + row + jk
     step = D1 * DY * D2
+    kj = k[:, None] * DY + j[None, :]
     c = 1.0
     if CS is not None:
         c = tl.load(CS + s)
@@ -159,10 +162,13 @@ def segment_kernel(P, Seg, Slot, S, n_splits, H: tl.constexpr, D1: tl.constexpr,
             g = hi - 1 - t
         else:
             g = lo + t
-        ptr = part + tl.load(Slot + g).to(tl.int64) * step
-        x = tl.load(ptr)
+        p = tl.load(Slot + g).to(tl.int64) * step
+        x = tl.load(part + p)
+        if MODE == PREFIX and W is not None:
+            tl.store(W + row + p + kj, tl.trans(run.to(tl.bfloat16)))
+        elif MODE != SUM:
+            tl.store(part + p, run)
         if MODE != SUM:
-            tl.store(ptr, run)
             run += x
         if MODE != SUFFIX:
             total += x
@@ -174,9 +180,8 @@ def segment_kernel(P, Seg, Slot, S, n_splits, H: tl.constexpr, D1: tl.constexpr,
             total += tl.load(S0 + own)
     if S is not None:
         tl.store(S + own, total)
-    if W is not None:
-        tl.store(W + (sh.to(tl.int64) * D1 + i) * (DY * D2) + k[:, None] * DY + j[None, :],
-                 tl.trans(total.to(tl.bfloat16)))
+    if MODE == SUM and W is not None:
+        tl.store(W + (sh.to(tl.int64) * D1 + i) * (DY * D2) + kj, tl.trans(total.to(tl.bfloat16)))
 
 
 def split_len(T: int, H: int, d1: int, dy: int, d2: int, impl, causal: bool) -> int:
@@ -242,7 +247,7 @@ class Plan:
         kernel = self.segments.get(key)
         if kernel is None:
             kernel = self.segments[key] = Kernel(
-                segment_kernel, (self.Dq, self.n * self.H), H=self.H, D1=self.Dq, DY=self.Dv,
+                segment_kernel, (self.n * self.H, self.Dq), H=self.H, D1=self.Dq, DY=self.Dv,
                 D2=self.Dq, MODE=int(mode), num_warps=8 if self.Dv * self.Dq > 64 * 64 else 4)
         kernel(P, maps.seg, maps.slot, S, self.C, **opt)
 
@@ -270,8 +275,9 @@ class Plan:
             del P
             self.apply_fwd(q2, q1, W, out, tiles)
             return out, state
-        self._segment(PREFIX, P, maps, state, None, initial_state, maps.scale)
-        W = host.slab(P, "ikj")
+        W = torch.empty((1, self.H, self.C, self.Dq, self.Dq, self.Dv), device=q1.device,
+                        dtype=torch.bfloat16)  # each chunk's prefix, as host.slab's "ikj"
+        self._segment(PREFIX, P, maps, state, W, initial_state, maps.scale)
         del P
         inter = torch.empty(out.shape, device=out.device, dtype=torch.float32)
         self.apply_fwd(q2, q1, W, inter, tiles, maps.scale)
