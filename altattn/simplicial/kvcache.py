@@ -12,8 +12,11 @@ three launches and no host work (a CUDA graph replays it): the new keys and valu
 their slots (kernels_triton/simplicial/decode.py), one forward over the B * T new tokens that
 reads the caches where they lie (the kernel's CACHE mode, kernels_tlx/simplicial/hadamard.py:
 cache_tile), each token's j window split in n_split shares so that a few tokens still fill the
-GPU (flash-decoding), and the merge of the shares by their LSE. Form "det" and D = 64 (which
-have no CACHE mode) gather each sequence's window into packed keys first. Elsewhere (other G,
+GPU (flash-decoding), and the merge of the shares by their LSE. What a call's shapes decide is
+made once per shape (`_Step`, the step plan: validation, the three prepared launches, the pairs'
+order, the sizes), so an eager call of contiguous tensors is a key lookup, two checks per tensor
+(contiguous, aligned), one allocation before the forward's launch and the launches. Form "det"
+and D = 64 (which have no CACHE mode) gather each sequence's window into packed keys first. Elsewhere (other G,
 CPU) the window of each sequence runs through the dense forward (CPU: the fp64 reference), the
 queries at its last T positions.
 """
@@ -26,6 +29,7 @@ import torch
 
 from ..checks import (
     MAX_REMEMBERED,
+    _on_cuda,
     check_cache_seqlens,
     check_group,
     dense_aligned,
@@ -176,6 +180,7 @@ class _Step:
 
 
 _PLANS: dict = {}  # a CUDA call's key (`_planned`) -> (its _Setup, its _Step or None)
+_remember = _on_cuda  # the calls `_planned` remembers: q a CUDA torch.Tensor
 
 
 def _tensor_key(t):
@@ -187,10 +192,10 @@ def _call_key(q, caches, seqlens, new, w1, w2, sm_scale, variant, form) -> tuple
     arguments' types and values (as checks.cached_validate's key, flat: half its cost).
     AttributeError where a tensor argument is none, TypeError (hashing) where one is
     unhashable."""
-    k1c, k2c, v1c, v2c = caches
-    return (type(q), q.shape, q.dtype, q.device, _tensor_key(k1c), _tensor_key(k2c),
-            _tensor_key(v1c), _tensor_key(v2c),
-            (int, seqlens) if type(seqlens) is int else _tensor_key(seqlens),
+    a, b, c, d = caches  # never None in a valid call (None: AttributeError, `_setup` says)
+    return (type(q), q.shape, q.dtype, q.device, type(a), a.shape, a.dtype, a.device, type(b),
+            b.shape, b.dtype, b.device, type(c), c.shape, c.dtype, c.device, type(d), d.shape,
+            d.dtype, d.device, (int, seqlens) if type(seqlens) is int else _tensor_key(seqlens),
             *[_tensor_key(t) for t in new], type(w1), w1, type(w2), w2, type(sm_scale),
             sm_scale, type(variant), variant, type(form), form)
 
@@ -200,7 +205,7 @@ def _planned(q, caches, seqlens, new, w1, w2, sm_scale, variant, form):
     `_call_key`. Other calls, and calls whose key cannot be made (a non-tensor, an unhashable
     argument), run `_setup`, which raises what is wrong before any launch."""
     args = (q, *caches, seqlens, *new, w1, w2, sm_scale, variant, form)
-    if not (type(q) is Tensor and q.is_cuda):
+    if not _remember(q):
         return _setup(*args), None
     try:
         key = _call_key(q, caches, seqlens, new, w1, w2, sm_scale, variant, form)
