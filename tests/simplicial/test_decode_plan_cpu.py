@@ -77,7 +77,11 @@ def _normalized(calls, known: dict):
 @pytest.mark.parametrize("w1,w2", [(32, 512), (200, 32)])
 @pytest.mark.parametrize("n_split", [1, 3])
 @pytest.mark.parametrize("appended", [True, False])
-def test_step_launches_what_the_general_path_launches(monkeypatch, w1, w2, n_split, appended):
+@pytest.mark.parametrize("through", ["step", "call"])
+def test_step_launches_what_the_general_path_launches(monkeypatch, w1, w2, n_split, appended,
+                                                      through):
+    """through "step": the plan called itself; "call": `attention_with_kvcache` taking it
+    (q remembered as a CUDA call's would be, its second call the plan's lookup)."""
     T = 1
     q, caches, new, lens = _inputs(T, w1, w2)
     if not appended:
@@ -109,9 +113,19 @@ def test_step_launches_what_the_general_path_launches(monkeypatch, w1, w2, n_spl
         calls.clear()
     s = cuda_setup(q, *caches, lens, *new, w1, w2, None, "auto", "trilinear")
     assert kvcache._Step.able(s)
-    step = kvcache._Step(s, q, caches)
-    assert step.takes(q, caches, new, lens)
-    planned = step(q, caches, new, lens)
+    if through == "step":
+        step = kvcache._Step(s, q, caches)
+        assert step.takes(q, caches, new, lens)
+        planned = step(q, caches, new, lens)
+    else:
+        monkeypatch.setattr(kvcache, "_PLANS", {})
+        monkeypatch.setattr(kvcache, "_remember", lambda q: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: q.get_device())
+        attention_with_kvcache(*args, **kw)
+        assert [step is not None for _, step in kvcache._PLANS.values()] == [True]
+        calls.clear()
+        planned = attention_with_kvcache(*args, **kw)
+        assert len(kvcache._PLANS) == 1
     assert len(calls) == appended + 1 + (n_split > 1)
     assert _normalized(calls, known) == _normalized(general_calls, known)
     forward = _normalized(calls, known)[appended]
