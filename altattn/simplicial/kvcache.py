@@ -183,40 +183,46 @@ _PLANS: dict = {}  # a CUDA call's key (`_planned`) -> (its _Setup, its _Step or
 _remember = _on_cuda  # the calls `_planned` remembers: q a CUDA torch.Tensor
 
 
-def _tensor_key(t):
-    return None if t is None else (type(t), t.shape, t.dtype, t.device)
-
-
 def _call_key(q, caches, seqlens, new, w1, w2, sm_scale, variant, form) -> tuple:
     """What `_setup` reads of a call: each tensor's type, shape, dtype and device, the other
-    arguments' types and values (as checks.cached_validate's key, flat: half its cost).
-    AttributeError where a tensor argument is none, TypeError (hashing) where one is
+    arguments' types and values (as checks.cached_validate's key, flat and inline: half its
+    cost). AttributeError where a tensor argument is none, TypeError (hashing) where one is
     unhashable."""
     a, b, c, d = caches  # never None in a valid call (None: AttributeError, `_setup` says)
+    e, f, g, h = new     # all four or none in a valid call
+    given = e is not None and f is not None and g is not None and h is not None
     return (type(q), q.shape, q.dtype, q.device, type(a), a.shape, a.dtype, a.device, type(b),
             b.shape, b.dtype, b.device, type(c), c.shape, c.dtype, c.device, type(d), d.shape,
-            d.dtype, d.device, (int, seqlens) if type(seqlens) is int else _tensor_key(seqlens),
-            *[_tensor_key(t) for t in new], type(w1), w1, type(w2), w2, type(sm_scale),
-            sm_scale, type(variant), variant, type(form), form)
+            d.dtype, d.device,
+            (int, seqlens) if type(seqlens) is int else (type(seqlens), seqlens.shape,
+                                                         seqlens.dtype, seqlens.device),
+            (type(e), e.shape, e.dtype, e.device, type(f), f.shape, f.dtype, f.device, type(g),
+             g.shape, g.dtype, g.device, type(h), h.shape, h.dtype, h.device) if given
+            else (e is None, f is None, g is None, h is None),
+            type(w1), w1, type(w2), w2, type(sm_scale), sm_scale, type(variant), variant,
+            type(form), form)
 
 
 def _planned(q, caches, seqlens, new, w1, w2, sm_scale, variant, form):
     """(`_setup`'s result, the call's `_Step` or None), remembered for CUDA calls by
     `_call_key`. Other calls, and calls whose key cannot be made (a non-tensor, an unhashable
     argument), run `_setup`, which raises what is wrong before any launch."""
-    args = (q, *caches, seqlens, *new, w1, w2, sm_scale, variant, form)
-    if not _remember(q):
-        return _setup(*args), None
-    try:
-        key = _call_key(q, caches, seqlens, new, w1, w2, sm_scale, variant, form)
-        hit = _PLANS.get(key)
-    except (TypeError, AttributeError):
-        return _setup(*args), None
-    if hit is None:
-        s = _setup(*args)
-        hit = s, (_Step(s, q, caches) if _Step.able(s) else None)
-        if len(_PLANS) < MAX_REMEMBERED:
-            _PLANS[key] = hit
+    key = None
+    if _remember(q):
+        try:
+            key = _call_key(q, caches, seqlens, new, w1, w2, sm_scale, variant, form)
+            hit = _PLANS.get(key)
+        except (TypeError, AttributeError):
+            key = None
+        else:
+            if hit is not None:
+                return hit
+    s = _setup(q, *caches, seqlens, *new, w1, w2, sm_scale, variant, form)
+    if key is None:
+        return s, None
+    hit = s, (_Step(s, q, caches) if _Step.able(s) else None)
+    if len(_PLANS) < MAX_REMEMBERED:
+        _PLANS[key] = hit
     return hit
 
 
