@@ -113,6 +113,7 @@ def test_step_launches_what_the_general_path_launches(monkeypatch, w1, w2, n_spl
         calls.clear()
     s = cuda_setup(q, *caches, lens, *new, w1, w2, None, "auto", "trilinear")
     assert kvcache._Step.able(s)
+    monkeypatch.setattr(kvcache, "_scratch_owner", lambda device: ("stream", 1))
     if through == "step":
         step = kvcache._Step(s, q, caches)
         assert step.takes(q, caches, new, lens)
@@ -148,3 +149,25 @@ def test_step_refuses_what_it_cannot_read_in_place():
     strided = torch.empty(B, 2, HK, D, dtype=q.dtype)[:, :1]
     assert not step.takes(q, caches, [*new[:3], strided], lens)
     assert not step.takes(q, [*caches[:3], caches[3][:, 1:]], new, lens)
+
+
+def test_shares_scratch_is_kept_per_stream_and_thread(monkeypatch):
+    """The shares' scratch: the last call's again for the same (stream, thread), a new one for
+    another (then kept), a new one not kept while a graph is captured (owner None)."""
+    q, caches, new, lens = _inputs(1, 32, 512)
+    s = kvcache._setup(q, *caches, lens, *new, 32, 512, None, "auto", "trilinear")
+    variant = registry.get_family("simplicial").variant("tlx_pipelined_kv", "fwd")
+    step = kvcache._Step(replace(s, variant=variant, n_split=2, cache_mode=True,
+                                 launch_spec=replace(s.spec, N=B, varlen=True)), q, caches)
+    owner = ["a"]
+    monkeypatch.setattr(kvcache, "_scratch_owner", lambda device: owner[0])
+    out, lse = step._shares(q)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert out.numel() == 2 * B * HQ * D + 2 * 2 * HQ * B and lse.numel() == 2 * HQ * B
+    assert lse.data_ptr() == out.data_ptr() + 2 * 2 * B * HQ * D
+    assert step._shares(q)[0] is out
+    owner[0] = "b"
+    other = step._shares(q)[0]
+    assert other is not out and step._shares(q)[0] is other
+    owner[0] = None
+    assert step._shares(q)[0] is not other and step.scratch[1] is other

@@ -262,8 +262,9 @@ def test_decode_fills_the_gpu_by_splits():
                                                 (8, 2, 32, 512, False)])
 def test_decode_plan_is_the_general_path_bitwise(monkeypatch, B, T, w1, w2, appended):
     """The step plan (kvcache._Step, which a call of contiguous tensors takes) and the general
-    path it skips: the same outputs, LSE and caches, bitwise (B 132: one share, no merge, on a
-    132-SM GPU; w1 > w2: the pairs exchanged)."""
+    path it skips: the same outputs, LSE and caches, bitwise, also on the plan's second call
+    (its shares' scratch reused). B 132: one share, no merge, on a 132-SM GPU; w1 > w2: the
+    pairs exchanged."""
     from altattn.simplicial import kvcache
     Hq, D, p = 128, 128, 700
     g = torch.Generator(device="cuda").manual_seed(9)
@@ -278,12 +279,15 @@ def test_decode_plan_is_the_general_path_bitwise(monkeypatch, B, T, w1, w2, appe
     monkeypatch.setattr(kvcache._Step, "__call__",
                         lambda self, *args: taken.append(1) or run(self, *args))
     planned = attention_with_kvcache(q, *caches, lens, w1, w2, **kw)
-    assert taken == [1]
+    # again (the same slots written with the same keys): the shares' scratch kept, reused
+    again = attention_with_kvcache(q, *caches, lens, w1, w2, **kw)
+    assert taken == [1, 1]
     monkeypatch.setattr(kvcache._Step, "takes", lambda *args: False)
     general = attention_with_kvcache(q, *general_caches, lens, w1, w2, **kw)
     torch.cuda.synchronize()
-    assert taken == [1]
-    for a, b in zip(planned, general):
+    assert taken == [1, 1]
+    for a, b, c in zip(planned, general, again):
         assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+        assert torch.equal(c, b)
     for a, b in zip(caches, general_caches):
         assert torch.equal(a, b)
