@@ -126,12 +126,12 @@ class _Step:
     that read the tensors themselves (`takes`), one allocation and the launches: the general
     path's kernels, in its order, on the same values (so the same bits), without its per-call
     `Packed`, `Call`, `kernel_args`, variant lookup and reshapes. The shares' out and LSE are
-    scratch the merge reads (never returned): one allocation, kept by the plan for the next call
-    of the same stream and thread (`_shares`); the merged out and LSE two allocations (what the
-    caller gets; made after the forward's launch, while the GPU runs it)."""
+    scratch the merge reads (never returned): one allocation, which the thread keeps for its
+    next call of the same sizes on the same stream (`_shares`); the merged out and LSE two
+    allocations (what the caller gets; made after the forward's launch, while the GPU runs
+    it)."""
 
-    __slots__ = ("append", "forward", "merge", "swapped", "n_out", "n_lse", "rows", "lses",
-                 "scratch")
+    __slots__ = ("append", "forward", "merge", "swapped", "n_out", "n_lse", "rows", "lses")
 
     def __init__(self, s: _Setup, q: Tensor, caches):
         from kernels_triton.simplicial.decode import prepare_append, prepare_merge
@@ -146,7 +146,6 @@ class _Step:
         self.merge = prepare_merge(s.n_split, B * T, Hq, D, T) if s.n_split > 1 else None
         self.n_out, self.n_lse = s.n_split * B * T * Hq * D, s.n_split * Hq * B * T
         self.rows, self.lses = (B, T, Hq, D), (Hq, B, T)
-        self.scratch = None  # (owner, out, lse): the shares' scratch of the last call
 
     @staticmethod
     def able(s: _Setup) -> bool:
@@ -183,33 +182,34 @@ class _Step:
 
     def _shares(self, q: Tensor):
         """The shares' out [S, B*T, Hq, D] bf16, then their LSE [S, Hq, B*T] fp32, in one
-        allocation: the last call's where this call comes from the same stream and thread (the
-        GPU runs this call's forward after that call's merge, which was the scratch's last
-        reader: one stream orders them; two threads on one stream may interleave their
-        launches, so each thread has its own), else a new one, kept for the next call. While a
-        CUDA graph is captured: a new one from the graph's pool, not kept. Every share of
-        every row is written by the forward before the merge reads it, so the bits are a fresh
-        allocation's."""
-        owner = _scratch_owner(q.get_device())
-        held = self.scratch
+        allocation: this thread's last call's where that call had the same sizes, device and
+        stream (the GPU runs this call's forward after that call's merge, the scratch's last
+        reader: one stream orders them; a thread keeps its own, since two threads' launches on
+        one stream may interleave), else a new one, which the thread keeps instead (one
+        scratch a thread, freed with it). While a CUDA graph is captured: a new one from the
+        graph's pool, not kept. The forward writes every share of every row before the merge
+        reads it, so the bits are a fresh allocation's."""
+        owner = _scratch_owner(q.get_device(), self.n_out, self.n_lse)
+        held = getattr(_LOCAL, "scratch", None)
         if owner is not None and held is not None and held[0] == owner:
             return held[1], held[2]
         out = q.new_empty(self.n_out + 2 * self.n_lse)
         lse = out.narrow(0, self.n_out, 2 * self.n_lse).view(torch.float32)
         if owner is not None:
-            self.scratch = (owner, out, lse)
+            _LOCAL.scratch = (owner, out, lse)
         return out, lse
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds
+_LOCAL = threading.local()  # .scratch: (owner, out, lse), this thread's last shares (`_shares`)
 
 
-def _scratch_owner(device: int):
-    """Who may reuse a step's scratch (`_Step._shares`): (the device's current stream, this
-    thread); None while a CUDA graph is captured."""
+def _scratch_owner(device: int, n_out: int, n_lse: int):
+    """What a kept scratch must match to be reused (`_Step._shares`): the device, its current
+    stream, the sizes; None while a CUDA graph is captured (nothing kept or reused)."""
     if torch.cuda.is_current_stream_capturing():
         return None
-    return _raw_stream(device), threading.get_ident()
+    return device, _raw_stream(device), n_out, n_lse
 
 
 _PLANS: dict = {}  # a CUDA call's key (`_planned`) -> (its _Setup, its _Step or None)

@@ -4,6 +4,7 @@ path's (the same Kernels, each argument the same tensor, descriptor or value), r
 tensors with the setup a CUDA call would have (no kernel runs)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -113,7 +114,8 @@ def test_step_launches_what_the_general_path_launches(monkeypatch, w1, w2, n_spl
         calls.clear()
     s = cuda_setup(q, *caches, lens, *new, w1, w2, None, "auto", "trilinear")
     assert kvcache._Step.able(s)
-    monkeypatch.setattr(kvcache, "_scratch_owner", lambda device: ("stream", 1))
+    monkeypatch.setattr(kvcache, "_scratch_owner", lambda *sizes: ("stream", *sizes))
+    monkeypatch.setattr(kvcache, "_LOCAL", threading.local())
     if through == "step":
         step = kvcache._Step(s, q, caches)
         assert step.takes(q, caches, new, lens)
@@ -151,23 +153,32 @@ def test_step_refuses_what_it_cannot_read_in_place():
     assert not step.takes(q, [*caches[:3], caches[3][:, 1:]], new, lens)
 
 
-def test_shares_scratch_is_kept_per_stream_and_thread(monkeypatch):
-    """The shares' scratch: the last call's again for the same (stream, thread), a new one for
-    another (then kept), a new one not kept while a graph is captured (owner None)."""
+def test_shares_scratch_is_kept_per_thread_stream_and_size(monkeypatch):
+    """The shares' scratch: the thread's last one again for the same owner (device, stream,
+    sizes), a new one for another (then kept instead), a new one not kept while a graph is
+    captured (owner None), another thread's own."""
     q, caches, new, lens = _inputs(1, 32, 512)
     s = kvcache._setup(q, *caches, lens, *new, 32, 512, None, "auto", "trilinear")
     variant = registry.get_family("simplicial").variant("tlx_pipelined_kv", "fwd")
     step = kvcache._Step(replace(s, variant=variant, n_split=2, cache_mode=True,
                                  launch_spec=replace(s.spec, N=B, varlen=True)), q, caches)
-    owner = ["a"]
-    monkeypatch.setattr(kvcache, "_scratch_owner", lambda device: owner[0])
+    stream = ["a"]
+    monkeypatch.setattr(kvcache, "_scratch_owner",
+                        lambda *sizes: None if stream[0] is None else (stream[0], *sizes))
+    monkeypatch.setattr(kvcache, "_LOCAL", threading.local())
     out, lse = step._shares(q)
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     assert out.numel() == 2 * B * HQ * D + 2 * 2 * HQ * B and lse.numel() == 2 * HQ * B
     assert lse.data_ptr() == out.data_ptr() + 2 * 2 * B * HQ * D
     assert step._shares(q)[0] is out
-    owner[0] = "b"
+    stream[0] = "b"
     other = step._shares(q)[0]
     assert other is not out and step._shares(q)[0] is other
-    owner[0] = None
-    assert step._shares(q)[0] is not other and step.scratch[1] is other
+    stream[0] = None
+    assert step._shares(q)[0] is not other and kvcache._LOCAL.scratch[1] is other
+    stream[0] = "b"
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(step._shares(q)[0]))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] is not other and step._shares(q)[0] is other
