@@ -342,7 +342,8 @@ def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seql
     B, T = s.B, s.T
     lengths = (torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device) if as_int
                else cache_seqlens)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *new)):
+    if torch.is_grad_enabled() and (q.requires_grad or s.appended and (
+            k1.requires_grad or k2.requires_grad or v1.requires_grad or v2.requires_grad)):
         raise ValueError("attention_with_kvcache is forward-only and its inputs require grad: "
                          "call it under torch.no_grad() or with detached tensors")
     _check_lengths(lengths, T, s.appended, s.R1, s.R2, w1, w2)

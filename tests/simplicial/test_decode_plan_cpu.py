@@ -182,3 +182,19 @@ def test_shares_scratch_is_kept_per_thread_stream_and_size(monkeypatch):
     thread.start()
     thread.join()
     assert elsewhere[0] is not other and step._shares(q)[0] is other
+
+
+@pytest.mark.parametrize("grad", ["q", "k1", "v2"])
+def test_any_input_that_requires_grad_is_refused(grad):
+    q, caches, new, lens = (x.double() if isinstance(x, torch.Tensor) else [t.double() for t in x]
+                            for x in _inputs(1, 3, 5))
+    lens = lens.int()
+    kw = dict(zip(("k1", "k2", "v1", "v2"), new))
+    if grad == "q":
+        q.requires_grad_()
+    else:
+        kw[grad].requires_grad_()
+    with pytest.raises(ValueError, match="forward-only"):
+        attention_with_kvcache(q, *caches, lens, 3, 5, **kw)
+    with torch.no_grad():
+        attention_with_kvcache(q, *caches, lens, 3, 5, **kw)
