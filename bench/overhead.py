@@ -14,7 +14,8 @@ training step issues them); "synced": each call followed by torch.cuda.synchroni
 call (how a latency-bound loop sees it). The decoding step (2-simplicial `attention_with_kvcache`,
 B 64, 4096 cached tokens, one new token; bench/decode.py) is timed eager and replayed from a CUDA
 graph: its GPU time is not negligible, and the ratio says what the host costs a serving loop that
-does not capture graphs. --profile K prints, after the table, the K functions with the most own
+does not capture graphs. "autograd floor": a no-op torch.autograd.Function (clone forward, identity
+backward) called forward + backward: what `.backward()` costs any op. --profile K prints, after the table, the K functions with the most own
 time in --calls calls of each (cProfile; it inflates Python's share).
 docs/perf-call.md has the numbers and what each step of the call path costs.
 """
@@ -106,6 +107,7 @@ def family_calls(gen) -> dict[str, dict[str, Callable]]:
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     do = torch.randn_like(q)
     calls["sdpa"] = _sdpa_calls(q, k, v, do)
+    calls["autograd floor"] = {"op fwd+bwd": lambda: _NoOp.apply(qg).backward(do)}
     calls["spherical"] = {
         "op fwd": lambda: altattn.spherical_attention(q, k, v),
         "forward": lambda: spherical.forward(q, k, v),
@@ -126,6 +128,19 @@ def family_calls(gen) -> dict[str, dict[str, Callable]]:
         "forward": lambda: triple.forward(*x),
         "op fwd+bwd": lambda: altattn.triple_attention(*xg)[0].backward(dy)}
     return calls
+
+
+class _NoOp(torch.autograd.Function):
+    """The least an op with a backward costs through autograd: a clone forward, an identity
+    backward (one copy kernel each way)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
 
 
 def _sdpa_calls(q, k, v, do) -> dict[str, Callable]:
