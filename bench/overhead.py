@@ -5,13 +5,17 @@ op forward + backward, and of a decoding step, beside PyTorch's SDPA in the same
 
 Shapes are tiny (128 tokens), so the GPU should finish each call's kernels before the host issues
 the next, leaving the host's time ("graph us" checks it: the same calls replayed from a CUDA graph,
-queued, is the GPU's own time a call; where it nears "queued", the GPU bounds the call). "queued":
+queued, is the GPU's own time a call; where it nears "queued", the GPU bounds the call). "host":
+the host's own time a call, GPU excluded: --calls calls issued while the GPU is held busy by a
+sleep kernel queued first, so no call waits on the GPU and the launch queue never fills (calls
+are cut so their launches stay under its depth); the issue's "host cost". "queued":
 --calls calls issued back to back, one synchronize at the end, wall time over the calls (how a
 training step issues them); "synced": each call followed by torch.cuda.synchronize(), the median
 call (how a latency-bound loop sees it). The decoding step (2-simplicial `attention_with_kvcache`,
 B 64, 4096 cached tokens, one new token; bench/decode.py) is timed eager and replayed from a CUDA
 graph: its GPU time is not negligible, and the ratio says what the host costs a serving loop that
-does not capture graphs. --profile K prints, after the table, the K functions with the most own
+does not capture graphs. "autograd floor": a no-op torch.autograd.Function (clone forward, identity
+backward) called forward + backward: what `.backward()` costs any op. --profile K prints, after the table, the K functions with the most own
 time in --calls calls of each (cProfile; it inflates Python's share).
 docs/perf-call.md has the numbers and what each step of the call path costs.
 """
@@ -43,6 +47,40 @@ def queued_us(fn: Callable, calls: int) -> float:
     return best
 
 
+QUEUE = 512  # launches: well under the CUDA launch queue's depth (1024), so issuing never blocks
+
+
+def host_us(fn: Callable, calls: int, launches: int) -> float:
+    """Host microseconds per call, the GPU excluded (module docstring): at most QUEUE // launches
+    calls (`launches`: kernels a call queues) issued behind a sleep kernel that outlasts them,
+    best of 3 rounds."""
+    calls = max(1, min(calls, QUEUE // max(launches, 1)))
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda._sleep(int(2e8))  # ~0.1 s at 2 GHz: longer than the calls take to issue
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def launches_per_call(fn: Callable) -> int:
+    """Kernels one call of fn queues (torch.profiler's CUDA kernel events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def synced_us(fn: Callable, calls: int) -> float:
     """Median wall microseconds of one call followed by a synchronize."""
     times = []
@@ -69,6 +107,7 @@ def family_calls(gen) -> dict[str, dict[str, Callable]]:
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     do = torch.randn_like(q)
     calls["sdpa"] = _sdpa_calls(q, k, v, do)
+    calls["autograd floor"] = {"op fwd+bwd": lambda: _NoOp.apply(qg).backward(do)}
     calls["spherical"] = {
         "op fwd": lambda: altattn.spherical_attention(q, k, v),
         "forward": lambda: spherical.forward(q, k, v),
@@ -89,6 +128,19 @@ def family_calls(gen) -> dict[str, dict[str, Callable]]:
         "forward": lambda: triple.forward(*x),
         "op fwd+bwd": lambda: altattn.triple_attention(*xg)[0].backward(dy)}
     return calls
+
+
+class _NoOp(torch.autograd.Function):
+    """The least an op with a backward costs through autograd: a clone forward, an identity
+    backward (one copy kernel each way)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
 
 
 def _sdpa_calls(q, k, v, do) -> dict[str, Callable]:
@@ -125,7 +177,9 @@ def decode_rows(gen) -> list[dict]:
     step = decode_step(gen)
     eager = median_ms(step, flush_l2=False)
     graph = median_ms(graphed(step), flush_l2=False)
+    host = host_us(step, 100, launches_per_call(step))
     return [{"family": "simplicial", "call": "decode step eager", "us": round(eager * 1e3, 1),
+             "host_us": round(host, 1),
              "vs_graph": round(graph / eager, 3)},
             {"family": "simplicial", "call": "decode step graph", "us": round(graph * 1e3, 1),
              "vs_graph": 1.0}]
@@ -166,16 +220,19 @@ def main(argv=None) -> int:
         for call, fn in calls.items():
             with torch.no_grad() if "bwd" not in call else torch.enable_grad():
                 rows.append({"family": family, "call": call,
+                             "host_us": round(host_us(fn, a.calls, launches_per_call(fn)), 1),
                              "queued_us": round(queued_us(fn, a.calls), 1),
                              "synced_us": round(synced_us(fn, a.calls), 1),
                              "gpu_us": (None if "bwd" in call else
                                         round(queued_us(graphed(fn), a.calls), 1))})
-    sdpa = {r["call"]: r["queued_us"] for r in rows if r["family"] == "sdpa"}
+    sdpa = {r["call"]: r for r in rows if r["family"] == "sdpa"}
     for r in rows:
         if r["call"] in sdpa:
-            r["vs_sdpa"] = round(r["queued_us"] / sdpa[r["call"]], 2)
+            r["host_vs_sdpa"] = round(r["host_us"] / sdpa[r["call"]]["host_us"], 2)
+            r["vs_sdpa"] = round(r["queued_us"] / sdpa[r["call"]]["queued_us"], 2)
     rows += decode_rows(gen)
-    report(rows, [("family", "family"), ("call", "call"), ("queued_us", "queued us"),
+    report(rows, [("family", "family"), ("call", "call"), ("host_us", "host us"),
+                  ("host_vs_sdpa", "host x SDPA"), ("queued_us", "queued us"),
                   ("synced_us", "synced us"), ("gpu_us", "graph us"), ("vs_sdpa", "x SDPA"),
                   ("us", "us"),
                   ("vs_graph", "graph/eager")], a.json,
