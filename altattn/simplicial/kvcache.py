@@ -15,10 +15,10 @@ cache_tile), each token's j window split in n_split shares so that a few tokens 
 GPU (flash-decoding), and the merge of the shares by their LSE. What a call's shapes decide is
 made once per shape (`_Step`, the step plan: validation, the three prepared launches, the pairs'
 order, the sizes), so an eager call of contiguous tensors is a key lookup, two checks per tensor
-(contiguous, aligned), one allocation before the forward's launch and the launches. Form "det"
-and D = 64 (which have no CACHE mode) gather each sequence's window into packed keys first. Elsewhere (other G,
-CPU) the window of each sequence runs through the dense forward (CPU: the fp64 reference), the
-queries at its last T positions.
+(contiguous, aligned), the shares' scratch (kept by the thread between calls) and the launches
+before the forward's launch. Form "det" and D = 64 (which have no CACHE mode) gather each
+sequence's window into packed keys first. Elsewhere (other G, CPU) the window of each sequence
+runs through the dense forward (CPU: the fp64 reference), the queries at its last T positions.
 """
 from __future__ import annotations
 
