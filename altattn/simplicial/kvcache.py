@@ -12,20 +12,25 @@ three launches and no host work (a CUDA graph replays it): the new keys and valu
 their slots (kernels_triton/simplicial/decode.py), one forward over the B * T new tokens that
 reads the caches where they lie (the kernel's CACHE mode, kernels_tlx/simplicial/hadamard.py:
 cache_tile), each token's j window split in n_split shares so that a few tokens still fill the
-GPU (flash-decoding), and the merge of the shares by their LSE. Form "det" and D = 64 (which
-have no CACHE mode) gather each sequence's window into packed keys first. Elsewhere (other G,
-CPU) the window of each sequence runs through the dense forward (CPU: the fp64 reference), the
-queries at its last T positions.
+GPU (flash-decoding), and the merge of the shares by their LSE. What a call's shapes decide is
+made once per shape (`_Step`, the step plan: validation, the three prepared launches, the pairs'
+order, the sizes), so an eager call of contiguous tensors is a key lookup, two checks per tensor
+(contiguous, aligned), the shares' scratch (kept by the thread between calls) and the launches
+before the forward's launch. Form "det" and D = 64 (which have no CACHE mode) gather each
+sequence's window into packed keys first. Elsewhere (other G, CPU) the window of each sequence
+runs through the dense forward (CPU: the fp64 reference), the queries at its last T positions.
 """
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, replace
 
 import torch
 
 from ..checks import (
-    cached_validate,
+    MAX_REMEMBERED,
+    _on_cuda,
     check_cache_seqlens,
     check_group,
     dense_aligned,
@@ -114,7 +119,144 @@ def _setup(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seqlens, k1, k2, v1,
                   form == "trilinear" and D == 128, replace(spec, N=B * T, varlen=True))
 
 
-_remembered_setup = cached_validate(_setup)
+class _Step:
+    """The step plan: a decoding call in the caches' own layout (the kernel's CACHE mode) with
+    everything its shapes decide made once (`_planned`): the append's, the forward's and the
+    merge's prepared launches, the pairs' order, the shares' sizes. A call is then the checks
+    that read the tensors themselves (`takes`), one allocation and the launches: the general
+    path's kernels, in its order, on the same values (so the same bits), without its per-call
+    `Packed`, `Call`, `kernel_args`, variant lookup and reshapes. The shares' out and LSE are
+    scratch the merge reads (never returned): one allocation, which the thread keeps for its
+    next call of the same sizes on the same stream (`_shares`); the merged out and LSE two
+    allocations (what the caller gets; made after the forward's launch, while the GPU runs
+    it)."""
+
+    __slots__ = ("append", "forward", "merge", "swapped", "n_out", "n_lse", "rows", "lses")
+
+    def __init__(self, s: _Setup, q: Tensor, caches):
+        from kernels_triton.simplicial.decode import prepare_append, prepare_merge
+        B, T, Hq, D, Hk = s.B, s.T, q.shape[2], q.shape[3], caches[0].shape[2]
+        spec = s.launch_spec
+        self.swapped = spec.swapped
+        k1, k2, v1, v2 = (caches[1], caches[0], caches[3], caches[2]) if self.swapped else caches
+        cache = (T, 0 if s.appended else -T, k1.shape[1], k2.shape[1])
+        self.forward = s.variant.load().launch.prepared_packed(
+            spec, False, s.n_split, cache, tuple(k2.shape), tuple(v2.shape))
+        self.append = prepare_append(B, T, Hk, D, s.R1, s.R2) if s.appended else None
+        self.merge = prepare_merge(s.n_split, B * T, Hq, D, T) if s.n_split > 1 else None
+        self.n_out, self.n_lse = s.n_split * B * T * Hq * D, s.n_split * Hq * B * T
+        self.rows, self.lses = (B, T, Hq, D), (Hq, B, T)
+
+    @staticmethod
+    def able(s: _Setup) -> bool:
+        """A plan runs this setup: the caches read in place, the variant's packed launch made
+        by host.entry_points (it keeps `prepared_packed`)."""
+        return (s.cache_mode and s.variant is not None
+                and hasattr(s.variant.load().launch, "prepared_packed"))
+
+    def takes(self, q: Tensor, caches, new, lengths: Tensor) -> bool:
+        """Every tensor the launches read is contiguous with a 16-byte aligned start (else the
+        general path, which copies or indexes)."""
+        for t in (q, *caches, lengths, *new) if self.append is not None else (q, *caches,
+                                                                             lengths):
+            if not t.is_contiguous() or t.data_ptr() % 16:
+                return False
+        return True
+
+    def __call__(self, q: Tensor, caches, new, lengths: Tensor):
+        if self.append is not None:  # the new keys in their slots, before the forward reads
+            self.append(caches, new, lengths)
+        if self.merge is None:
+            B, T, Hq, D = self.rows
+            out = q.new_empty(1, B * T, Hq, D)
+            lse = q.new_empty(1, Hq, B * T, dtype=torch.float32)
+        else:
+            out, lse = self._shares(q)
+        k1, k2, v1, v2 = caches
+        if self.swapped:
+            k1, k2, v1, v2 = k2, k1, v2, v1
+        self.forward(q, k1, k2, v1, v2, out, lse, lengths)
+        if self.merge is not None:  # the shares merged by their LSEs
+            return self.merge(out, lse)
+        return out[0].view(self.rows), lse[0].view(self.lses).transpose(0, 1)
+
+    def _shares(self, q: Tensor):
+        """The shares' out [S, B*T, Hq, D] bf16, then their LSE [S, Hq, B*T] fp32, in one
+        allocation: this thread's last call's where that call had the same sizes, device and
+        stream (the GPU runs this call's forward after that call's merge, the scratch's last
+        reader: one stream orders them; a thread keeps its own, since two threads' launches on
+        one stream may interleave), else a new one, which the thread keeps instead (one
+        scratch a thread, freed with it). While a CUDA graph is captured: a new one from the
+        graph's pool, not kept. The forward writes every share of every row before the merge
+        reads it, so the bits are a fresh allocation's."""
+        owner = _scratch_owner(q.get_device(), self.n_out, self.n_lse)
+        held = getattr(_LOCAL, "scratch", None)
+        if owner is not None and held is not None and held[0] == owner:
+            return held[1], held[2]
+        out = q.new_empty(self.n_out + 2 * self.n_lse)
+        lse = out.narrow(0, self.n_out, 2 * self.n_lse).view(torch.float32)
+        if owner is not None:
+            _LOCAL.scratch = (owner, out, lse)
+        return out, lse
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds
+_LOCAL = threading.local()  # .scratch: (owner, out, lse), this thread's last shares (`_shares`)
+
+
+def _scratch_owner(device: int, n_out: int, n_lse: int):
+    """What a kept scratch must match to be reused (`_Step._shares`): the device, its current
+    stream, the sizes; None while a CUDA graph is captured (nothing kept or reused)."""
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return device, _raw_stream(device), n_out, n_lse
+
+
+_PLANS: dict = {}  # a CUDA call's key (`_planned`) -> (its _Setup, its _Step or None)
+_remember = _on_cuda  # the calls `_planned` remembers: q a CUDA torch.Tensor
+
+
+def _call_key(q, caches, seqlens, new, w1, w2, sm_scale, variant, form) -> tuple:
+    """What `_setup` reads of a call: each tensor's type, shape, dtype and device, the other
+    arguments' types and values (as checks.cached_validate's key, flat and inline: half its
+    cost). AttributeError where a tensor argument is none, TypeError (hashing) where one is
+    unhashable."""
+    a, b, c, d = caches  # never None in a valid call (None: AttributeError, `_setup` says)
+    e, f, g, h = new     # all four or none in a valid call
+    given = e is not None and f is not None and g is not None and h is not None
+    return (type(q), q.shape, q.dtype, q.device, type(a), a.shape, a.dtype, a.device, type(b),
+            b.shape, b.dtype, b.device, type(c), c.shape, c.dtype, c.device, type(d), d.shape,
+            d.dtype, d.device,
+            (int, seqlens) if type(seqlens) is int else (type(seqlens), seqlens.shape,
+                                                         seqlens.dtype, seqlens.device),
+            (type(e), e.shape, e.dtype, e.device, type(f), f.shape, f.dtype, f.device, type(g),
+             g.shape, g.dtype, g.device, type(h), h.shape, h.dtype, h.device) if given
+            else (e is None, f is None, g is None, h is None),
+            type(w1), w1, type(w2), w2, type(sm_scale), sm_scale, type(variant), variant,
+            type(form), form)
+
+
+def _planned(q, caches, seqlens, new, w1, w2, sm_scale, variant, form):
+    """(`_setup`'s result, the call's `_Step` or None), remembered for CUDA calls by
+    `_call_key`. Other calls, and calls whose key cannot be made (a non-tensor, an unhashable
+    argument), run `_setup`, which raises what is wrong before any launch."""
+    key = None
+    if _remember(q):
+        try:
+            key = _call_key(q, caches, seqlens, new, w1, w2, sm_scale, variant, form)
+            hit = _PLANS.get(key)
+        except (TypeError, AttributeError):
+            key = None
+        else:
+            if hit is not None:
+                return hit
+    s = _setup(q, *caches, seqlens, *new, w1, w2, sm_scale, variant, form)
+    if key is None:
+        return s, None
+    hit = s, (_Step(s, q, caches) if _Step.able(s) else None)
+    if len(_PLANS) < MAX_REMEMBERED:
+        _PLANS[key] = hit
+    return hit
 
 
 def _check_lengths(lengths: Tensor, T: int, appended: bool, R1: int, R2: int, w1: int, w2: int):
@@ -195,15 +337,21 @@ def attention_with_kvcache(q, k1_cache, k2_cache, v1_cache, v2_cache, cache_seql
     caches = (k1_cache, k2_cache, v1_cache, v2_cache)
     new = (k1, k2, v1, v2)
     as_int = is_int(cache_seqlens)
-    s = _remembered_setup(q, *caches, 0 if as_int else cache_seqlens, *new, w1, w2, sm_scale,
-                          variant, form)
+    s, step = _planned(q, caches, 0 if as_int else cache_seqlens, new, w1, w2, sm_scale,
+                       variant, form)
     B, T = s.B, s.T
     lengths = (torch.full((B,), cache_seqlens, dtype=torch.int32, device=q.device) if as_int
                else cache_seqlens)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *new)):
+    if torch.is_grad_enabled() and (q.requires_grad or s.appended and (
+            k1.requires_grad or k2.requires_grad or v1.requires_grad or v2.requires_grad)):
         raise ValueError("attention_with_kvcache is forward-only and its inputs require grad: "
                          "call it under torch.no_grad() or with detached tensors")
     _check_lengths(lengths, T, s.appended, s.R1, s.R2, w1, w2)
+    if step is not None and step.takes(q, caches, new, lengths):
+        if q.get_device() == torch.cuda.current_device():
+            return step(q, caches, new, lengths)
+        with torch.cuda.device(q.device):
+            return step(q, caches, new, lengths)
     if s.appended:
         _append(caches, new, lengths, T)
     spec, Hq, D = s.spec, q.shape[2], q.shape[3]

@@ -14,12 +14,12 @@ from dataclasses import replace
 
 import torch
 
+from altattn.registry import CompileConfig
+from altattn.simplicial.spec import ProblemSpec
 from kernels_triton.launch import Desc, Kernel, meta
 from kernels_triton.launch import compile_configs as launch_configs
 from kernels_triton.simplicial.det import det_of, det_specs, form_suffix
 from kernels_triton.simplicial.tiling import COMPILE_SHAPES, LOG2E, grid
-from altattn.registry import CompileConfig
-from altattn.simplicial.spec import ProblemSpec
 
 Config = Callable[[ProblemSpec], dict]   # spec -> the kernel's constexprs + num_warps, num_stages
 Supports = Callable[[ProblemSpec], str | None]
@@ -163,7 +163,8 @@ def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False
     `kernel` run with `config(spec)` (q_tma: as in prepare; forms: the logits' forms it
     computes, its registry record's `forms`, each of which gets compile configs; det_pack: how
     form "det" packs K1 and K2 for the kernel, given DET = det.det_of(spec); packed: it takes
-    packed sequences, `launch`'s `packed`: prepare_packed, made once per problem)."""
+    packed sequences, `launch`'s `packed`: prepare_packed, made once per problem, also
+    `launch.prepared_packed(spec, profile, n_split, cache, k2_shape, v2_shape)`)."""
     assert ("det" in forms) == (det_pack is not None), "form 'det' needs its packing"
 
     def prepare_variant(spec: ProblemSpec, profile: bool = False):
@@ -186,6 +187,9 @@ def entry_points(kernel, config: Config, supports: Supports, q_tma: bool = False
         run = prepared_packed(spec, profile, packed.n_split, cache, tuple(k2.shape),
                               tuple(v2.shape))
         run(q, k1, k2, v1, v2, out, lse, packed.seq if cache is None else packed.lens)
+
+    # the packed launch made once, for a caller that keeps it (a decoding step's plan, kvcache.py)
+    launch_variant.prepared_packed = prepared_packed
 
     def variant_compile_configs() -> list[CompileConfig]:
         return compile_configs(kernel, config, supports, q_tma, forms, det_pack, packed)

@@ -255,3 +255,39 @@ def test_decode_fills_the_gpu_by_splits():
     o, l_ = attention(q, *kv, w1, w2)
     assert ulps(out[:, 0], o[:, p]) <= ULPS, ulps(out[:, 0], o[:, p])
     assert (lse[:, :, 0] - l_[:, :, p]).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("B,T,w1,w2,appended", [(64, 1, 32, 512, True), (8, 1, 200, 32, True),
+                                                (132, 1, 32, 512, True), (8, 3, 32, 512, True),
+                                                (8, 2, 32, 512, False)])
+def test_decode_plan_is_the_general_path_bitwise(monkeypatch, B, T, w1, w2, appended):
+    """The step plan (kvcache._Step, which a call of contiguous tensors takes) and the general
+    path it skips: the same outputs, LSE and caches, bitwise, also on the plan's second call
+    (its shares' scratch reused). B 132: one share, no merge, on a 132-SM GPU; w1 > w2: the
+    pairs exchanged."""
+    from altattn.simplicial import kvcache
+    Hq, D, p = 128, 128, 700
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q = torch.randn(B, T, Hq, D, generator=g, device="cuda").bfloat16()
+    new = [torch.randn(B, T, 1, D, generator=g, device="cuda").bfloat16() for _ in range(4)]
+    caches = [torch.randn(B, w + T - 1, 1, D, generator=g, device="cuda").bfloat16()
+              for w in (w1, w2, w1, w2)]
+    lens = torch.randint(T, p, (B,), generator=g, device="cuda", dtype=torch.int32)
+    kw = dict(zip(("k1", "k2", "v1", "v2"), new)) if appended else {}
+    general_caches = [c.clone() for c in caches]
+    taken, run = [], kvcache._Step.__call__
+    monkeypatch.setattr(kvcache._Step, "__call__",
+                        lambda self, *args: taken.append(1) or run(self, *args))
+    planned = attention_with_kvcache(q, *caches, lens, w1, w2, **kw)
+    # again (the same slots written with the same keys): the shares' scratch kept, reused
+    again = attention_with_kvcache(q, *caches, lens, w1, w2, **kw)
+    assert taken == [1, 1]
+    monkeypatch.setattr(kvcache._Step, "takes", lambda *args: False)
+    general = attention_with_kvcache(q, *general_caches, lens, w1, w2, **kw)
+    torch.cuda.synchronize()
+    assert taken == [1, 1]
+    for a, b, c in zip(planned, general, again):
+        assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+        assert torch.equal(c, b)
+    for a, b in zip(caches, general_caches):
+        assert torch.equal(a, b)
