@@ -22,6 +22,7 @@ validated:
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -177,7 +178,11 @@ class Op:
                              launcher.missing(self.fwd_io, call), io=self.fwd_io)
         if not grad:
             return plan.execute(call)
-        return _Eager.apply(self, plan, call, (bwd_variant, deterministic), *args)
+        control = (bwd_variant, deterministic)
+        if launcher._REC.on is not None:  # remembered: later calls replay the plan in _Eager
+            launcher._REC.on.through(
+                lambda run, *a: _Eager.apply(self, run, spec, control, *a), args)
+        return _Eager.apply(self, functools.partial(plan.execute, call), spec, control, *args)
 
     def backward(self, spec, control, grads, inputs, saved, rest) -> tuple:
         """The input gradients (eager): the backward plan of `spec` on the incoming `grads`
@@ -196,12 +201,12 @@ class _Eager(torch.autograd.Function):
     """The eager op with grad: the forward plan, and the backward plan at backward time."""
 
     @staticmethod
-    def forward(ctx, op: Op, plan, call, control, *args):
-        outs = plan.execute(call)
+    def forward(ctx, op: Op, run, spec, control, *args):
+        outs = run()  # the forward plan's outputs (Plan.execute, or a remembered call's Replay)
         ctx.set_materialize_grads(False)
         x, params, optional = op._split(args)
         ctx.save_for_backward(*x, *optional, *(outs[i] for i in op.saved_idx))
-        ctx.op, ctx.spec, ctx.control, ctx.params = op, call.spec, control, params
+        ctx.op, ctx.spec, ctx.control, ctx.params = op, spec, control, params
         return outs
 
     @staticmethod
