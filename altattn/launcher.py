@@ -290,10 +290,10 @@ def remembered(fn: Callable) -> Callable:
     def call(*args, **kwargs):
         if torch.compiler.is_compiling():
             return fn(*args, **kwargs)
-        sig = signature(args, kwargs)
         try:
+            sig = signature(args, kwargs)
             entry = None if sig is None else entries.get(sig[0])
-        except TypeError:  # an unhashable argument: fn names what is wrong with it
+        except (TypeError, RuntimeError):  # unhashable, or a tensor with no storage: fn says
             return fn(*args, **kwargs)
         outer = _REC.on
         if entry is not None:

@@ -78,6 +78,7 @@ class Op:
         fam = registry.get_family(decl.family)
         self.fwd_io, self.bwd_io = decl.passes or (fam.passes["fwd"], fam.passes["bwd"])
         self._checked: set = set()
+        self._backward_plan = launcher.remembered(self._run_backward)
         fwd_schema, bwd_schema = _schema(decl)
         name = f"altattn::{decl.name or decl.family}_"
         self.fwd_op = torch.library.custom_op(name + "fwd", self._fwd_impl, mutates_args=(),
@@ -188,13 +189,17 @@ class Op:
         """The input gradients (eager): the backward plan of `spec` on the incoming `grads`
         (None where an output was unused; the first output's then counts as zeros), one per
         input and per optional tensor of `rest` (the params, then the optional tensors)."""
-        bwd_variant, deterministic = control
         if grads[0] is None:
             grads = (torch.zeros_like(self.decl.fake(*inputs, *rest)[0]), *grads[1:])
-        call = self.bwd_io.bind(spec, *grads, *inputs, *saved, *rest)
-        dx = launcher.run_call(self.decl.family, "bwd", call, bwd_variant, deterministic,
-                               io=self.bwd_io)
+        dx = self._backward_plan(spec, *control, *grads, *inputs, *saved, *rest)
         return self._input_grads(dx, rest[self.n_params:])
+
+    def _run_backward(self, spec, bwd_variant, deterministic, *args) -> tuple:
+        """The backward plan of `spec` on the backward pass's arguments `args` (remembered by
+        signature: `_backward_plan`)."""
+        call = self.bwd_io.bind(spec, *args)
+        return launcher.run_call(self.decl.family, "bwd", call, bwd_variant, deterministic,
+                                 io=self.bwd_io)
 
 
 class _Eager(torch.autograd.Function):

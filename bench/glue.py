@@ -87,7 +87,8 @@ _ABSENT = object()
 
 
 def calls() -> dict[str, callable]:
-    """{name: fn}: each family's op (no grad, with grad: the forward only) and `forward`."""
+    """{name: fn}: each family's op (no grad; with grad: the forward, and spherical's forward
+    and backward) and `forward`."""
     import altattn
     from altattn import simplicial, spherical, triple
 
@@ -95,12 +96,15 @@ def calls() -> dict[str, callable]:
         return torch.randn(*shape).to(torch.bfloat16).requires_grad_(grad)
     q, k, v = (x(1, N, 2, 64) for _ in range(3))
     qg, kg, vg = (x(1, N, 2, 64, grad=True) for _ in range(3))
+    do = x(1, N, 2, 64)
     q5, kv = x(1, N, 64, 128), [x(1, N, 1, 128) for _ in range(4)]
     t5, t5g = [x(1, N, 2, 64) for _ in range(5)], [x(1, N, 2, 64, grad=True) for _ in range(5)]
     return {
         "spherical op fwd": lambda: altattn.spherical_attention(q, k, v),
         "spherical op fwd (grad)": lambda: altattn.spherical_attention(qg, kg, vg),
         "spherical forward": lambda: spherical.forward(q, k, v),
+        "spherical op fwd+bwd (grad)":
+            lambda: altattn.spherical_attention(qg, kg, vg)[0].backward(do),
         "2-simplicial op fwd": lambda: altattn.simplicial_attention(q5, *kv, 32, 256),
         "2-simplicial forward": lambda: simplicial.forward(q5, *kv, 32, 256),
         "triple op fwd": lambda: altattn.triple_attention(*t5),
