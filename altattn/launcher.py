@@ -270,6 +270,7 @@ class _Recorder(threading.local):
 _REC = _Recorder()
 _REMEMBERED: list[dict] = []  # every remembered function's entries (clear_plans empties them)
 _raw_device = getattr(torch._C, "_cuda_getDevice", None)  # the current device, no lazy init
+_WHOLE = object()  # a signature whose calls a replay would not repeat: they run whole
 
 
 def remembered(fn: Callable) -> Callable:
@@ -282,7 +283,9 @@ def remembered(fn: Callable) -> Callable:
     no CUDA tensor first, with a tensor subclass (fake tensors, parameters) or an unhashable
     argument always run `fn`; so does a signature whose first call did something a replay
     would not repeat (no launch or more than one plan, a tensor the call made itself, such as
-    a dense copy of a strided input or a converted dtype, the same tensor passed twice)."""
+    a dense copy of a strided input or a converted dtype, a call of another remembered
+    function), remembered as such; a first call that passes one tensor twice (which argument
+    was which?) is not remembered at all: the signature's next call records again."""
     entries: dict = {}
     _REMEMBERED.append(entries)
 
@@ -296,22 +299,19 @@ def remembered(fn: Callable) -> Callable:
         except (TypeError, RuntimeError):  # unhashable, or a tensor with no storage: fn says
             return fn(*args, **kwargs)
         outer = _REC.on
-        if entry is not None:
-            if outer is not None:  # inside another's recording, which cannot see this launch
-                outer.spoiled = True
-            return entry(sig[1])
-        if sig is None:
+        if outer is not None:  # inside another's recording, which cannot see this call's work
+            outer.spoiled = True
+        if entry is _WHOLE or sig is None:
             return fn(*args, **kwargs)
+        if entry is not None:
+            return entry(sig[1])
         rec = _REC.on = Recording(sig[1])
         try:
             result = fn(*args, **kwargs)
         finally:
             _REC.on = outer
-        if outer is not None:
-            outer.spoiled = True
-        entry = rec.entry(result)
-        if entry is not None and len(entries) < MAX_PLANS:
-            entries[sig[0]] = entry
+        if not rec.retry and len(entries) < MAX_PLANS:
+            entries[sig[0]] = rec.entry(result) or _WHOLE
         return result
 
     return call
@@ -392,7 +392,9 @@ class Recording:
     of the signature run, or None where a replay would not do what the call did."""
 
     def __init__(self, tensors: list):
-        self.tensors, self.spoiled = tensors, len({id(t) for t in tensors}) < len(tensors)
+        self.tensors, self.spoiled = tensors, False
+        # what this call did and another of its signature may not: try again at the next
+        self.retry = len({id(t) for t in tensors}) < len(tensors)
         self.replay = self.route = None
         self.returned: tuple = ()
 

@@ -78,6 +78,8 @@ def test_what_a_replay_would_not_repeat_is_never_remembered(toy, gen):
         (out,) = forward(q, strided, q.clone())
         torch.testing.assert_close(out, fam.reference(q, strided, q)[0], rtol=0, atol=0)
     assert len(validated) == 2
+    entries = [e for e in launcher._REMEMBERED if e]
+    assert [list(e.values()) for e in entries] == [[launcher._WHOLE]]  # checks, no recording
     q, k = _x(gen, 1, 4, 1, 16), _x(gen, 1, 4, 1, 16)
     forward(q, q, k)
     forward(q, q, k)
