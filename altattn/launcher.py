@@ -14,7 +14,9 @@ gradients, an optional input). The public APIs (e.g.
 altattn.simplicial.forward), bench, the trace tool and the GPU tests all call `run`; the ops
 (altattn/ops.py) call `plan` and `run_call`; `select` is the pick-and-device-check step alone,
 for callers that must know before launching whether a variant can run (a benchmark row's note,
-a command line's error).
+a command line's error). `remembered` wraps the public entry points: a call signature seen
+before replays its plan's launch (Recording, Replay) with nothing of the above but the
+allocations; for that, a pass's `kernel_args` has no side effect where it returns arguments.
 """
 from __future__ import annotations
 

@@ -16,6 +16,9 @@ validated:
   trip). Without grad, the forward plan only; with grad, a torch.autograd.Function whose backward
   runs the backward plan (picked when the backward runs; `bwd_variant` is checked at the forward,
   cached). Unused outputs' gradients stay None (not materialised as zeros).
+- each family's `attention` is `launcher.remembered`, and so is the eager backward
+  (`_backward_plan`): a call signature seen before replays the plan's launch, through
+  `_Eager.apply` where it takes grad.
 - under torch.compile, and on CPU tensors: the torch.library op (fake implementations let
   `torch.compile(fullgraph=True)` trace it; `torch.library.opcheck` checks it). On the CPU it runs
   the fp64 reference and its closed-form backward, cast to the inputs' dtype.

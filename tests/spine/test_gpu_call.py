@@ -8,7 +8,8 @@ graphs, and the gradients of unused outputs.
     zero gradient gives;
   * a plan's later calls go through the compiled kernel's dispatcher (Kernel.compiled is set) and
     give the first call's results (launch.CHECK, on in every GPU test, checks their
-    specialization).
+    specialization);
+  * a signature's later calls replay its first (launcher.remembered), bitwise alike.
 Shapes are small and ragged (N = 333); each family's grid of variants is tested in
 test_gpu_contract.py, its numbers against the reference in its own GPU tests.
 """
