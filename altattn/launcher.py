@@ -312,7 +312,9 @@ def remembered(fn: Callable) -> Callable:
             result = fn(*args, **kwargs)
         finally:
             _REC.on = outer
-        if not rec.retry and len(entries) < MAX_PLANS:
+        if not rec.retry:
+            if len(entries) >= MAX_PLANS:  # the oldest go first, as plans do
+                del entries[next(iter(entries))]
             entries[sig[0]] = rec.entry(result) or _WHOLE
         return result
 

@@ -93,6 +93,15 @@ def test_what_a_replay_would_not_repeat_is_never_remembered(toy, gen):
     assert len(validated) == 7
 
 
+def test_the_oldest_signature_goes_first(toy, gen, monkeypatch):
+    forward, _, validated = toy
+    monkeypatch.setattr(launcher, "MAX_PLANS", 2)
+    xs = [[_x(gen, 1, n, 1, 16) for _ in range(3)] for n in (4, 5, 6)]
+    for x in (*xs, xs[2], xs[1], xs[0]):
+        forward(*x)
+    assert len(validated) == 4  # n = 4 forgotten when n = 6 came
+
+
 def test_cpu_tensors_and_cleared_plans_run_whole(toy, gen, monkeypatch):
     forward, _, validated = toy
     q = _x(gen, 1, 4, 1, 16)
