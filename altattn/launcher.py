@@ -14,12 +14,16 @@ gradients, an optional input). The public APIs (e.g.
 altattn.simplicial.forward), bench, the trace tool and the GPU tests all call `run`; the ops
 (altattn/ops.py) call `plan` and `run_call`; `select` is the pick-and-device-check step alone,
 for callers that must know before launching whether a variant can run (a benchmark row's note,
-a command line's error).
+a command line's error). `remembered` wraps the public entry points: a call signature seen
+before replays its plan's launch (Recording, Replay) with nothing of the above but the
+allocations; for that, a pass's `kernel_args` has no side effect where it returns arguments.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import operator
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -138,7 +142,10 @@ class Plan:
         kernel_args = io.kernel_args(call, outs)
         if kernel_args is not None:
             on_device(self.device, self.launch, *kernel_args)
-        return io.result(call, outs)
+        result = io.result(call, outs)
+        if _REC.on is not None:  # a remembered function's first call of a signature
+            _REC.on.executed(self, outs, kernel_args, result)
+        return result
 
 
 def on_device(device: torch.device, fn: Callable, *args, **kwargs) -> None:
@@ -194,9 +201,12 @@ def plan(family: str, pass_: str, spec, variant: str = "auto", deterministic: bo
 
 
 def clear_plans() -> None:
-    """Forget every cached plan and choice (tests that replace a kernel module's functions)."""
+    """Forget every cached plan and choice, and every remembered call (tests that replace a
+    kernel module's functions)."""
     _PLANS.clear()
     _CHOSEN.clear()
+    for entries in _REMEMBERED:
+        entries.clear()
 
 
 _CHOSEN: dict[tuple, registry.Variant] = {}
@@ -248,4 +258,193 @@ def run(family: str, pass_: str, *args, variant: str = "auto", deterministic: bo
     if not profile:
         return run_call(family, pass_, call, variant, deterministic, outputs, io)
     v = select(call.spec, variant, call.device, pass_, deterministic, family=family)
+    if _REC.on is not None:  # a profiled launch is made at every call: nothing to remember
+        _REC.on.spoiled = True
     return Plan(v, io, _prepared(v.load(), call.spec, profile), call.device).execute(call, outputs)
+
+
+# ---- remembered calls: a signature seen before skips everything but the launch -------------
+
+class _Recorder(threading.local):
+    on = None  # the Recording of the remembered call this thread is making, if any
+
+
+_REC = _Recorder()
+_REMEMBERED: list[dict] = []  # every remembered function's entries (clear_plans empties them)
+_raw_device = getattr(torch._C, "_cuda_getDevice", None)  # the current device, no lazy init
+_WHOLE = object()  # a signature whose calls a replay would not repeat: they run whole
+
+
+def remembered(fn: Callable) -> Callable:
+    """`fn`, a public entry point whose body checks its arguments and returns what one plan's
+    `execute` returns (directly, or through an op's autograd.Function), remembered by call
+    signature (`signature`): the first eager CUDA call of a signature runs `fn` whole (every
+    check, so every error is raised as without this) and records what its execution did
+    (`Recording`); a later call of that signature is the signature's key, one lookup, the
+    allocations, the launch and the result (`Replay`). Calls under torch.compile, calls with
+    no CUDA tensor first, with a tensor subclass (fake tensors, parameters) or an unhashable
+    argument always run `fn`; so does a signature whose first call did something a replay
+    would not repeat (no launch or more than one plan, a tensor the call made itself, such as
+    a dense copy of a strided input or a converted dtype, a call of another remembered
+    function), remembered as such; a first call that passes one tensor twice (which argument
+    was which?) is not remembered at all: the signature's next call records again."""
+    entries: dict = {}
+    _REMEMBERED.append(entries)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        try:
+            sig = signature(args, kwargs)
+            entry = None if sig is None else entries.get(sig[0])
+        except (TypeError, RuntimeError):  # unhashable, or a tensor with no storage: fn says
+            return fn(*args, **kwargs)
+        outer = _REC.on
+        if outer is not None:  # inside another's recording, which cannot see this call's work
+            outer.spoiled = True
+        if entry is _WHOLE or sig is None:
+            return fn(*args, **kwargs)
+        if entry is not None:
+            return entry(sig[1])
+        rec = _REC.on = Recording(sig[1])
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _REC.on = outer
+        if not rec.retry:
+            if len(entries) >= MAX_PLANS:  # the oldest go first, as plans do
+                del entries[next(iter(entries))]
+            entries[sig[0]] = rec.entry(result) or _WHOLE
+        return result
+
+    return call
+
+
+def signature(args: tuple, kwargs: dict) -> tuple | None:
+    """(key, tensors) of a call: the key holds grad mode, the keywords' names, and per argument
+    a torch.Tensor's (shape, dtype, device, requires_grad in grad mode, whether it is contiguous
+    with a 16-byte aligned start) or another value's (type, value); tensors are the call's
+    tensors in order. None: not remembered (no tensor, the first not on a CUDA device, or a
+    tensor subclass)."""
+    grad = torch.is_grad_enabled()
+    items, tensors = [grad, tuple(kwargs)], []
+    for a in (*args, *kwargs.values()):
+        if type(a) is torch.Tensor:
+            items.append((a.shape, a.dtype, a.device, grad and a.requires_grad,
+                           a.is_contiguous() and a.data_ptr() % 16 == 0))
+            tensors.append(a)
+        elif isinstance(a, torch.Tensor):
+            return None
+        else:
+            items.append((type(a), a))
+    if not tensors or not tensors[0].is_cuda:
+        return None
+    return tuple(items), tensors
+
+
+def _slots(objs, tensors: list, constants: bool) -> list | None:
+    """Each of `objs` as (index among `tensors`, None) when it is one of them (the same
+    object), else (None, obj): a constant, allowed for non-tensors where `constants`, and
+    always for None. None where one cannot be placed."""
+    at = {id(t): i for i, t in enumerate(tensors)}
+    out = []
+    for o in objs:
+        if id(o) in at:
+            out.append((at[id(o)], None))
+        elif o is None or (constants and not isinstance(o, torch.Tensor)):
+            out.append((None, o))
+        else:
+            return None
+    return out
+
+
+def _picker(idx: tuple) -> Callable:
+    """pool -> (pool[i] for i in idx), as a tuple."""
+    if len(idx) == 1:
+        (i,) = idx
+        return lambda pool: (pool[i],)
+    return operator.itemgetter(*idx)
+
+
+class Replay:
+    """One plan's execution as a remembered call makes it: fresh outputs (`torch.empty` of the
+    first call's shapes and dtypes) or given ones (the call's tensors), the prepared launch on
+    the call's tensors and outputs in the first call's order, the outputs `result` returned."""
+
+    __slots__ = ("launch", "device", "outs", "args", "result")
+
+    def __init__(self, plan: Plan, outs: list, args: tuple, result: tuple):
+        self.launch, self.device, self.outs = plan.launch, plan.device, outs
+        self.args, self.result = _picker(args), _picker(result)
+
+    def __call__(self, tensors: list) -> tuple:
+        dev = self.device
+        pool = [*tensors, *[tensors[o] if type(o) is int else
+                            torch.empty(o[0], dtype=o[1], device=dev) for o in self.outs], None]
+        if dev.index == _raw_device():
+            self.launch(*self.args(pool))
+        else:
+            with torch.cuda.device(dev):
+                self.launch(*self.args(pool))
+        return self.result(pool)
+
+
+class Recording:
+    """What the first call of a signature did (`remembered`): `executed` is told of its plan's
+    execution, `through` of an op's autograd.Function around it; `entry` is what later calls
+    of the signature run, or None where a replay would not do what the call did."""
+
+    def __init__(self, tensors: list):
+        self.tensors, self.spoiled = tensors, False
+        # what this call did and another of its signature may not: try again at the next
+        self.retry = len({id(t) for t in tensors}) < len(tensors)
+        self.replay = self.route = None
+        self.returned: tuple = ()
+
+    def executed(self, plan: Plan, outs: dict, kernel_args, result) -> None:
+        if self.replay is not None or kernel_args is None or plan.device.type != "cuda":
+            self.spoiled = True  # two executions, or none launched (a side effect, e.g. zero_)
+            return
+        ts, fresh = self.tensors, []
+        for t in outs.values():
+            given = _slots((t,), ts, False)
+            if given is not None:
+                fresh.append(given[0][0])
+            elif t.is_contiguous() and t.storage_offset() == 0 and t._base is None:
+                fresh.append((tuple(t.shape), t.dtype))
+            else:
+                self.spoiled = True
+                return
+        pool = [*ts, *outs.values()]
+        args, res = _slots(kernel_args, pool, False), _slots(result, list(outs.values()), False)
+        if args is None or res is None or any(i is None for i, _ in res):
+            self.spoiled = True
+            return
+        self.replay = Replay(plan, fresh, tuple(len(pool) if i is None else i for i, _ in args),
+                             tuple(len(ts) + i for i, _ in res))
+        self.returned = tuple(result)
+
+    def through(self, fn: Callable, args: tuple) -> None:
+        """The execution runs inside fn(run, *args), run() its result: args the call's tensors
+        (placed by identity) and constants."""
+        slots = _slots(args, self.tensors, True)
+        if slots is None:
+            self.spoiled = True
+        else:
+            self.route = (fn, slots)
+
+    def entry(self, result) -> Callable | None:
+        replay = self.replay
+        if (self.spoiled or replay is None or type(result) is not tuple
+                or len(result) != len(self.returned)
+                or any(a is not b for a, b in zip(result, self.returned))):
+            return None
+        if self.route is None:
+            return replay
+        fn, slots = self.route
+
+        def run_through(tensors: list):
+            return fn(functools.partial(replay, tensors),
+                      *[c if i is None else tensors[i] for i, c in slots])
+        return run_through

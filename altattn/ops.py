@@ -16,12 +16,16 @@ validated:
   trip). Without grad, the forward plan only; with grad, a torch.autograd.Function whose backward
   runs the backward plan (picked when the backward runs; `bwd_variant` is checked at the forward,
   cached). Unused outputs' gradients stay None (not materialised as zeros).
+- each family's `attention` is `launcher.remembered`, and so is the eager backward
+  (`_backward_plan`): a call signature seen before replays the plan's launch, through
+  `_Eager.apply` where it takes grad.
 - under torch.compile, and on CPU tensors: the torch.library op (fake implementations let
   `torch.compile(fullgraph=True)` trace it; `torch.library.opcheck` checks it). On the CPU it runs
   the fp64 reference and its closed-form backward, cast to the inputs' dtype.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -77,6 +81,7 @@ class Op:
         fam = registry.get_family(decl.family)
         self.fwd_io, self.bwd_io = decl.passes or (fam.passes["fwd"], fam.passes["bwd"])
         self._checked: set = set()
+        self._backward_plan = launcher.remembered(self._run_backward)
         fwd_schema, bwd_schema = _schema(decl)
         name = f"altattn::{decl.name or decl.family}_"
         self.fwd_op = torch.library.custom_op(name + "fwd", self._fwd_impl, mutates_args=(),
@@ -177,31 +182,39 @@ class Op:
                              launcher.missing(self.fwd_io, call), io=self.fwd_io)
         if not grad:
             return plan.execute(call)
-        return _Eager.apply(self, plan, call, (bwd_variant, deterministic), *args)
+        control = (bwd_variant, deterministic)
+        if launcher._REC.on is not None:  # remembered: later calls replay the plan in _Eager
+            launcher._REC.on.through(
+                lambda run, *a: _Eager.apply(self, run, spec, control, *a), args)
+        return _Eager.apply(self, functools.partial(plan.execute, call), spec, control, *args)
 
     def backward(self, spec, control, grads, inputs, saved, rest) -> tuple:
         """The input gradients (eager): the backward plan of `spec` on the incoming `grads`
         (None where an output was unused; the first output's then counts as zeros), one per
         input and per optional tensor of `rest` (the params, then the optional tensors)."""
-        bwd_variant, deterministic = control
         if grads[0] is None:
             grads = (torch.zeros_like(self.decl.fake(*inputs, *rest)[0]), *grads[1:])
-        call = self.bwd_io.bind(spec, *grads, *inputs, *saved, *rest)
-        dx = launcher.run_call(self.decl.family, "bwd", call, bwd_variant, deterministic,
-                               io=self.bwd_io)
+        dx = self._backward_plan(spec, *control, *grads, *inputs, *saved, *rest)
         return self._input_grads(dx, rest[self.n_params:])
+
+    def _run_backward(self, spec, bwd_variant, deterministic, *args) -> tuple:
+        """The backward plan of `spec` on the backward pass's arguments `args` (remembered by
+        signature: `_backward_plan`)."""
+        call = self.bwd_io.bind(spec, *args)
+        return launcher.run_call(self.decl.family, "bwd", call, bwd_variant, deterministic,
+                                 io=self.bwd_io)
 
 
 class _Eager(torch.autograd.Function):
     """The eager op with grad: the forward plan, and the backward plan at backward time."""
 
     @staticmethod
-    def forward(ctx, op: Op, plan, call, control, *args):
-        outs = plan.execute(call)
+    def forward(ctx, op: Op, run, spec, control, *args):
+        outs = run()  # the forward plan's outputs (Plan.execute, or a remembered call's Replay)
         ctx.set_materialize_grads(False)
         x, params, optional = op._split(args)
         ctx.save_for_backward(*x, *optional, *(outs[i] for i in op.saved_idx))
-        ctx.op, ctx.spec, ctx.control, ctx.params = op, call.spec, control, params
+        ctx.op, ctx.spec, ctx.control, ctx.params = op, spec, control, params
         return outs
 
     @staticmethod

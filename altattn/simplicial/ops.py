@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..launcher import remembered
 from ..ops import OpDecl, make_op
 from .passes import FAMILY
 from .reference import reference, reference_backward
@@ -56,6 +57,7 @@ def check_variant_names(variant, bwd_variant, deterministic=False) -> None:
     OP.check_names(variant, bwd_variant, deterministic)
 
 
+@remembered
 def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto",
               bwd_variant: str = "auto", form: str = "trilinear", deterministic: bool = False):
     """Differentiable 2-simplicial attention.

@@ -114,6 +114,7 @@ class Backward:
         return tuple(outs[g] for g in GRADS)
 
 
+@launcher.remembered
 def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None,
             form: str = "trilinear", out=None, lse=None, profile: bool = False):
     """2-simplicial attention forward on the GPU, no autograd.
@@ -132,6 +133,7 @@ def forward(q, k1, k2, v1, v2, w1, w2, *, variant: str = "auto", sm_scale=None,
                         variant=variant, profile=profile, outputs={"out": out, "lse": lse})
 
 
+@launcher.remembered
 def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
              variant: str = "auto", profile: bool | str = False, form: str = "trilinear",
              deterministic: bool = False):

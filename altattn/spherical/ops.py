@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..launcher import remembered
 from ..ops import OpDecl, make_op
 from .passes import FAMILY
 from .reference import reference, reference_backward
@@ -36,6 +37,7 @@ def check_variant_names(variant, bwd_variant, deterministic=False) -> None:
     OP.check_names(variant, bwd_variant, deterministic)
 
 
+@remembered
 def attention(q, k, v, *, causal: bool = False, sm_scale=None, eps: float = DEFAULT_EPS,
               seqlens=None, variant: str = "auto", bwd_variant: str = "auto",
               deterministic: bool = False):

@@ -109,6 +109,7 @@ class Backward:
         return tuple(outs[g] for g in GRADS)
 
 
+@launcher.remembered
 def forward(q, k, v, *, causal: bool = False, sm_scale=None, eps: float = DEFAULT_EPS,
             seqlens=None, variant: str = "auto", out=None, r=None, profile: bool = False):
     """Spherical attention forward on the GPU, no autograd.
@@ -125,6 +126,7 @@ def forward(q, k, v, *, causal: bool = False, sm_scale=None, eps: float = DEFAUL
                         profile=profile, outputs={"out": out, "r": r})
 
 
+@launcher.remembered
 def backward(dout, dr, q, k, v, out, r, *, causal: bool = False, sm_scale=None,
              eps: float = DEFAULT_EPS, seqlens=None, variant: str = "auto",
              deterministic: bool = False, profile: bool | str = False):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..launcher import remembered
 from ..ops import OpDecl, make_op
 from .passes import FAMILY
 from .reference import reference, reference_backward
@@ -38,6 +39,7 @@ def check_variant_names(variant, bwd_variant, deterministic=False) -> None:
     OP.check_names(variant, bwd_variant, deterministic)
 
 
+@remembered
 def attention(q1, q2, k1, k2, v, *, scale=None, causal: bool = False, initial_state=None,
               variant: str = "auto", bwd_variant: str = "auto", deterministic: bool = False):
     """Differentiable triple attention: a third-order state read by two queries,

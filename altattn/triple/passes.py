@@ -152,6 +152,7 @@ class Backward:
         return grads if "dinitial_state" not in outs else (*grads, outs["dinitial_state"])
 
 
+@launcher.remembered
 def forward(q1, q2, k1, k2, v, *, scale=None, causal: bool = False, initial_state=None,
             variant: str = "auto", out=None, state=None, profile: bool | str = False):
     """Triple attention forward on the GPU, no autograd.
@@ -167,6 +168,7 @@ def forward(q1, q2, k1, k2, v, *, scale=None, causal: bool = False, initial_stat
                         variant=variant, profile=profile, outputs={"out": out, "state": state})
 
 
+@launcher.remembered
 def backward(dout, dstate, q1, q2, k1, k2, v, state, *, scale=None, causal: bool = False,
              initial_state=None, variant: str = "auto", deterministic: bool = False,
              profile: bool | str = False):

@@ -8,7 +8,8 @@ graphs, and the gradients of unused outputs.
     zero gradient gives;
   * a plan's later calls go through the compiled kernel's dispatcher (Kernel.compiled is set) and
     give the first call's results (launch.CHECK, on in every GPU test, checks their
-    specialization).
+    specialization);
+  * a signature's later calls replay its first (launcher.remembered), bitwise alike.
 Shapes are small and ragged (N = 333); each family's grid of variants is tested in
 test_gpu_contract.py, its numbers against the reference in its own GPU tests.
 """
@@ -16,13 +17,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import bitwise_equal
 
 import altattn
 from altattn import launcher
-
 from profiling.timing import captured
-
-from conftest import bitwise_equal
 
 pytestmark = pytest.mark.gpu
 
@@ -157,3 +156,25 @@ def test_a_thread_without_a_cuda_context_can_launch(family, cuda_gen):
     t.join()
     assert not errors, f"{family}: {errors[0]!r}"
     torch.testing.assert_close(got, list(want), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_a_replayed_call_equals_a_whole_one(family, cuda_gen):
+    """launcher.remembered: the first call of a signature runs whole and is recorded; later
+    ones replay it (with and without grad, and the backward). Outputs and gradients bitwise
+    the first call's, and every remembered signature replays (none left to run whole)."""
+    op, shapes = CASES[family]
+    x = _x(cuda_gen, *shapes, grad=True)
+    launcher.clear_plans()
+    results = []
+    for _ in range(3):  # whole (recorded), replayed, replayed
+        with torch.no_grad():
+            plain = op(*x, deterministic=True)
+        outs = op(*x, deterministic=True)
+        g = torch.ones_like(outs[0])
+        results.append((*plain, *outs, *torch.autograd.grad(outs[0], x, g)))
+    for later in results[1:]:
+        for i, (a, b) in enumerate(zip(results[0], later)):
+            assert bitwise_equal(a, b), f"{family}: tensor {i} of a replayed call differs"
+    kinds = [v for e in launcher._REMEMBERED for v in e.values()]
+    assert len(kinds) == 3 and launcher._WHOLE not in kinds, f"{family}: {kinds}"
