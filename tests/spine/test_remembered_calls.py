@@ -109,9 +109,10 @@ def test_cpu_tensors_and_cleared_plans_run_whole(toy, gen, monkeypatch):
     launcher.clear_plans()
     forward(q, q.clone(), q.clone())
     assert len(validated) == 2
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: False))
-    forward(q, q.clone(), q.clone())
-    forward(q, q.clone(), q.clone())
+    with monkeypatch.context() as m:  # undone before `toy` leaves pretend_cuda (its own undo)
+        m.setattr(torch.Tensor, "is_cuda", property(lambda self: False))
+        forward(q, q.clone(), q.clone())
+        forward(q, q.clone(), q.clone())
     assert len(validated) == 4
 
 
