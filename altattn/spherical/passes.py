@@ -17,6 +17,40 @@ def _seqlens(seqlens):
     return None if seqlens is None else dense_aligned(seqlens.to(torch.int32))
 
 
+def _same(t):
+    return t
+
+
+def forward_args(call: Call, outs: dict, lengths, view=_same):
+    """What the forward kernels take after the spec (Forward.kernel_args): q, k, v, the lengths
+    argument (`seqlens`; packed: the sequences), out, r, each tensor through `view` (packed: a
+    batch of one); None where nothing launches (no rows; no keys: out and r zeroed)."""
+    if outs["out"].numel() == 0:
+        return None
+    if call.spec.Nk == 0:  # no keys: every row sees none
+        outs["out"].zero_()
+        outs["r"].zero_()
+        return None
+    x = [view(dense_aligned(call.tensors[n])) for n in NAMES]
+    return (*x, lengths, view(outs["out"]), view(outs["r"]))
+
+
+def backward_args(call: Call, outs: dict, lengths, view=_same):
+    """What the backward kernels take after the spec (Backward.kernel_args), as forward_args:
+    q, k, v, out, r, dout, dr (or None), the lengths argument, dq, dk, dv; None where nothing
+    flows (no rows or no keys: the gradients zeroed)."""
+    if any(g.numel() == 0 for g in outs.values()):  # no rows or no keys: nothing flows
+        for g in outs.values():
+            g.zero_()
+        return None
+    t = call.tensors
+    x = [view(dense_aligned(t[n])) for n in NAMES]
+    dr = None if t["dr"] is None else view(dense_aligned(t["dr"].float()))
+    return (*x, view(dense_aligned(t["out"].to(torch.bfloat16))),
+            view(dense_aligned(t["r"].float())), view(dense_aligned(t["dout"].to(torch.bfloat16))),
+            dr, lengths, *(view(outs[g]) for g in GRADS))
+
+
 class Forward:
     """forward(q, k, v, causal=False, sm_scale=None, eps=1e-6, seqlens=None) -> (out, r):
     out [B, N, Hq, D] bf16 and r [B, Hq, N] fp32."""
@@ -45,14 +79,7 @@ class Forward:
 
     @staticmethod
     def kernel_args(call: Call, outs: dict):
-        if outs["out"].numel() == 0:
-            return None
-        if call.spec.Nk == 0:  # no keys: every row sees none
-            outs["out"].zero_()
-            outs["r"].zero_()
-            return None
-        x = [dense_aligned(call.tensors[n]) for n in NAMES]
-        return (*x, _seqlens(call.tensors["seqlens"]), outs["out"], outs["r"])
+        return forward_args(call, outs, _seqlens(call.tensors["seqlens"]))
 
     @staticmethod
     def result(call: Call, outs: dict) -> tuple:
@@ -93,16 +120,7 @@ class Backward:
 
     @staticmethod
     def kernel_args(call: Call, outs: dict):
-        if any(g.numel() == 0 for g in outs.values()):  # no rows or no keys: nothing flows
-            for g in outs.values():
-                g.zero_()
-            return None
-        t = call.tensors
-        x = [dense_aligned(t[n]) for n in NAMES]
-        dr = None if t["dr"] is None else dense_aligned(t["dr"].float())
-        return (*x, dense_aligned(t["out"].to(torch.bfloat16)), dense_aligned(t["r"].float()),
-                dense_aligned(t["dout"].to(torch.bfloat16)), dr, _seqlens(t["seqlens"]),
-                outs["dq"], outs["dk"], outs["dv"])
+        return backward_args(call, outs, _seqlens(call.tensors["seqlens"]))
 
     @staticmethod
     def result(call: Call, outs: dict) -> tuple:

@@ -27,7 +27,7 @@ from ..launcher import Call, run_call
 from ..ops import OpDecl, make_op
 from ..packing import PackedSeqs, check_cu_seqlens, check_max_seqlen
 from .ops import check_variant_names
-from .passes import FAMILY, GRADS, Backward
+from .passes import FAMILY, Backward, Forward, backward_args, forward_args
 from .reference import reference, reference_backward
 from .spec import DEFAULT_EPS, NAMES, REFERENCE_DTYPES, SUPPORTED_DTYPES, SphericalSpec, validate
 
@@ -69,16 +69,18 @@ def validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
                          spec.sm_scale, spec.eps, packed=True)
 
 
+def _batch_of_one(t: Tensor) -> Tensor:
+    return t[None]
+
+
 def _seqs(cu_q: Tensor, cu_k: Tensor) -> PackedSeqs:
     return PackedSeqs(dense_aligned(cu_q), dense_aligned(cu_k))
 
 
-class PackedForward:
+class PackedForward(Forward):
     """The forward's record for packed sequences (launcher steps: altattn/launcher.py):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale, eps) ->
-    out [Tq, Hq, D] bf16, r [Hq, Tq] fp32."""
-
-    outputs = ("out", "r")
+    out [Tq, Hq, D] bf16, r [Hq, Tq] fp32. Outputs and result: the dense record's."""
 
     @staticmethod
     def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
@@ -101,19 +103,8 @@ class PackedForward:
 
     @staticmethod
     def kernel_args(call: Call, outs: dict):
-        if outs["out"].numel() == 0:
-            return None
-        if call.spec.Nk == 0:  # no keys: every row sees none
-            outs["out"].zero_()
-            outs["r"].zero_()
-            return None
         t = call.tensors
-        x = [dense_aligned(t[n])[None] for n in NAMES]
-        return (*x, _seqs(t["cu_q"], t["cu_k"]), outs["out"][None], outs["r"][None])
-
-    @staticmethod
-    def result(call: Call, outs: dict) -> tuple:
-        return outs["out"], outs["r"]
+        return forward_args(call, outs, _seqs(t["cu_q"], t["cu_k"]), _batch_of_one)
 
 
 class PackedBackward(Backward):
@@ -143,17 +134,8 @@ class PackedBackward(Backward):
 
     @staticmethod
     def kernel_args(call: Call, outs: dict):
-        if any(g.numel() == 0 for g in outs.values()):  # no rows or no keys: nothing flows
-            for g in outs.values():
-                g.zero_()
-            return None
         t = call.tensors
-        x = [dense_aligned(t[n])[None] for n in NAMES]
-        dr = None if t["dr"] is None else dense_aligned(t["dr"].float())[None]
-        return (*x, dense_aligned(t["out"].to(torch.bfloat16))[None],
-                dense_aligned(t["r"].float())[None],
-                dense_aligned(t["dout"].to(torch.bfloat16))[None], dr,
-                _seqs(t["cu_q"], t["cu_k"]), *(outs[g][None] for g in GRADS))
+        return backward_args(call, outs, _seqs(t["cu_q"], t["cu_k"]), _batch_of_one)
 
 
 # ---- the CPU path: the fp64 reference, sequence by sequence --------------------------------
