@@ -64,6 +64,16 @@ def zigzag_shard(x: Tensor, rank: int, world: int, dim: int = 1) -> Tensor:
                      dim)
 
 
+def shard(x: Tensor, rank: int, lens: list[int], layout: str = "contiguous",
+          dim: int = 1) -> Tensor:
+    """Rank `rank`'s shard of the whole sequence x when the ranks hold `lens` tokens each in
+    `layout`: contiguous, a view of rows [sum(lens[:rank]), + lens[rank]); zigzag,
+    `zigzag_shard` (lens then `zigzag_lens(N, len(lens))`)."""
+    if check_layout(layout) == "zigzag":
+        return zigzag_shard(x, rank, len(lens), dim)
+    return x.narrow(dim, sum(lens[:rank]), lens[rank])
+
+
 def zigzag_unshard(shards: list[Tensor], dim: int = 1) -> Tensor:
     """The whole sequence from every rank's zigzag shard, in rank order (`zigzag_shard`'s
     inverse; works as well on outputs [B, n_r, H, D] as on r [B, H, n_r] with dim=2)."""
@@ -229,5 +239,5 @@ def context_parallel_attention(q, k, v, *, group=None, causal: bool = False, sm_
     return attend(q, {key: (t[0], t[1]) for key, t in zip(ranges, kv)}, groups, eps, **opts)
 
 
-__all__ = ["context_parallel_attention", "zigzag_bounds", "zigzag_lens", "zigzag_shard",
+__all__ = ["context_parallel_attention", "shard", "zigzag_bounds", "zigzag_lens", "zigzag_shard",
            "zigzag_unshard", "LAYOUTS"]

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from altattn.spherical import SphericalAttention, attention, context_parallel_attention
-from altattn.spherical.context_parallel import zigzag_lens, zigzag_shard
+from altattn.spherical.context_parallel import shard, zigzag_lens, zigzag_shard
 from altattn.spherical.family import TOLERANCES
 from altattn.spherical.reference import reference, reference_backward
 from altattn.spherical.spec import NAMES
@@ -38,12 +38,6 @@ def _lens(spec, world, layout):
     return zigzag_lens(spec, world)
 
 
-def _shard(x, rank, lens, layout, dim=1):
-    if layout == "zigzag":
-        return zigzag_shard(x, rank, len(lens), dim)
-    return x.narrow(dim, sum(lens[:rank]), lens[rank])
-
-
 def _check(rank, world, case, seed):
     spec, layout, causal, Hq, Hk, D = case
     lens = _lens(spec, world, layout)
@@ -52,10 +46,10 @@ def _check(rank, world, case, seed):
     full = [torch.randn(1, N, h, D, generator=g).cuda().bfloat16() for h in (Hq, Hk, Hk)]
     dout = torch.randn(1, N, Hq, D, generator=g).cuda().bfloat16()
     dr = torch.randn(1, Hq, N, generator=g).cuda()
-    mine = [_shard(t, rank, lens, layout).clone().requires_grad_() for t in full]
+    mine = [shard(t, rank, lens, layout).clone().requires_grad_() for t in full]
     out, r = context_parallel_attention(*mine, causal=causal, layout=layout)
-    ((out.float() * _shard(dout, rank, lens, layout)).sum()
-     + (r * _shard(dr, rank, lens, layout, dim=2)).sum()).backward()
+    ((out.float() * shard(dout, rank, lens, layout)).sum()
+     + (r * shard(dr, rank, lens, layout, dim=2)).sum()).backward()
     whole = [t.clone().requires_grad_() for t in full]
     ro, rr = attention(*whole, causal=causal)
     ((ro.float() * dout).sum() + (rr * dr).sum()).backward()
@@ -64,7 +58,7 @@ def _check(rank, world, case, seed):
     x64 = [t.double() for t in full]
     fo, fr = reference(*x64, causal=causal)
     fg = reference_backward(*x64, dout.double(), dr.double(), causal=causal)
-    sh = lambda t, dim=1: _shard(t, rank, lens, layout, dim)  # noqa: E731
+    sh = lambda t, dim=1: shard(t, rank, lens, layout, dim)  # noqa: E731
     errs = {"out": (_rel(out, sh(ro)), _rel(out, sh(fo)), _rel(sh(ro), sh(fo))),
             "r": (_rel(r, sh(rr, 2)), _rel(r, sh(fr, 2)), _rel(sh(rr, 2), sh(fr, 2))),
             **{k: (_rel(m.grad, sh(w.grad)), _rel(m.grad, sh(f)), _rel(sh(w.grad), sh(f)))

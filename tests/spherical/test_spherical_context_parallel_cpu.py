@@ -19,7 +19,13 @@ import torch.multiprocessing as mp
 from conftest import ROOT, no_gpu_env
 
 from altattn.spherical import SphericalAttention, attention, context_parallel_attention
-from altattn.spherical.context_parallel import pieces, zigzag_lens, zigzag_shard, zigzag_unshard
+from altattn.spherical.context_parallel import (
+    pieces,
+    shard,
+    zigzag_lens,
+    zigzag_shard,
+    zigzag_unshard,
+)
 from altattn.spherical.spec import NAMES
 
 # fp64 against fp64: the same sums, the parts' merged in another order
@@ -52,12 +58,6 @@ def _lens(spec, world, layout):
     return zigzag_lens(spec, world)
 
 
-def _shard(x, rank, lens, layout, dim=1):
-    if layout == "zigzag":
-        return zigzag_shard(x, rank, len(lens), dim)
-    return x.narrow(dim, sum(lens[:rank]), lens[rank])
-
-
 def _check_case(rank, world, spec, layout, causal, B, Hq, Hk, extra, seed):
     g = torch.Generator().manual_seed(seed)  # the same whole sequence on every rank
     lens = _lens(spec, world, layout)
@@ -67,10 +67,10 @@ def _check_case(rank, world, spec, layout, causal, B, Hq, Hk, extra, seed):
         full[0][:, N // 2] = 0  # a row whose scores are all 0: r = 0, finite gradients
     dout = torch.randn(B, N, Hq, D, generator=g, dtype=torch.float64)
     dr = torch.randn(B, Hq, N, generator=g, dtype=torch.float64)
-    mine = [_shard(t, rank, lens, layout).clone().requires_grad_() for t in full]
+    mine = [shard(t, rank, lens, layout).clone().requires_grad_() for t in full]
     out, r = context_parallel_attention(*mine, causal=causal, layout=layout, **extra)
-    ((out * _shard(dout, rank, lens, layout)).sum()
-     + (r * _shard(dr, rank, lens, layout, dim=2)).sum()).backward()
+    ((out * shard(dout, rank, lens, layout)).sum()
+     + (r * shard(dr, rank, lens, layout, dim=2)).sum()).backward()
     whole = [t.clone().requires_grad_() for t in full]
     ro, rr = attention(*whole, causal=causal, **extra)
     ((ro * dout).sum() + (rr * dr).sum()).backward()
@@ -79,11 +79,11 @@ def _check_case(rank, world, spec, layout, causal, B, Hq, Hk, extra, seed):
     assert out.shape == (B, n, Hq, D) and r.shape == (B, Hq, n), case
     assert out.dtype == ro.dtype and r.dtype == rr.dtype, case
     assert out.is_contiguous() and r.is_contiguous(), case
-    assert _max_rel(out, _shard(ro, rank, lens, layout)) <= FP64_TOL, case
-    assert _max_rel(r, _shard(rr, rank, lens, layout, dim=2)) <= FP64_TOL, case
+    assert _max_rel(out, shard(ro, rank, lens, layout)) <= FP64_TOL, case
+    assert _max_rel(r, shard(rr, rank, lens, layout, dim=2)) <= FP64_TOL, case
     for name, m, w in zip(NAMES, mine, whole):
         assert torch.isfinite(m.grad).all(), (name, *case)
-        assert _max_rel(m.grad, _shard(w.grad, rank, lens, layout)) <= FP64_TOL, (name, *case)
+        assert _max_rel(m.grad, shard(w.grad, rank, lens, layout)) <= FP64_TOL, (name, *case)
     with torch.no_grad():  # the lengths given: no all-gather of the description, the same call
         trusted = context_parallel_attention(*mine, causal=causal, layout=layout,
                                              shard_lens=lens, **extra)
@@ -113,7 +113,7 @@ def _layer_case(rank, world, seed):
     lens = [N * (r + 1) // world - N * r // world for r in range(world)]
     for layout, group in (("contiguous", dist.group.WORLD), ("zigzag", mesh["cp"])):
         layer = make(cp_group=group, cp_layout=layout)
-        xs, gys = (_shard(t, rank, lens if layout == "contiguous" else _lens(N, world, layout),
+        xs, gys = (shard(t, rank, lens if layout == "contiguous" else _lens(N, world, layout),
                           layout) for t in (x, gy))
         y = layer(xs)
         (y * gys).sum().backward()
