@@ -17,6 +17,18 @@ def _seqlens(seqlens):
     return None if seqlens is None else dense_aligned(seqlens.to(torch.int32))
 
 
+def validate_saved(dout, dr, out, r, rows: tuple, norms: tuple, rows_layout: str,
+                   norms_layout: str, device) -> None:
+    """The backward's tensors besides q, k, v checked against the spec's shapes: out and dout
+    `rows`, r and dr (None: r unused) `norms`; each layout named in the error."""
+    aux = [("out", out, rows, rows_layout), ("r", r, norms, norms_layout),
+           ("dout", dout, rows, rows_layout)]
+    if dr is not None:
+        aux.append(("dr", dr, norms, norms_layout))
+    for name, t, shape, layout in aux:
+        validate_aux(name, t, shape, layout, device, ", ".join(NAMES))
+
+
 def _same(t):
     return t
 
@@ -97,13 +109,8 @@ class Backward:
     def validate(dout, dr, q, k, v, out, r, causal=False, sm_scale=None, eps=DEFAULT_EPS,
                  seqlens=None) -> Call:
         spec = validate(q, k, v, causal, sm_scale, eps, seqlens)
-        rows, norms = (spec.B, spec.N, spec.Hq, spec.D), (spec.B, spec.Hq, spec.N)
-        aux = [("out", out, rows, "[B, N, Hq, D]"), ("r", r, norms, "[B, Hq, N]"),
-               ("dout", dout, rows, "[B, N, Hq, D]")]
-        if dr is not None:
-            aux.append(("dr", dr, norms, "[B, Hq, N]"))
-        for name, t, shape, layout in aux:
-            validate_aux(name, t, shape, layout, q.device, ", ".join(NAMES))
+        validate_saved(dout, dr, out, r, (spec.B, spec.N, spec.Hq, spec.D),
+                       (spec.B, spec.Hq, spec.N), "[B, N, Hq, D]", "[B, Hq, N]", q.device)
         return Backward.bind(spec, dout, dr, q, k, v, out, r, causal, sm_scale, eps, seqlens)
 
     @staticmethod

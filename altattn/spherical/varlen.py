@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_group, dense_aligned, output, validate_aux
+from ..checks import check_group, dense_aligned, output
 from ..launcher import Call, run_call
 from ..ops import OpDecl, make_op
 from ..packing import PackedSeqs, check_cu_seqlens, check_max_seqlen
 from .ops import check_variant_names
-from .passes import FAMILY, Backward, Forward, backward_args, forward_args
+from .passes import FAMILY, Backward, Forward, backward_args, forward_args, validate_saved
 from .reference import reference, reference_backward
 from .spec import DEFAULT_EPS, NAMES, REFERENCE_DTYPES, SUPPORTED_DTYPES, SphericalSpec, validate
 
@@ -117,13 +117,8 @@ class PackedBackward(Backward):
                  max_seqlen_k=None, causal=False, sm_scale=None, eps=DEFAULT_EPS) -> Call:
         spec = validate_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                causal, sm_scale, eps)
-        rows, norms = (spec.N, spec.Hq, spec.D), (spec.Hq, spec.N)
-        aux = [("out", out, rows, "[Tq, Hq, D]"), ("r", r, norms, "[Hq, Tq]"),
-               ("dout", dout, rows, "[Tq, Hq, D]")]
-        if dr is not None:
-            aux.append(("dr", dr, norms, "[Hq, Tq]"))
-        for name, t, shape, layout in aux:
-            validate_aux(name, t, shape, layout, q.device, ", ".join(NAMES))
+        validate_saved(dout, dr, out, r, (spec.N, spec.Hq, spec.D), (spec.Hq, spec.N),
+                       "[Tq, Hq, D]", "[Hq, Tq]", q.device)
         return PackedBackward.bind(spec, dout, dr, q, k, v, out, r, cu_seqlens_q, cu_seqlens_k)
 
     @staticmethod
