@@ -170,6 +170,19 @@ def _store_slabs(W_IJK, W_IKJ, W_JKI, at, x, ijk, ikj, jki):
 
 
 @triton.jit
+def _split(Slot, lo, hi, u, MODE: tl.constexpr):
+    """The index in P of a head's split u in scan order (in reverse for SUFFIX; through Slot
+    where given); u past the last: any index, not to be read (Slot itself is not read there)."""
+    if MODE == SUFFIX:
+        split = hi - 1 - u
+    else:
+        split = lo + u
+    if Slot is not None:
+        split = tl.load(Slot + split, mask=u < hi - lo, other=0)
+    return split
+
+
+@triton.jit
 def scan_kernel(P, S, n_splits, c, H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr,
                 D2: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr,
                 MODE: tl.constexpr, W_IJK=None, W_IKJ=None, W_JKI=None, S0=None, CS=None,
@@ -205,8 +218,8 @@ def scan_kernel(P, S, n_splits, c, H: tl.constexpr, D1: tl.constexpr, DY: tl.con
     step = D1 * DY * D2
     own = g.to(tl.int64) * step
     if Seg is None:
-        lo = 0
-        hi = n_splits
+        lo = g * 0  # a tensor (n_splits may be the constant 1)
+        hi = lo + n_splits
         head = g
     else:
         s = g // H
@@ -222,20 +235,19 @@ def scan_kernel(P, S, n_splits, c, H: tl.constexpr, D1: tl.constexpr, DY: tl.con
         if MODE == PREFIX:
             run = run / c
     total = tl.zeros([BI, BJ, BK], tl.float32)
-    for u in range(hi - lo):
-        if MODE == SUFFIX:
-            split = hi - 1 - u
-        else:
-            split = lo + u
-        if Slot is not None:
-            split = tl.load(Slot + split)
-        at = base + split.to(tl.int64) * step
-        x = tl.load(P + at + ijk)
+    n = hi - lo
+    at = base + _split(Slot, lo, hi, lo * 0, MODE).to(tl.int64) * step
+    x = tl.load(P + at + ijk, mask=n > 0, other=0.0)
+    for u in range(n):  # split u + 1 loads while split u is stored: two loads in flight
+        nxt = base + _split(Slot, lo, hi, u + 1, MODE).to(tl.int64) * step
+        x_next = tl.load(P + nxt + ijk, mask=u + 1 < n, other=0.0)
         if MODE != SUM:
             _store_slabs(W_IJK, W_IKJ, W_JKI, at, run, ijk, ikj, jki)
             run += x
         if MODE != SUFFIX:
             total += x
+        at = nxt
+        x = x_next
     if MODE == SUFFIX:
         total = run
     else:
