@@ -233,7 +233,7 @@ def scan_kernel(P, S, n_splits, c, H: tl.constexpr, D1: tl.constexpr, DY: tl.con
     if S0 is not None:
         run = tl.load(S0 + own + ijk)
         if MODE == PREFIX:
-            run = run / c
+            run = tl.div_rn(run, tl.zeros_like(run) + c)  # IEEE, as torch (not div.full)
     total = tl.zeros([BI, BJ, BK], tl.float32)
     n = hi - lo
     at = base + _split(Slot, lo, hi, lo * 0, MODE).to(tl.int64) * step
