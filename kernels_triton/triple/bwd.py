@@ -1,6 +1,7 @@
 """`triton`: the plain-Triton triple-attention backward. dS is a `partials` launch on (Q1, dO, Q2)
 summed in a fixed order with the incoming dstate by the forward's state kernel (which writes dS's
-slab for dV in the same pass, host.prepare_state); each input gradient is one `apply` launch,
+three slabs in the same pass, host.prepare_state; S's two are one more pass, host.prepare_slabs);
+each input gradient is one `apply` launch,
 its outer product built on the fly (FAMILIES.md §2's contractions, each a GEMM):
 
     dQ1[n, i] =     sum_{j,k} (Q2[n, k] dO[n, j]) S[i, j, k]     apply(Q2, dO, S as [j, k, i])
@@ -26,9 +27,9 @@ def prepare_gradients(spec, c_S: float, c_dS: float, chunk: int = 0, profile: bo
                       impl=host):
     """The five applies above, made once: run(q1, q2, k1, k2, v, dout, S_slab, dS_slab, grads)
     writes grads (dq1, dq2, dk1, dk2, dv: bf16, or fp32 with chunk > 0). S_slab(order) and
-    dS_slab(order) give the bf16 slabs (host.slab) of S and dS, made one at a time as each apply
-    needs them; c_S and c_dS scale the applies that read them; chunk > 0: one slab per chunk
-    (causal.py). impl as in fwd.prepare."""
+    dS_slab(order) give the bf16 slabs (`apply`'s W) of S and dS; None skips the applies that
+    read it (causal.py runs the two halves apart); c_S and c_dS scale the applies that read
+    them; chunk > 0: one slab per chunk (causal.py). impl as in fwd.prepare."""
     B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
     applies = [impl.prepare_apply(B, N, H, dx, dy, do, c, chunk, profile)
                for (dx, dy, do), c in zip(host.apply_dims(Dq, Dv, "bwd"),
@@ -38,7 +39,8 @@ def prepare_gradients(spec, c_S: float, c_dS: float, chunk: int = 0, profile: bo
         for apply, x, y, w, order, g in zip(applies, (q2, dout, k2, v, k2), (dout, q1, v, k1, k1),
                                             (S_slab, S_slab, dS_slab, dS_slab, dS_slab),
                                             ("jki", "ijk", "jki", "ijk", "ikj"), grads):
-            apply(x, y, w(order), g)
+            if w is not None:
+                apply(x, y, w(order), g)
 
     return run
 
@@ -58,17 +60,17 @@ def prepare(spec, profile: bool | str = False, impl=host):
                                      profile=host.scoped(profile, "partials"))
     gradients = prepare_gradients(spec, 1.0, spec.scale, profile=host.scoped(profile, "apply"),
                                   impl=impl)
-    # dS = dstate + the partials' sum and its slab in order "ikj" (dV's), in one pass: the
-    # forward's state kernel (sum, add, slab)
-    dS_of = host.prepare_state(B, H, Dq, Dv, Dq, splits, 1.0)
+    # dS = dstate + the partials' sum and its three slabs, in one pass (sum, add, slabs); S's
+    # two slabs in another
+    dS_of = host.prepare_state(B, H, Dq, Dv, Dq, splits, 1.0, orders=("jki", "ijk", "ikj"))
+    S_slabs = host.prepare_slabs(B, H, Dq, Dv, Dq, ("jki", "ijk"))
 
     def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv, initial_state=None,
             dinitial_state=None) -> None:
         # dS is the initial state's gradient: written there where there is one
         dS = dinitial_state if dinitial_state is not None else torch.empty_like(state)
-        dS_ikj = dS_of(partials(q1, dout, q2), dS, dstate)
-        gradients(q1, q2, k1, k2, v, dout, lambda o: host.slab(state, o),
-                  lambda o: dS_ikj if o == "ikj" else host.slab(dS, o),
+        dS_slabs = dS_of(partials(q1, dout, q2), dS, dstate)
+        gradients(q1, q2, k1, k2, v, dout, S_slabs(state).__getitem__, dS_slabs.__getitem__,
                   (dq1, dq2, dk1, dk2, dv))
 
     return run

@@ -17,8 +17,10 @@ every token tile of a head reads the same W). Phase 2 of the forward (X = Q2, Y 
 and the backward's five input gradients (bwd.py). W may hold one slab per chunk of CHUNK tokens
 (causal: each chunk reads the state of the chunks before it).
 
-`state`: between the forward's two, the splits of P summed into the state (plus an initial
-state, where a call has one) and its bf16 slab written, one pass.
+`scan`: the splits of P summed into the state (plus an initial state, where a call has one), or
+walked as causal prefix or suffix sums, with the bf16 slabs `apply` reads written in the same
+pass (the forward's state and W; the backward's dS and its three slabs; the causal chunks'
+exclusive prefix and suffix states as their slabs).
 """
 from __future__ import annotations
 
@@ -152,26 +154,107 @@ def apply_kernel(X, Y, W, Out, N, c, w_head, w_chunk,
     leave("epilogue", PROFILE)
 
 
+SUM, PREFIX, SUFFIX = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # scan_kernel's MODE
+
+
 @triton.jit
-def state_kernel(P, S, W, n_splits, c, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
-                 S0=None):
-    """Between the two: S[bh, i, j, k] = S0[bh, i, j, k] + c * sum_s P[bh, s, i, j, k] (fp32, the
-    splits summed in order: bitwise repeatable; S0 the initial state, fp32 like S, or None: a
-    compile-time None, no load) and its bf16 slab W[bh, i, k, j] (what the forward's apply
-    reads, host.slab's "ikj"), in one pass over P. Grid (D1, B*H): program (i, bh) owns
-    S[bh, i]."""
-    i = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    j = tl.arange(0, DY)
-    k = tl.arange(0, D2)
-    jk = j[:, None] * D2 + k[None, :]
-    part = bh * n_splits * (D1 * DY * D2) + i * (DY * D2)
-    acc = tl.zeros([DY, D2], tl.float32)
-    for s in range(n_splits):
-        acc += tl.load(P + part + s * (D1 * DY * D2) + jk)
-    acc = acc * c
-    own = (bh * D1 + i) * (DY * D2)
+def _store_slabs(W_IJK, W_IKJ, W_JKI, at, x, ijk, ikj, jki):
+    """x's bf16 slabs, each where given, at `at` + the tile's offsets in that order."""
+    w = x.to(tl.bfloat16)
+    if W_IJK is not None:
+        tl.store(W_IJK + at + ijk, w)
+    if W_IKJ is not None:
+        tl.store(W_IKJ + at + ikj, w)
+    if W_JKI is not None:
+        tl.store(W_JKI + at + jki, w)
+
+
+@triton.jit
+def _split(Slot, lo, hi, u, MODE: tl.constexpr):
+    """The index in P of a head's split u in scan order (in reverse for SUFFIX; through Slot
+    where given); u past the last: any index, not to be read (Slot itself is not read there)."""
+    if MODE == SUFFIX:
+        split = hi - 1 - u
+    else:
+        split = lo + u
+    if Slot is not None:
+        split = tl.load(Slot + split, mask=u < hi - lo, other=0)
+    return split
+
+
+@triton.jit
+def scan_kernel(P, S, n_splits, c, H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr,
+                D2: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr,
+                MODE: tl.constexpr, W_IJK=None, W_IKJ=None, W_JKI=None, S0=None, CS=None,
+                Seg=None, Slot=None):
+    """One pass over the splits (or causal chunks) of P [heads, n_splits, D1, DY, D2] fp32, in
+    order, per head (grid (heads, tiles): program (g, t) owns the [BI, BJ, BK] block t of head
+    g's states):
+    SUM     S = S0 + c * the sum of the splits (S0 None: 0), and its bf16 slabs;
+    PREFIX  each split's exclusive prefix plus S0 / c (the state its tokens read, unscaled:
+            apply scales by c) written as its bf16 slabs; S = S0 + c * the sum of all;
+    SUFFIX  each split's exclusive suffix plus S0 (dstate) as its slabs; S = S0 + the sum
+            of all (initial_state's gradient).
+    S, S0 [heads, D1, DY, D2] fp32 (S None: not written); slabs W_IJK [.., D1, DY, D2], W_IKJ
+    [.., D1, D2, DY], W_JKI [.., DY, D2, D1] bf16 (host.slab's orders), each where given, shaped
+    as S (SUM) or as P (one per split). Every sum in a fixed order (bitwise repeatable, the
+    same at any tiling).
+    Packed sequences (kernels_triton/triple/varlen.py): head g = s H + h of sequence s, its
+    splits Slot[Seg[s]] .. Slot[Seg[s+1] - 1] of P [1, H, n_splits, ...] head h, c scaled by
+    CS[s] where given (fp32 [n])."""
+    g = tl.program_id(0)
+    t = tl.program_id(1)
+    NJ: tl.constexpr = DY // BJ
+    NK: tl.constexpr = D2 // BK
+    i = (t // (NJ * NK)) * BI + tl.arange(0, BI)
+    j = (t // NK % NJ) * BJ + tl.arange(0, BJ)
+    k = (t % NK) * BK + tl.arange(0, BK)
+    i3 = i[:, None, None]
+    j3 = j[None, :, None]
+    k3 = k[None, None, :]
+    ijk = (i3 * DY + j3) * D2 + k3
+    ikj = (i3 * D2 + k3) * DY + j3
+    jki = (j3 * D2 + k3) * D1 + i3
+    step = D1 * DY * D2
+    own = g.to(tl.int64) * step
+    if Seg is None:
+        lo = g * 0  # a tensor (n_splits may be the constant 1)
+        hi = lo + n_splits
+        head = g
+    else:
+        s = g // H
+        lo = tl.load(Seg + s)
+        hi = tl.load(Seg + s + 1)
+        head = g % H
+        if CS is not None:
+            c = c * tl.load(CS + s)
+    base = head.to(tl.int64) * n_splits * step
+    run = tl.zeros([BI, BJ, BK], tl.float32)
     if S0 is not None:
-        acc += tl.load(S0 + own + jk)
-    tl.store(S + own + jk, acc)
-    tl.store(W + own + k[:, None] * DY + j[None, :], tl.trans(acc.to(tl.bfloat16)))
+        run = tl.load(S0 + own + ijk)
+        if MODE == PREFIX:
+            run = tl.div_rn(run, tl.zeros_like(run) + c)  # IEEE, as torch (not div.full)
+    total = tl.zeros([BI, BJ, BK], tl.float32)
+    n = hi - lo
+    at = base + _split(Slot, lo, hi, lo * 0, MODE).to(tl.int64) * step
+    x = tl.load(P + at + ijk, mask=n > 0, other=0.0)
+    for u in range(n):  # split u + 1 loads while split u is stored: two loads in flight
+        nxt = base + _split(Slot, lo, hi, u + 1, MODE).to(tl.int64) * step
+        x_next = tl.load(P + nxt + ijk, mask=u + 1 < n, other=0.0)
+        if MODE != SUM:
+            _store_slabs(W_IJK, W_IKJ, W_JKI, at, run, ijk, ikj, jki)
+            run += x
+        if MODE != SUFFIX:
+            total += x
+        at = nxt
+        x = x_next
+    if MODE == SUFFIX:
+        total = run
+    else:
+        total = total * c
+        if S0 is not None:
+            total += tl.load(S0 + own + ijk)
+    if S is not None:
+        tl.store(S + own + ijk, total)
+    if MODE == SUM:
+        _store_slabs(W_IJK, W_IKJ, W_JKI, own, total, ijk, ikj, jki)

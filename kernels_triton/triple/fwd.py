@@ -2,7 +2,7 @@
 fixed-order sum between them:
 
     1. P = partials(K1, V, K2)        the state's split-N partial sums (fp32)
-    2. state = initial_state + scale * sum_s P[s]     (core.state_kernel, a fixed order:
+    2. state = initial_state + scale * sum_s P[s]     (core.scan_kernel, a fixed order:
        bitwise repeatable; no initial_state: 0), W[i, k, j] = bf16(state[i, j, k]) in the
        same pass
     3. out = apply(Q2, Q1, W)

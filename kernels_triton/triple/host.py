@@ -1,8 +1,9 @@
 """The host side of the plain-Triton triple-attention kernels: `supports`, the tile configs, the
 launches of core.py (`prepare_partials`, `prepare_apply`: made once per shape, run per call; the
 passes take them from an `impl`, this module or kernels_tlx/triple/contractions.py; and
-`prepare_state`, the forward's state and slab from the partials), the bf16 state slabs `apply`
-reads, and the compile configs tools.resources compiles for sm_90a.
+`prepare_scan`, one pass over the partials or causal chunk states that writes the state and the
+bf16 slabs `apply` reads; `prepare_state`, the forward's), `slab` (a torch copy, the pieces'),
+and the compile configs tools.resources compiles for sm_90a.
 
 Extra memory (beyond inputs and outputs): the split-N partials, n_splits * B * H * Dq^2 * Dv fp32
 (n_splits fills the GPU: 4 at T2), and bf16 copies of the state in the layouts `apply` reads,
@@ -19,7 +20,14 @@ from altattn.registry import CompileConfig
 from kernels_triton.launch import Desc, Kernel, meta, sm_count
 from kernels_triton.launch import compile_configs as compile_configs_of
 from kernels_triton.proton import profiled
-from kernels_triton.triple.core import apply_kernel, partials_kernel, state_kernel
+from kernels_triton.triple.core import (
+    PREFIX,
+    SUFFIX,
+    SUM,
+    apply_kernel,
+    partials_kernel,
+    scan_kernel,
+)
 
 SUPPORTED_DIMS = (32, 64, 128)
 BLOCK_N = 64      # tokens per step of `partials` (the GEMM's K)
@@ -201,43 +209,90 @@ def prepare_apply_varlen(T: int, H: int, dx: int, dy: int, do: int, c: float, ti
     return run
 
 
-def prepare_state(B: int, H: int, d1: int, dy: int, d2: int, splits: int, c: float):
-    """core.state_kernel's launch for these shapes, made once: run(P, S, S0=None) writes S [B, H,
-    D1, DY, D2] fp32 = S0 + c * the sum of P's splits (S0 the initial state, same shape, or None)
-    and returns its bf16 slab in order "ikj" (as `slab(S, "ikj")`, without the copy pass). A
-    kernel each way: without S0 the kernel is compiled with no load of it."""
-    kernels = [Kernel(state_kernel, (d1, B * H), D1=d1, DY=dy, D2=d2,
-                      num_warps=8 if dy * d2 > 64 * 64 else 4) for _ in range(2)]
-    c = float(c)
+def scan_config(d1: int, dy: int, d2: int) -> dict:
+    """core.scan_kernel's block of (i, j, k) per program: 16 each (a bf16 slab's run along any
+    axis one 32-byte sector), 8 warps (16 fp32 a thread per tile)."""
+    return {"BI": min(d1, 16), "BJ": min(dy, 16), "BK": min(d2, 16), "num_warps": 8}
 
-    def run(P, S, S0=None) -> torch.Tensor:
-        W = torch.empty((B, H, d1, d2, dy), device=S.device, dtype=torch.bfloat16)
-        if B * H and S0 is None:
-            kernels[0](P, S, W, splits, c)
-        elif B * H:
-            kernels[1](P, S, W, splits, c, S0=S0)
-        return W
+
+def slab_shape(lead: tuple, order: str, d1: int, dy: int, d2: int) -> tuple:
+    """The shape of a bf16 slab of [*lead, d1, dy, d2] states in `order` (e.g. "ikj": [*lead,
+    d1, d2, dy])."""
+    dims = {"i": d1, "j": dy, "k": d2}
+    return (*lead, *(dims[a] for a in order))
+
+
+def new_slabs(lead: tuple, orders, d1: int, dy: int, d2: int, device) -> dict:
+    """{order: an empty bf16 slab (`slab_shape`)} for a scan to write."""
+    return {o: torch.empty(slab_shape(lead, o, d1, dy, d2), device=device, dtype=torch.bfloat16)
+            for o in orders}
+
+
+def prepare_scan(heads: int, d1: int, dy: int, d2: int, mode: int, H: int = 1):
+    """core.scan_kernel's launches for `heads` heads of [d1, dy, d2] states in `mode` (SUM,
+    PREFIX or SUFFIX), made once: run(P, n_splits, c, S=None, slabs={}, S0=None, CS=None,
+    Seg=None, Slot=None) makes one pass over P [heads, n_splits, d1, dy, d2] fp32 (or the
+    packed form, H heads a sequence: Seg and Slot, kernels_triton/triple/varlen.py) and writes
+    S (fp32, or None) and slabs {order: bf16} (orders "ijk", "ikj", "jki"; `new_slabs`). A
+    kernel per set of the optional tensors given (a None is compiled out)."""
+    cfg = scan_config(d1, dy, d2)
+    tiles = (d1 // cfg["BI"]) * (dy // cfg["BJ"]) * (d2 // cfg["BK"])
+    kernels: dict = {}
+
+    def run(P, n_splits: int, c: float, S=None, slabs: dict | None = None, S0=None, CS=None,
+            Seg=None, Slot=None) -> None:
+        kw = {f"W_{o.upper()}": w for o, w in (slabs or {}).items()}
+        for name, t in (("S0", S0), ("CS", CS), ("Seg", Seg), ("Slot", Slot)):
+            if t is not None:
+                kw[name] = t
+        key = (S is None, *sorted(kw))
+        kernel = kernels.get(key)
+        if kernel is None:
+            kernel = kernels[key] = Kernel(scan_kernel, (heads, tiles), H=H, D1=d1, DY=dy,
+                                           D2=d2, MODE=int(mode), **cfg)
+        if heads:
+            kernel(P, S, n_splits, float(c), **kw)
 
     return run
 
 
-def slab(state, order: str, shift: int = 0, first=None) -> torch.Tensor:
+def prepare_state(B: int, H: int, d1: int, dy: int, d2: int, splits: int, c: float,
+                  orders=("ikj",)):
+    """The state from the partials, made once: run(P, S, S0=None) writes S [B, H, D1, DY, D2]
+    fp32 = S0 + c * the sum of P's splits (S0 the initial state, same shape, or None; the
+    splits in order: bitwise repeatable) and returns its bf16 slab in order "ikj" (as
+    `slab(S, "ikj")`, without the copy pass), or with several `orders` {order: slab}; one
+    pass (core.scan_kernel)."""
+    scan = prepare_scan(B * H, d1, dy, d2, SUM)
+
+    def run(P, S, S0=None):
+        slabs = new_slabs((B, H), orders, d1, dy, d2, S.device)
+        scan(P, splits, c, S, slabs, S0)
+        return slabs if len(orders) > 1 else slabs[orders[0]]
+
+    return run
+
+
+def prepare_slabs(B: int, H: int, d1: int, dy: int, d2: int, orders):
+    """The bf16 slabs of a state in `orders`, one pass (`slab`'s copies, without a pass each):
+    run(S) -> {order: slab} of S [B, H, D1, DY, D2] fp32 (a scan of one split, c = 1: exact)."""
+    scan = prepare_scan(B * H, d1, dy, d2, SUM)
+
+    def run(S) -> dict:
+        slabs = new_slabs((B, H), orders, d1, dy, d2, S.device)
+        scan(S, 1, 1.0, None, slabs)
+        return slabs
+
+    return run
+
+
+def slab(state, order: str) -> torch.Tensor:
     """The bf16 copy of state [..., i, j, k] (fp32) that `apply` reads as W[p, x, o], the axes in
-    `order` (e.g. "ikj": W[i, k, j] = state[i, j, k]); one copy pass. shift > 0: state has a chunk
-    axis (2), and slab c is chunk c - shift of state (before the first: `first`, [B, H, i, j, k]
-    without the chunk axis, or zeros when None): causal.py's exclusive prefix sums from
-    inclusive ones."""
+    `order` (e.g. "ikj": W[i, k, j] = state[i, j, k]); one torch copy pass (the passes write
+    theirs in their scans: `prepare_scan`)."""
     perm = [state.dim() - 3 + "ijk".index(a) for a in order]
     view = state.permute(*range(state.dim() - 3), *perm)
-    W = torch.empty(view.shape, device=state.device, dtype=torch.bfloat16)
-    if not shift:
-        return W.copy_(view)
-    if first is None:
-        W[:, :, :shift] = 0
-    else:
-        W[:, :, :shift].copy_(first.permute(0, 1, *(p - 1 for p in perm))[:, :, None])
-    W[:, :, shift:].copy_(view[:, :, :-shift])
-    return W
+    return torch.empty(view.shape, device=state.device, dtype=torch.bfloat16).copy_(view)
 
 
 # ---- compile configs (tools.resources; CI compiles them for sm_90a without a GPU) ----------
@@ -262,7 +317,7 @@ def recorded_config(name: str, kernel, prepare, *args) -> CompileConfig:
 def compile_configs(causal_chunk: int = 0) -> list[CompileConfig]:
     """The default configs at Dq = Dv = 32, 64 and 128 (and Dq 64, Dv 32): partials, the state
     and apply in every operand order the passes use (and, with causal_chunk, apply's chunked
-    fp32 form)."""
+    fp32 form and the causal passes' scans)."""
     out, N, H, S = [], COMPILE_N, COMPILE_H, COMPILE_SPLITS
     f32 = torch.float32
     for dq, dv in ((32, 32), (64, 64), (128, 128), (64, 32)):
@@ -273,9 +328,19 @@ def compile_configs(causal_chunk: int = 0) -> list[CompileConfig]:
         state = meta(1, H, dq, dv, dq, dtype=f32)
         for s0, tag in ((None, ""), (state, "_S0")):  # without and with an initial state
             out.append(recorded_config(
-                f"state_D{dq}x{dv}x{dq}{tag}", state_kernel,
+                f"scan_sum_D{dq}x{dv}x{dq}{tag}", scan_kernel,
                 lambda: prepare_state(1, H, dq, dv, dq, S, 1.0),
                 meta(1, H, S, dq, dv, dq, dtype=f32), state, s0))
+        if causal_chunk:  # the causal passes' prefix and suffix scans (causal.py)
+            chunks = meta(1, H, triton.cdiv(N, causal_chunk), dq, dv, dq, dtype=f32)
+            for name, mode, S_, orders in (("prefix_fwd", PREFIX, state, ("ikj",)),
+                                           ("prefix_bwd", PREFIX, None, ("jki", "ijk")),
+                                           ("suffix", SUFFIX, state, ("jki", "ijk", "ikj"))):
+                slabs = new_slabs((1, H, 1), orders, dq, dv, dq, "meta")
+                out.append(recorded_config(
+                    f"scan_{name}_D{dq}x{dv}x{dq}_S0", scan_kernel,
+                    lambda: prepare_scan(H, dq, dv, dq, mode), chunks, chunks.shape[2], 1.0,
+                    S_, slabs, state))
         for dx, dy, do in {(dq, dq, dv), (dq, dv, dq), (dv, dq, dq)}:
             xy = (tokens(dx), tokens(dy))
             out.append(recorded_config(

@@ -9,9 +9,10 @@ from cu_seqlens by a few torch ops per call (`build_maps`):
   head; those past the last have no tokens and write zeros). Non-causal, a split is at most L
   tokens (`split_len`: the fewest that still give about one CTA per multiprocessor); causal, L
   is causal.CHUNK, the intra tiles' chunk, so chunks start at each sequence's start.
-- `segment_kernel` sums each sequence's splits in order (the state, dS), or walks them as
-  exclusive prefix sums (causal: the state each chunk reads, from initial_state / c) or suffix
-  sums (dS of later chunks, from dstate): bitwise repeatable, no atomics.
+- core.scan_kernel (host.prepare_scan, with Seg and Slot) sums each sequence's splits in order
+  (the state, dS), or walks them as exclusive prefix sums (causal: the state each chunk reads,
+  from initial_state / c) or suffix sums (dS of later chunks, from dstate), and writes the bf16
+  slabs `apply` reads in the same pass: bitwise repeatable, no atomics.
 - `apply` and the intra kernels take tiles of rows of one sequence (`Maps.tiles`: row0, chunk
   start, end, slab, sequence; grid (tiles, H), cdiv(T, 128) + n tiles a head at most), read
   their sequence's (or chunk's) slab and scale c by their sequence's (`Maps.scale`: 1/length
@@ -30,8 +31,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 from kernels_triton.launch import Kernel, sm_count
 from kernels_triton.triple import host, intra
@@ -39,7 +38,6 @@ from kernels_triton.triple.causal import CHUNK
 
 BN = 64                       # the unit of a split's padded length (partials' step)
 ROWS = host.BLOCK_M           # rows per tile of `apply`, and of the intra row owners
-SUM, PREFIX, SUFFIX = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # segment_kernel's MODE
 Tensor = torch.Tensor
 
 
@@ -119,71 +117,6 @@ def build_maps(cu_seqlens: Tensor, scale: float | None, T: int, n: int, L: int, 
     return Maps(splits, seg.int(), slot.int(), runs.clamp_(max=C - 1).int(), c, made)
 
 
-@triton.jit
-def segment_kernel(P, Seg, Slot, S, n_splits, H: tl.constexpr, D1: tl.constexpr,
-                   DY: tl.constexpr, D2: tl.constexpr, MODE: tl.constexpr, W=None, S0=None,
-                   CS=None):
-    """Per sequence s and head h (grid (n * H, D1): program (s H + h, i) owns row i), over the
-    splits of P [1, H, n_splits, D1, DY, D2] fp32 that Seg and Slot give s, in order:
-    SUM     S[s, h] = S0 + c * sum of the splits (S0 None: 0; c = CS[s], or 1 for CS None), and
-            its bf16 slab W[s, h, i, k, j] where W is given (host.slab's "ikj");
-    PREFIX  each split replaced in place by the sum of the splits before it plus S0 / c (the
-            state its tokens read, unscaled: apply scales by c), or, where W is given, that
-            written as its bf16 slab W[0, h, split, i, k, j] instead (P left as it was);
-            S = S0 + c * the sum of all where S is given;
-    SUFFIX  each split replaced in place by S0 plus the sum of the splits after it (S0: dstate);
-            S = S0 + the sum of all where given (initial_state's gradient).
-    S, S0, W: [n, H, D1, DY, D2] (W [n, H, D1, D2, DY])."""
-    sh = tl.program_id(0)
-    i = tl.program_id(1)
-    s = sh // H
-    h = sh % H
-    lo = tl.load(Seg + s)
-    hi = tl.load(Seg + s + 1)
-    j = tl.arange(0, DY)
-    k = tl.arange(0, D2)
-    jk = j[:, None] * D2 + k[None, :]
-    own = (sh.to(tl.int64) * D1 + i) * (DY * D2) + jk
-    row = (h.to(tl.int64) * n_splits * D1 + i) * (DY * D2)
-    part = P + row + jk
-    step = D1 * DY * D2
-    kj = k[:, None] * DY + j[None, :]
-    c = 1.0
-    if CS is not None:
-        c = tl.load(CS + s)
-    run = tl.zeros([DY, D2], tl.float32)
-    if S0 is not None:
-        run = tl.load(S0 + own)
-        if MODE == PREFIX:
-            run = run / c
-    total = tl.zeros([DY, D2], tl.float32)
-    for t in range(hi - lo):
-        if MODE == SUFFIX:
-            g = hi - 1 - t
-        else:
-            g = lo + t
-        p = tl.load(Slot + g).to(tl.int64) * step
-        x = tl.load(part + p)
-        if MODE == PREFIX and W is not None:
-            tl.store(W + row + p + kj, tl.trans(run.to(tl.bfloat16)))
-        elif MODE != SUM:
-            tl.store(part + p, run)
-        if MODE != SUM:
-            run += x
-        if MODE != SUFFIX:
-            total += x
-    if MODE == SUFFIX:
-        total = run
-    else:
-        total = total * c
-        if S0 is not None:
-            total += tl.load(S0 + own)
-    if S is not None:
-        tl.store(S + own, total)
-    if MODE == SUM and W is not None:
-        tl.store(W + (sh.to(tl.int64) * D1 + i) * (DY * D2) + kj, tl.trans(total.to(tl.bfloat16)))
-
-
 def split_len(T: int, H: int, d1: int, dy: int, d2: int, impl, causal: bool) -> int:
     """L: tokens per split. Causal: causal.CHUNK. Otherwise the fewest tokens (a multiple of BN)
     that still make about one `partials` CTA per multiprocessor if all T were one sequence; with
@@ -216,7 +149,9 @@ class Plan:
         (fwd_dims,) = host.apply_dims(Dq, Dv, "fwd")
         self.apply_fwd = apply(*fwd_dims)
         self.apply_bwd = [apply(*d) for d in host.apply_dims(Dq, Dv, "bwd")]
-        self.segments = {}  # (mode, which optional tensors are given) -> Kernel
+        self.scans = {m: host.prepare_scan(n * H, Dq, Dv, Dq, m, H)
+                      for m in (host.SUM, host.PREFIX, host.SUFFIX)}
+        self.slabs_of = host.prepare_slabs(n, H, Dq, Dv, Dq, ("jki", "ijk"))  # of a state
         if causal:
             self._prepare_intra(T, n, H, Dq, Dv)
 
@@ -241,15 +176,11 @@ class Plan:
         return build_maps(cu_seqlens, scale, self.T, self.n, self.L, self.C, self.R,
                           self.tile_specs)
 
-    def _segment(self, mode, P, maps, S=None, W=None, S0=None, cs=None) -> None:
-        opt = {k: t for k, t in (("W", W), ("S0", S0), ("CS", cs)) if t is not None}
-        key = (int(mode), S is None, *opt)
-        kernel = self.segments.get(key)
-        if kernel is None:
-            kernel = self.segments[key] = Kernel(
-                segment_kernel, (self.n * self.H, self.Dq), H=self.H, D1=self.Dq, DY=self.Dv,
-                D2=self.Dq, MODE=int(mode), num_warps=8 if self.Dv * self.Dq > 64 * 64 else 4)
-        kernel(P, maps.seg, maps.slot, S, self.C, **opt)
+    def _scan(self, mode, P, maps, S=None, slabs=None, S0=None, cs=None) -> None:
+        self.scans[mode](P, self.C, 1.0, S, slabs, S0, cs, maps.seg, maps.slot)
+
+    def _slabs(self, lead, orders, like: Tensor) -> dict:
+        return host.new_slabs(lead, orders, self.Dq, self.Dv, self.Dq, like.device)
 
     def _state(self, like: Tensor) -> Tensor:
         return torch.empty((self.n, self.H, self.Dq, self.Dv, self.Dq), device=like.device,
@@ -269,19 +200,16 @@ class Plan:
         state = self._state(q1)
         P = self.partials(k1, v, k2, maps)
         if not self.causal:
-            W = torch.empty((self.n, self.H, self.Dq, self.Dq, self.Dv), device=q1.device,
-                            dtype=torch.bfloat16)
-            self._segment(SUM, P, maps, state, W, initial_state, maps.scale)
+            W = self._slabs((self.n, self.H), ("ikj",), q1)
+            self._scan(host.SUM, P, maps, state, W, initial_state, maps.scale)
             del P
-            self.apply_fwd(q2, q1, W, out, tiles)
+            self.apply_fwd(q2, q1, W["ikj"], out, tiles)
             return out, state
-        W = torch.empty((1, self.H, self.C, self.Dq, self.Dq, self.Dv), device=q1.device,
-                        dtype=torch.bfloat16)  # each chunk's prefix, as host.slab's "ikj"
-        self._segment(PREFIX, P, maps, state, W, initial_state, maps.scale)
+        W = self._slabs((1, self.H, self.C), ("ikj",), q1)  # each chunk's exclusive prefix
+        self._scan(host.PREFIX, P, maps, state, W, initial_state, maps.scale)
         del P
         inter = torch.empty(out.shape, device=out.device, dtype=torch.float32)
-        self.apply_fwd(q2, q1, W, inter, tiles, maps.scale)
-        del W
+        self.apply_fwd(q2, q1, W.pop("ikj"), inter, tiles, maps.scale)
         self._run_intra("fwd", (q1, q2, k1, k2, v, inter), (out,), maps.tiles["rows"],
                         maps.scale)
         return out, state
@@ -296,24 +224,29 @@ class Plan:
         dinit = None if initial_state is None else self._state(q1)
         xs, ys = (q2, dout, k2, v, k2), (dout, q1, v, k1, k1)
         orders = ("jki", "ijk", "jki", "ijk", "ikj")
+        tiles = maps.tiles["apply"]
         if not self.causal:
             dS = dinit if dinit is not None else self._state(q1)
-            dS_ikj = torch.empty((self.n, self.H, self.Dq, self.Dq, self.Dv), device=q1.device,
-                                 dtype=torch.bfloat16)
-            self._segment(SUM, self.partials(q1, dout, q2, maps), maps, dS, dS_ikj, dstate)
-            slabs = [host.slab(state, o) for o in orders[:2]]
-            slabs += [host.slab(dS, o) for o in orders[2:4]] + [dS_ikj]
+            dW = self._slabs((self.n, self.H), orders[2:], q1)
+            self._scan(host.SUM, self.partials(q1, dout, q2, maps), maps, dS, dW, dstate)
+            W = self.slabs_of(state)
+            slabs = [W["jki"], W["ijk"], dW["jki"], dW["ijk"], dW["ikj"]]
             for i, (apply, x, y, w, g) in enumerate(zip(self.apply_bwd, xs, ys, slabs, grads)):
-                apply(x, y, w, g, maps.tiles["apply"], None if i < 2 else maps.scale)
+                apply(x, y, w, g, tiles, None if i < 2 else maps.scale)
             return (*grads, dinit) if dinit is not None else tuple(grads)
-        P = self.partials(k1, v, k2, maps)
-        self._segment(PREFIX, P, maps, None, None, initial_state, maps.scale)
-        dP = self.partials(q1, dout, q2, maps)
-        self._segment(SUFFIX, dP, maps, dinit, None, dstate)
         inter = [torch.empty(g.shape, device=g.device, dtype=torch.float32) for g in grads]
-        for i, (apply, x, y, o, g) in enumerate(zip(self.apply_bwd, xs, ys, orders, inter)):
-            apply(x, y, host.slab(P if i < 2 else dP, o), g, maps.tiles["apply"], maps.scale)
-        del P, dP
+        W = self._slabs((1, self.H, self.C), orders[:2], q1)  # the prefixes: dQ1's, dQ2's
+        P = self.partials(k1, v, k2, maps)
+        self._scan(host.PREFIX, P, maps, None, W, initial_state, maps.scale)
+        del P
+        for i in range(2):
+            self.apply_bwd[i](xs[i], ys[i], W.pop(orders[i]), inter[i], tiles, maps.scale)
+        W = self._slabs((1, self.H, self.C), orders[2:], q1)  # the suffixes: dK1's, dK2's, dV's
+        dP = self.partials(q1, dout, q2, maps)
+        self._scan(host.SUFFIX, dP, maps, dinit, W, dstate)
+        del dP
+        for i in range(2, 5):
+            self.apply_bwd[i](xs[i], ys[i], W.pop(orders[i]), inter[i], tiles, maps.scale)
         x = (q1, q2, k1, k2, v, dout)
         self._run_intra("dkdv", (*x, *inter[2:]), grads[2:], maps.tiles["keys"], maps.scale)
         self._run_intra("dq", (*x, *inter[:2]), grads[:2], maps.tiles["rows"], maps.scale)

@@ -257,7 +257,7 @@ def _einsum(eq, *ts):
 
 
 def _stand_ins(monkeypatch, chunk: int):
-    """An `impl` (partials, apply) and the state and intra kernels as plain torch, in fp64 from
+    """An `impl` (partials, apply) and the scan and intra kernels as plain torch, in fp64 from
     the bf16 operands the host code hands them; the causal chunk `chunk` tokens."""
     from kernels_triton.triple import causal, host, intra
 
@@ -279,10 +279,25 @@ def _stand_ins(monkeypatch, chunk: int):
                 out.copy_(c * _einsum("bnhx,bnhp,bhpxo->bnho", x, y, w))
         return run
 
-    def prepare_state(B, H, d1, dy, d2, splits, c):
-        def run(P, S, S0=None):
-            S.copy_(c * P.sum(2) + (0 if S0 is None else S0))
-            return host.slab(S, "ikj")
+    def prepare_scan(heads, d1, dy, d2, mode, H=1):  # dense: no Seg, Slot, CS
+        def run(P, n_splits, c, S=None, slabs=None, S0=None, CS=None, Seg=None, Slot=None):
+            P = P.reshape(heads, n_splits, d1, dy, d2).double()
+            s0 = 0 if S0 is None else S0.reshape(heads, 1, d1, dy, d2).double()
+            zero = torch.zeros_like(P[:, :1])
+            if mode == host.SUM:
+                W = total = c * P.sum(1, keepdim=True) + s0
+            elif mode == host.PREFIX:  # exclusive prefixes from S0 / c
+                inc = P.cumsum(1)
+                W = torch.cat((zero, inc[:, :-1]), 1) + s0 / c
+                total = c * inc[:, -1:] + s0
+            else:  # exclusive suffixes from S0
+                inc = P.flip(1).cumsum(1).flip(1)
+                W = torch.cat((inc[:, 1:], zero), 1) + s0
+                total = inc[:, :1] + s0
+            if S is not None:
+                S.copy_(total.reshape(S.shape))
+            for o, w in (slabs or {}).items():
+                w.copy_(host.slab(W.float(), o).reshape(w.shape))
         return run
 
     def intra_out(q1, q2, k1, k2, v, C, c):
@@ -304,7 +319,7 @@ def _stand_ins(monkeypatch, chunk: int):
                 g.copy_(i + d)
         return run
 
-    monkeypatch.setattr(host, "prepare_state", prepare_state)
+    monkeypatch.setattr(host, "prepare_scan", prepare_scan)
     monkeypatch.setattr(intra, "prepare_forward", intra_forward)
     monkeypatch.setattr(intra, "prepare_backward", intra_backward)
     monkeypatch.setattr(causal, "CHUNK", chunk)

@@ -1,5 +1,5 @@
 """The packed triple-attention kernels' logic in Triton's CPU interpreter (no GPU): the device maps,
-`segment_kernel` (sums, prefixes, suffixes), `partials` over splits and `apply` / the intra
+`scan_kernel` (sums, prefixes, suffixes), `partials` over splits and `apply` / the intra
 kernels over tiles (the Triton variant's kernels), and the TLX kernel's padded copy of X1,
 against the fp64 reference of each sequence alone. Small shapes, causal chunks of 128 tokens (so
 that sequences span several). The GPU runs them for real: test_gpu_triple_varlen.py.
