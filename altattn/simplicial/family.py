@@ -3,15 +3,8 @@ contract tests know about it, and one `Variant(...)` line per kernel variant (ra
 measurements: docs/perf.md, docs/perf-bwd.md)."""
 from __future__ import annotations
 
-from ..registry import (
-    DISPATCH_DOC,
-    RELEASE_DOC,
-    TMA_INIT_DOC,
-    Family,
-    Peer,
-    SanitizerAllowance,
-    Variant,
-)
+from ..registry import (DISPATCH_DOC, RELEASE_DOC, TMA_INIT_DOC, Family, Peer,
+                        SanitizerAllowance, Variant)
 from .passes import Backward, Forward
 from .reference import reference, reference_backward
 from .shapes import PRESETS, SWEEP, Shape, pass_flops, pass_inputs
@@ -91,10 +84,6 @@ BWD = (
             supports="D = 128 with G = Hq/Hk >= 16; the trilinear form", warps=12,
             scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES, deterministic=False,
             accepts={"varlen": PACKED}),
-    Variant(name="tlx_pairs_pp", family="simplicial", pass_="bwd", module=_TLX + "bwd_pairs_pp",
-            needs_hopper=True, rank=0,  # unmeasured prototype (issue 51): never "auto"'s pick
-            supports="as `tlx_pairs`", warps=12, scopes=BWD_WS_SCOPES, pipelined=True,
-            traits=BOTH_SIDES, deterministic=False, accepts={"varlen": PACKED}),
 )
 
 # Small shapes compute-sanitizer runs each variant on: the first it takes of each group

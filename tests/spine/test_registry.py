@@ -8,8 +8,8 @@ import types
 import pytest
 
 from altattn import launcher, registry
-from altattn.registry import CompileConfig, Variant
 from altattn.simplicial import variants
+from altattn.registry import CompileConfig, Variant
 from altattn.simplicial.family import TRITON_SCOPES
 from altattn.simplicial.spec import FORMS, ProblemSpec
 
@@ -276,7 +276,7 @@ def test_deterministic_backward_selection():
         with pytest.raises(ValueError, match="'tlx_pairs' is not deterministic"):
             launcher.pick(s, "tlx_pairs", True, "bwd", deterministic=True, family=FAM)
     assert [v.name for v in registry.all_variants("bwd", FAM)
-            if not v.deterministic] == ["tlx_pairs", "tlx_pairs_pp"]  # (_pp: a prototype)
+            if not v.deterministic] == ["tlx_pairs"]
     huge = spec(B=2 ** 31 // (4096 * 128) + 1)  # B*N*Hq >= 2**31: tlx_pairs's int32 TMA rows
     assert "int32" in registry.get("tlx_pairs", "bwd", FAM).cannot_take(huge)
     assert launcher.pick(huge, "auto", True, "bwd", family=FAM).name == "tlx_ws"
