@@ -7,8 +7,9 @@ config compiles it (Triton and ptxas, one core each), so one pytest process per 
 host's other cores idle (measured: about 30% of a 250-test shard in 330 s on a 4 × H200 host).
 This runs `--per-gpu` processes on each visible GPU, each pinned to its own core, over
 contiguous slices of the collected `gpu` tests (neighbouring tests share kernel configs, and the
-processes share Triton's on-disk cache). The tests that need two GPUs (`context_parallel` in the
-file name) run in one more process that sees every GPU. Each process's log is kept under
+processes share Triton's on-disk cache); CUDA_VISIBLE_DEVICES, where set, says which GPUs. The
+tests that need two GPUs (`context_parallel` in the file name) run in one more process that sees
+every GPU. Each process's log is kept under
 `--log`; the summary lists every failure and error by test id and ends with one line of totals.
 Run it in the repository root (the test ids are relative to it). Exit status: 0 when every
 process passed (or skipped), else 1.
@@ -61,13 +62,17 @@ def problems(log: str) -> list[str]:
     return [ln for ln in log.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
 
 
-def gpu_count() -> int:
-    """GPUs `nvidia-smi -L` lists (1 where there is none: the tests then skip themselves)."""
+def gpus() -> list[str]:
+    """The GPUs to use: CUDA_VISIBLE_DEVICES' entries where it is set, else every GPU
+    `nvidia-smi -L` lists (["0"] where there is none: the tests then skip themselves)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given:
+        return [g.strip() for g in given.split(",") if g.strip()]
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
     except OSError:
-        return 1
-    return max(1, len([ln for ln in out.splitlines() if ln.startswith("GPU ")]))
+        return ["0"]
+    return [str(i) for i in range(max(1, sum(ln.startswith("GPU ") for ln in out.splitlines())))]
 
 
 def launch(ids: list[str], log: str, gpus: str, cores: set[int] | None) -> subprocess.Popen:
@@ -98,15 +103,16 @@ def main(argv=None) -> int:
     ids = collect(a.paths, a.k)
     multi = [i for i in ids if MULTI_GPU in i.split("::")[0]]
     single = [i for i in ids if MULTI_GPU not in i.split("::")[0]]
-    n_gpu = gpu_count()
+    devs = gpus()
+    n_gpu = len(devs)
     cores = sorted(os.sched_getaffinity(0))
     jobs = []
     for j, part in enumerate(slices(single, n_gpu * a.per_gpu)):
         pin = {cores[j % len(cores)]} if len(cores) > n_gpu * a.per_gpu else None
-        jobs.append((f"{a.log}/p{j}.log", launch(part, f"{a.log}/p{j}.log", str(j % n_gpu), pin)))
+        jobs.append((f"{a.log}/p{j}.log", launch(part, f"{a.log}/p{j}.log", devs[j % n_gpu], pin)))
     if multi:
         log = f"{a.log}/multi.log"
-        jobs.append((log, launch(multi, log, ",".join(map(str, range(n_gpu))), None)))
+        jobs.append((log, launch(multi, log, ",".join(devs), None)))
     print(f"{len(ids)} GPU tests ({len(multi)} multi-GPU) in {len(jobs)} processes on {n_gpu} "
           f"GPU(s)", flush=True)
     deadline = t0 + a.timeout

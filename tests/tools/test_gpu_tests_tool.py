@@ -47,3 +47,8 @@ def test_a_run_reports_the_failure_and_exits_1(tmp_path):
     assert "4 GPU tests (0 multi-GPU) in 2 processes" in r.stdout
     assert "FAILED" in r.stdout and "test_bad" in r.stdout
     assert "1 failed, 3 passed; 0 process(es) cut" in r.stdout
+
+
+def test_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert gpu_tests.gpus() == ["2", "3"]
