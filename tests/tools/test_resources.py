@@ -1,11 +1,15 @@
 """Resource gate for every registered config of every pass, compiled for sm_90a on CPU
 (tools.resources).
 
-No spills, shared memory within the Hopper limit, wgmma in the Hopper-only variants, the warp
-count of the variant's record (its widest kernel's), and an exp2 count under an in-flight wgmma only where the record
-says the variant pairs its GEMMs. The kernels are the ones test_compile.py compiled
-(tools.resources compiles and measures each config once per process); the CLI tests run the
-tool in this process, plus one cheap run as `python -m tools.resources`.
+2-simplicial: no spills, shared memory within the Hopper limit, wgmma in the Hopper-only variants,
+the warp count of the variant's record (its widest kernel's), and an exp2 count under an
+in-flight wgmma only where the record says the variant pairs its GEMMs. Spherical
+(`GATED`): the CLI's own gate (`tools.resources.problems`: compiles, no spill, shared memory
+within the limit, wgmma operands kept), what `python -m tools.resources --family spherical`
+exits 0 on; its records' warps and pairing flags do not follow the simplicial rules (decoding
+helpers without wgmma, a backward that leaves dV in flight). The kernels are the ones
+test_compile.py compiled (tools.resources compiles and measures each config once per process);
+the CLI tests run the tool in this process, plus one cheap run as `python -m tools.resources`.
 """
 from __future__ import annotations
 
@@ -59,6 +63,22 @@ def test_config_resources(rows, variant, config):
         assert r["ex2_overlap"] is not None, f"{where} never waits with a wgmma left in flight"
     else:
         assert r["ex2_overlap"] is None, f"{where} leaves a wgmma in flight: {r['ex2_overlap']}"
+
+
+GATED = ("spherical",)  # families gated on tools.resources.problems alone (module docstring)
+GATED_CASES = [pytest.param(f, v.pass_, v.name, c.name, id=f"{f}-{v.pass_}-{v.name}-{c.name}")
+               for f in GATED for v, c in registry.compile_configs(None, f)]
+
+
+@pytest.fixture(scope="module")
+def gated_rows() -> dict:
+    return {(f, *_key(r)): r for f in GATED for r in resources.report(family=f)}
+
+
+@pytest.mark.parametrize("family,pass_,variant,config", GATED_CASES)
+def test_family_config_gate(gated_rows, family, pass_, variant, config):
+    r = gated_rows[(family, pass_, variant, config)]
+    assert not resources.problems(r), f"{family} {resources.where(r)}: {resources.problems(r)}"
 
 
 @pytest.mark.parametrize("variant", sorted({v for v, _ in CONFIGS},
