@@ -40,11 +40,11 @@ import triton.language as tl
 from triton.language.extra import tlx
 
 from altattn.registry import CompileConfig
-from kernels_triton.proton import BF16_BYTES, enter, leave
+from kernels_tlx.ring import empty_phase, full_phase
 from kernels_triton.launch import Desc, Kernel, compile_configs
+from kernels_triton.proton import BF16_BYTES, enter, leave
 from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows
 from kernels_triton.spherical.host import PerGrid, meta_args, packed_map, packed_tile
-from kernels_tlx.ring import empty_phase, full_phase
 
 BLOCK_N = 128         # keys per program (64 per consumer)
 BLOCK_M = 64          # query rows per streamed tile
@@ -209,7 +209,7 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                 q0 = (m_lo + it % n_m) * 64
                 if PACKED:  # A, R of the tile's rows, loaded under QK; 0 past the sequence's end
                     ab = coeff_row0(b, h, N, HQ) + q_base + q0
-                    live = q0 + tl.arange(0, 64) < Lq
+                    live = tl.arange(0, 64) < Lq - q0
                     a_in = tl.load(Ad + ab + tl.arange(0, 64), mask=live, other=0.0)
                     r_in = tl.load(Rd + ab + tl.arange(0, 64), mask=live, other=0.0)
                 enter("wait_kv", PROFILE)
