@@ -8,9 +8,9 @@ host's other cores idle (measured: about 30% of a 250-test shard in 330 s on a 4
 This runs `--per-gpu` processes on each visible GPU, each pinned to its own core, over
 contiguous slices of the collected `gpu` tests (neighbouring tests share kernel configs, and the
 processes share Triton's on-disk cache); CUDA_VISIBLE_DEVICES, where set, says which GPUs. The
-tests that need two GPUs (`context_parallel` in the file name) run in one more process that sees
-every GPU. Each process's log is kept under
-`--log`; the summary lists every failure and error by test id and ends with one line of totals.
+tests that need two GPUs (`context_parallel` in the file name) run in more processes, one per
+pair of GPUs, each seeing its pair. Each process's log is kept under `--log`; the summary lists
+every failure and error by test id and ends with one line of totals.
 Run it in the repository root (the test ids are relative to it). Exit status: 0 when every
 process passed (or skipped), else 1.
 (On 4 × H200, 2026-11-28: the 996 single-GPU tests in 36 processes on 3 GPUs: 4 min 41 s.)
@@ -39,7 +39,9 @@ def collect(paths: list[str], k: str | None) -> list[str]:
 
 
 def slices(ids: list[str], n: int) -> list[list[str]]:
-    """`ids` in n contiguous slices of near-equal length (no empty slice)."""
+    """`ids` in n contiguous slices of near-equal length (no empty slice: none for no ids)."""
+    if not ids:
+        return []
     n = max(1, min(n, len(ids)))
     return [ids[i * len(ids) // n:(i + 1) * len(ids) // n] for i in range(n)]
 
@@ -60,6 +62,14 @@ def counts(log: str) -> dict[str, int]:
 def problems(log: str) -> list[str]:
     """The FAILED / ERROR lines of pytest's short summary in `log`."""
     return [ln for ln in log.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+
+
+def gpu_pairs(devs: list[str]) -> list[str]:
+    """CUDA_VISIBLE_DEVICES values of disjoint GPU pairs for the two-GPU tests ("0,1", "2,3",
+    ...); one value of every GPU where there are fewer than two."""
+    if len(devs) < 2:
+        return [",".join(devs)]
+    return [f"{devs[i]},{devs[i + 1]}" for i in range(0, len(devs) - 1, 2)]
 
 
 def gpus() -> list[str]:
@@ -110,9 +120,9 @@ def main(argv=None) -> int:
     for j, part in enumerate(slices(single, n_gpu * a.per_gpu)):
         pin = {cores[j % len(cores)]} if len(cores) > n_gpu * a.per_gpu else None
         jobs.append((f"{a.log}/p{j}.log", launch(part, f"{a.log}/p{j}.log", devs[j % n_gpu], pin)))
-    if multi:
-        log = f"{a.log}/multi.log"
-        jobs.append((log, launch(multi, log, ",".join(devs), None)))
+    for j, (part, pair) in enumerate(zip(slices(multi, max(1, n_gpu // 2)), gpu_pairs(devs))):
+        log = f"{a.log}/multi{j}.log"
+        jobs.append((log, launch(part, log, pair, None)))
     print(f"{len(ids)} GPU tests ({len(multi)} multi-GPU) in {len(jobs)} processes on {n_gpu} "
           f"GPU(s)", flush=True)
     deadline = t0 + a.timeout

@@ -17,6 +17,7 @@ def test_slices_are_contiguous_near_equal_and_never_empty():
     assert [p for part in parts for p in part] == ids
     assert sorted(len(p) for p in parts) == [2, 2, 3, 3]
     assert gpu_tests.slices(ids[:3], 8) == [["t0"], ["t1"], ["t2"]]
+    assert gpu_tests.slices([], 4) == []
 
 
 def test_counts_reads_the_closing_tally_and_none_when_cut():
@@ -52,3 +53,9 @@ def test_a_run_reports_the_failure_and_exits_1(tmp_path):
 def test_gpus_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
     assert gpu_tests.gpus() == ["2", "3"]
+
+
+def test_two_gpu_tests_get_disjoint_pairs():
+    assert gpu_tests.gpu_pairs(["0", "1", "2", "3"]) == ["0,1", "2,3"]
+    assert gpu_tests.gpu_pairs(["4", "5", "6"]) == ["4,5"]
+    assert gpu_tests.gpu_pairs(["0"]) == ["0"]
