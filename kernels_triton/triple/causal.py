@@ -34,18 +34,23 @@ from kernels_triton.triple import host, intra
 CHUNK = 2048
 
 
+def n_chunks(N: int) -> int:
+    """Chunks of CHUNK tokens in N (one for N = 0: the partials' and scans' shapes)."""
+    return max(1, -(-N // CHUNK))
+
+
 def _prepare_chunk_states(spec, impl, profile: bool = False):
     """run(x1, y, x2) -> each chunk's sum, [B, H, chunks, Dq, Dv, Dq] fp32 (`partials` with one
     split per chunk; impl as in fwd.prepare): (K1, V, K2) and (Q1, dO, Q2) alike."""
     return impl.prepare_partials(spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.Dq,
-                                 max(1, -(-spec.N // CHUNK)), split_len=CHUNK, profile=profile)
+                                 n_chunks(spec.N), split_len=CHUNK, profile=profile)
 
 
 def prepare_forward(spec, profile: bool | str = False, impl=host):
     """fwd.prepare's launches for a causal `spec`: run(q1, q2, k1, k2, v, out, out_state,
     initial_state=None), its run's arguments."""
     B, N, H, Dq, Dv, c = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
-    chunks = max(1, -(-N // CHUNK))
+    chunks = n_chunks(N)
     chunk_states = _prepare_chunk_states(spec, impl, host.scoped(profile, "partials"))
     prefix = host.prepare_scan(B * H, Dq, Dv, Dq, host.PREFIX)
     (dims,) = host.apply_dims(Dq, Dv, "fwd")
@@ -73,7 +78,7 @@ def prepare_backward(spec, profile: bool | str = False, impl=host):
     the dQ applies take c) and dS the suffix ones, then intra.py's pairs inside each chunk."""
     from kernels_triton.triple.bwd import prepare_gradients
     B, N, H, Dq, Dv, c = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
-    chunks = max(1, -(-N // CHUNK))
+    chunks = n_chunks(N)
     chunk_states = _prepare_chunk_states(spec, impl, host.scoped(profile, "partials"))
     prefix = host.prepare_scan(B * H, Dq, Dv, Dq, host.PREFIX)
     suffix = host.prepare_scan(B * H, Dq, Dv, Dq, host.SUFFIX)

@@ -228,6 +228,9 @@ def new_slabs(lead: tuple, orders, d1: int, dy: int, d2: int, device) -> dict:
             for o in orders}
 
 
+_SLAB_ARG = {o: f"W_{o.upper()}" for o in ("ijk", "ikj", "jki")}  # scan_kernel's slab arguments
+
+
 def prepare_scan(heads: int, d1: int, dy: int, d2: int, mode: int, H: int = 1):
     """core.scan_kernel's launches for `heads` heads of [d1, dy, d2] states in `mode` (SUM,
     PREFIX or SUFFIX), made once: run(P, n_splits, c, S=None, slabs={}, S0=None, CS=None,
@@ -241,11 +244,18 @@ def prepare_scan(heads: int, d1: int, dy: int, d2: int, mode: int, H: int = 1):
 
     def run(P, n_splits: int, c: float, S=None, slabs: dict | None = None, S0=None, CS=None,
             Seg=None, Slot=None) -> None:
-        kw = {f"W_{o.upper()}": w for o, w in (slabs or {}).items()}
-        for name, t in (("S0", S0), ("CS", CS), ("Seg", Seg), ("Slot", Slot)):
-            if t is not None:
-                kw[name] = t
-        key = (S is None, *sorted(kw))
+        # per call: the kernel's optional arguments by name (their set picks the kernel), no
+        # string work (a call's slabs come in its caller's fixed order)
+        kw = {_SLAB_ARG[o]: w for o, w in slabs.items()} if slabs else {}
+        if S0 is not None:
+            kw["S0"] = S0
+        if CS is not None:
+            kw["CS"] = CS
+        if Seg is not None:
+            kw["Seg"] = Seg
+        if Slot is not None:
+            kw["Slot"] = Slot
+        key = (S is None, *kw)
         kernel = kernels.get(key)
         if kernel is None:
             kernel = kernels[key] = Kernel(scan_kernel, (heads, tiles), H=H, D1=d1, DY=dy,
