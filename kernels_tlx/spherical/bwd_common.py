@@ -94,18 +94,28 @@ def key_program(N, Nk, Seqlens, HK: tl.constexpr, G: tl.constexpr, CAUSAL: tl.co
 
 
 @triton.jit
-def masked(x, k_first, q0, Lk, CAUSAL: tl.constexpr, VARLEN: tl.constexpr):
+def masked(x, k_first, q0, Lk, CAUSAL: tl.constexpr, VARLEN: tl.constexpr,
+           EVERY_TILE: tl.constexpr = False):
     """x [64 keys from k_first, 64 rows from q0] with 0 at invisible pairs: keys >= Lk (VARLEN;
     keys past Nk read as zeros) and, causal, key > row (only tiles that cross the diagonal
-    compare). Rows >= Lq need no mask: A = 0 there, and past N Q, dO are 0."""
+    compare; EVERY_TILE: every tile, an identity off the diagonal, where the branch makes ptxas
+    spill). Rows >= Lq need no mask: A = 0 there, and past N Q, dO are 0."""
     if VARLEN:  # noqa: SIM102 (a constexpr, then a runtime test)
         if k_first + 64 > Lk:
             x = tl.where((k_first + tl.arange(0, 64) < Lk)[:, None], x, 0.0)
-    if CAUSAL:  # noqa: SIM102 (a constexpr, then a runtime test)
-        if q0 < k_first + 63:
-            x = tl.where(tl.arange(0, 64)[:, None] <= (q0 - k_first) + tl.arange(0, 64)[None, :],
-                         x, 0.0)
+    if CAUSAL:
+        if EVERY_TILE:
+            x = _causal(x, k_first, q0)
+        elif q0 < k_first + 63:
+            x = _causal(x, k_first, q0)
     return x
+
+
+@triton.jit
+def _causal(x, k_first, q0):
+    """x with 0 where the key (k_first + row of x) is past the row (q0 + column of x)."""
+    return tl.where(tl.arange(0, 64)[:, None] <= (q0 - k_first) + tl.arange(0, 64)[None, :], x,
+                    0.0)
 
 
 @triton.jit
@@ -227,13 +237,8 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                     a = a_in
                 else:
                     a = tlx.local_load(tlx.local_view(a_tiles, s))
-                if PACKED and CAUSAL:  # masked(), its causal select on every tile (an identity
-                    # off the diagonal): a branch of it made ptxas spill (44 bytes at D 128)
-                    st = masked(st, k_first, q0, Lk, False, VARLEN)
-                    st = tl.where(tl.arange(0, 64)[:, None] <= (q0 - k_first)
-                                  + tl.arange(0, 64)[None, :], st, 0.0)
-                else:
-                    st = masked(st, k_first, q0, Lk, CAUSAL, VARLEN)
+                # packed: S^T's causal select on every tile (its branch: 44 spill bytes, D 128)
+                st = masked(st, k_first, q0, Lk, CAUSAL, VARLEN, EVERY_TILE=PACKED)
                 pt = (st * a[None, :]).to(tl.bfloat16)
                 # dP^T accumulates onto R S^T (R = Bt / A): dS^T = A (dP^T + R S^T), and S^T's
                 # registers are the accumulator's (S^T and dP^T are never live apart)
