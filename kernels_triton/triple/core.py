@@ -65,9 +65,12 @@ def split_program(N, split_len, n_splits, H: tl.constexpr, NIB: tl.constexpr, Sp
 def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
                     H: tl.constexpr, D1: tl.constexpr, DY: tl.constexpr, D2: tl.constexpr,
                     BI: tl.constexpr, BN: tl.constexpr, PROFILE: tl.constexpr = False,
-                    Splits=None):
+                    Splits=None, W_IKJ=None, S0=None, c=None):
     """P [B, H, n_splits, D1, DY, D2] fp32 (module docstring); grid: `split_program` (Splits:
-    its packed splits)."""
+    its packed splits). With W_IKJ (one split, dense): the state in one pass, the scan's SUM
+    folded in: P is then S [B, H, D1, DY, D2] = S0 + c * the sum (S0 None: 0; the scan's
+    arithmetic, so bitwise a scan of this kernel's one split) and W_IKJ its bf16 slab
+    [B, H, D1, D2, DY]."""
     ib, s, bh, b, h, start, end, _ = split_program(N, split_len, n_splits, H, D1 // BI, Splits)
     cols = ib * BI + tl.arange(0, BI)
     acc = tl.zeros([BI * DY, D2], tl.float32)
@@ -88,8 +91,19 @@ def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
         leave("gemm", PROFILE)
     enter("epilogue", PROFILE)
     r = tl.arange(0, BI * DY)
-    base = (bh.to(tl.int64) * n_splits + s) * (D1 * DY * D2) + ib * (BI * DY * D2)
-    tl.store(P + base + r[:, None] * D2 + tl.arange(0, D2)[None, :], acc)
+    k = tl.arange(0, D2)
+    base = (bh.to(tl.int64) * n_splits + s) * (D1 * DY * D2)
+    ijk = ib * (BI * DY * D2) + r[:, None] * D2 + k[None, :]
+    if W_IKJ is None:
+        tl.store(P + base + ijk, acc)
+    else:
+        acc = acc * c
+        if S0 is not None:
+            acc += tl.load(S0 + base + ijk)
+        tl.store(P + base + ijk, acc)
+        i = ib * BI + r // DY
+        ikj = (i[:, None] * D2 + k[None, :]) * DY + (r % DY)[:, None]
+        tl.store(W_IKJ + base + ikj, acc.to(tl.bfloat16))
     leave("epilogue", PROFILE)
 
 

@@ -319,7 +319,18 @@ def _stand_ins(monkeypatch, chunk: int):
                 g.copy_(i + d)
         return run
 
+    def prepare_state_one_pass(B, N, H, d1, dy, d2, c, profile=False):
+        partials, scan = prepare_partials(B, N, H, d1, dy, d2, 1), prepare_scan(B * H, d1, dy,
+                                                                                d2, host.SUM)
+
+        def run(x1, y, x2, S, S0=None):
+            w = torch.empty(host.slab_shape((B, H), "ikj", d1, dy, d2), dtype=BF16)
+            scan(partials(x1, y, x2), 1, c, S, {"ikj": w}, S0)
+            return w
+        return run
+
     monkeypatch.setattr(host, "prepare_scan", prepare_scan)
+    monkeypatch.setattr(host, "prepare_state_one_pass", prepare_state_one_pass)
     monkeypatch.setattr(intra, "prepare_forward", intra_forward)
     monkeypatch.setattr(intra, "prepare_backward", intra_backward)
     monkeypatch.setattr(causal, "CHUNK", chunk)
@@ -327,16 +338,20 @@ def _stand_ins(monkeypatch, chunk: int):
                                  prepare_apply=prepare_apply)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("causal,one_pass_n", [(False, 0), (False, 512), (True, 0)],
+                         ids=["plain", "plain-one-pass", "causal"])
 @pytest.mark.parametrize("with_initial_state", [False, True], ids=["from0", "fromS0"])
-def test_the_kernels_passes_on_stand_in_kernels(causal, with_initial_state, monkeypatch, gen):
+def test_the_kernels_passes_on_stand_in_kernels(causal, one_pass_n, with_initial_state,
+                                                monkeypatch, gen):
     """kernels_triton/triple's fwd.py, bwd.py and causal.py (the host code both variants run:
-    state and slab, prefix and suffix sums from the initial state, its gradient) on torch
-    stand-ins of the kernels, against the reference: bf16 slabs, so within the tolerances."""
+    state and slab, prefix and suffix sums from the initial state, its gradient; the short
+    forward's one-pass state, host.ONE_PASS_N) on torch stand-ins of the kernels, against the
+    reference: bf16 slabs, so within the tolerances."""
     from altattn.triple.family import TOLERANCES
     from altattn.triple.spec import TripleSpec
-    from kernels_triton.triple import bwd, fwd
+    from kernels_triton.triple import bwd, fwd, host
     impl = _stand_ins(monkeypatch, chunk=4)
+    monkeypatch.setattr(host, "ONE_PASS_N", one_pass_n)
     B, N, H, Dq, Dv = 2, 11, 2, 4, 8  # three causal chunks, the last ragged
     x = [t.to(BF16) for t in _x(gen, B, N, H, Dq, Dv)]
     s0 = _state(gen, B, H, Dq, Dv).float() if with_initial_state else None
