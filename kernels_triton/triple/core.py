@@ -67,10 +67,10 @@ def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
                     BI: tl.constexpr, BN: tl.constexpr, PROFILE: tl.constexpr = False,
                     Splits=None, W_IKJ=None, S0=None, c=None):
     """P [B, H, n_splits, D1, DY, D2] fp32 (module docstring); grid: `split_program` (Splits:
-    its packed splits). With W_IKJ (one split, dense): the state in one pass, the scan's SUM
-    folded in: P is then S [B, H, D1, DY, D2] = S0 + c * the sum (S0 None: 0; the scan's
-    arithmetic, so bitwise a scan of this kernel's one split) and W_IKJ its bf16 slab
-    [B, H, D1, D2, DY]."""
+    its packed splits). With c (one split, dense; kernels_triton/triple/short.py): the state
+    in one pass, the scan's SUM folded in: P is then S [B, H, D1, DY, D2] = S0 + c * the sum
+    (S0 None: 0; the scan's arithmetic, so bitwise a scan of this kernel's one split) and
+    W_IKJ, where given, its bf16 slab [B, H, D1, D2, DY]."""
     ib, s, bh, b, h, start, end, _ = split_program(N, split_len, n_splits, H, D1 // BI, Splits)
     cols = ib * BI + tl.arange(0, BI)
     acc = tl.zeros([BI * DY, D2], tl.float32)
@@ -94,16 +94,17 @@ def partials_kernel(X1, Y, X2, P, N, split_len, n_splits,
     k = tl.arange(0, D2)
     base = (bh.to(tl.int64) * n_splits + s) * (D1 * DY * D2)
     ijk = ib * (BI * DY * D2) + r[:, None] * D2 + k[None, :]
-    if W_IKJ is None:
+    if c is None:
         tl.store(P + base + ijk, acc)
     else:
         acc = acc * c
         if S0 is not None:
             acc += tl.load(S0 + base + ijk)
         tl.store(P + base + ijk, acc)
-        i = ib * BI + r // DY
-        ikj = (i[:, None] * D2 + k[None, :]) * DY + (r % DY)[:, None]
-        tl.store(W_IKJ + base + ikj, acc.to(tl.bfloat16))
+        if W_IKJ is not None:
+            i = ib * BI + r // DY
+            ikj = (i[:, None] * D2 + k[None, :]) * DY + (r % DY)[:, None]
+            tl.store(W_IKJ + base + ikj, acc.to(tl.bfloat16))
     leave("epilogue", PROFILE)
 
 

@@ -7,15 +7,14 @@ fixed-order sum between them:
        same pass
     3. out = apply(Q2, Q1, W)
 
-Short sequences (host.one_pass: non-causal, N <= host.ONE_PASS_N, any variant): 1 and 2 in one
-launch of the plain-Triton `partials` over one split (host.prepare_state_one_pass), then 3.
+Short sequences (non-causal, N <= short.ONE_PASS_N, any variant): short.py, two launches.
 
 Causal: causal.py's chunked form (the state of earlier chunks, plus each chunk's masked
 quadratic form).
 """
 from __future__ import annotations
 
-from kernels_triton.triple import host
+from kernels_triton.triple import host, short
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
 
 
@@ -31,20 +30,14 @@ def prepare(spec, profile: bool | str = False, impl=host):
         from kernels_triton.triple import causal
         return causal.prepare_forward(spec, profile, impl)
     B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
-    (dims,) = host.apply_dims(Dq, Dv, "fwd")
-    apply = impl.prepare_apply(B, N, H, *dims, 1.0, profile=host.scoped(profile, "apply"))
-    if host.one_pass(spec):  # short: the state in one launch (host.prepare_state_one_pass)
-        state1 = host.prepare_state_one_pass(B, N, H, Dq, Dv, Dq, scale,
-                                             profile=host.scoped(profile, "partials"))
-
-        def run1(q1, q2, k1, k2, v, out, out_state, initial_state=None) -> None:
-            apply(q2, q1, state1(k1, v, k2, out_state, initial_state), out)
-
-        return run1
+    if short.takes(spec):  # N <= short.ONE_PASS_N: two launches (short.py)
+        return short.prepare(spec, impl, profile)
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
     partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,
                                      profile=host.scoped(profile, "partials"))
     state = host.prepare_state(B, H, Dq, Dv, Dq, splits, scale)
+    (dims,) = host.apply_dims(Dq, Dv, "fwd")
+    apply = impl.prepare_apply(B, N, H, *dims, 1.0, profile=host.scoped(profile, "apply"))
 
     def run(q1, q2, k1, k2, v, out, out_state, initial_state=None) -> None:
         apply(q2, q1, state(partials(k1, v, k2), out_state, initial_state), out)
@@ -64,5 +57,6 @@ def profiled_kernels(spec) -> dict[str, int]:
 def compile_configs():
     """The contractions', the causal intra-chunk kernels' and the decoding step's."""
     from kernels_triton.triple import causal, intra, step, varlen
-    return (host.compile_configs(causal.CHUNK) + intra.compile_configs() + step.compile_configs()
+    return (host.compile_configs(causal.CHUNK) + intra.compile_configs()
+            + short.compile_configs() + step.compile_configs()
             + varlen.compile_configs(host))

@@ -33,7 +33,6 @@ SUPPORTED_DIMS = (32, 64, 128)
 BLOCK_N = 64      # tokens per step of `partials` (the GEMM's K)
 BLOCK_M = 128     # tokens per tile of `apply`
 WAVES = 4         # `partials` programs per multiprocessor the split count aims at
-ONE_PASS_N = 512  # a non-causal forward of at most this many tokens: `prepare_state_one_pass`
 KERNELS = ("partials", "apply")  # a pass's Proton-scoped kernels, by the name `profile` takes
 
 
@@ -87,7 +86,8 @@ def profiled_kernels(spec, pass_: str, impl=None) -> dict[str, int]:
     kernels run (fwd.prepare's; default this one)."""
     impl = impl or sys.modules[__name__]
     chunk = 1 if spec.causal else 0  # causal: chunked slabs (causal.py)
-    mine = pass_ == "fwd" and one_pass(spec)  # this module's `partials` whatever the impl
+    from kernels_triton.triple import short
+    mine = pass_ == "fwd" and short.takes(spec)  # this module's `partials` whatever the impl
     return {"partials": (partials_warps if mine else impl.partials_warps)(spec.Dq, spec.Dv,
                                                                         spec.Dq),
             "apply": min(impl.apply_warps(dx, dy, do, chunk)
@@ -286,41 +286,6 @@ def prepare_state(B: int, H: int, d1: int, dy: int, d2: int, splits: int, c: flo
     return run
 
 
-def one_pass(spec) -> bool:
-    """Whether the forward of `spec` makes its state in one pass (`prepare_state_one_pass`):
-    non-causal, N <= ONE_PASS_N. There the host's launches cost more than the GPU's work (a
-    call's kernels take a few microseconds; each launch and allocation saved is ~5-8 on the
-    host, docs/perf-call.md), whatever the variant."""
-    return not spec.causal and spec.N <= ONE_PASS_N
-
-
-def prepare_state_one_pass(B: int, N: int, H: int, d1: int, dy: int, d2: int, c: float,
-                           profile: bool = False):
-    """`prepare_state` with the partials folded in, for short sequences (`one_pass`), made once:
-    run(x1, y, x2, S, S0=None) writes S [B, H, D1, DY, D2] fp32 = S0 + c * sum_n x1[n, i]
-    y[n, j] x2[n, k] (S0 None: 0) and returns its bf16 slab in order "ikj": the plain-Triton
-    `partials` over one split with the scan's sum in its epilogue (core.partials_kernel's
-    W_IKJ): one launch and one allocation, where the split form takes three and three
-    (`partials`, TLX's copy of X1, the scan). Bitwise the split form's result at one split."""
-    cfg = partials_config(d1, dy, d2)
-    opts = dict(H=H, D1=d1, DY=dy, D2=d2, BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    grid = (B * H * (d1 // cfg["BI"]),)
-    kernels = {False: Kernel(partials_kernel, grid, **opts),
-               True: Kernel(partials_kernel, grid, **opts)}
-    shape, split_len, c = slab_shape((B, H), "ikj", d1, dy, d2), max(N, 1), float(c)
-
-    def run(x1, y, x2, S, S0=None) -> torch.Tensor:
-        w = torch.empty(shape, device=x1.device, dtype=torch.bfloat16)
-        if S0 is None:
-            kernels[False](x1, y, x2, S, N, split_len, 1, W_IKJ=w, c=c)
-        else:
-            kernels[True](x1, y, x2, S, N, split_len, 1, W_IKJ=w, S0=S0, c=c)
-        return w
-
-    return run
-
-
 def prepare_slabs(B: int, H: int, d1: int, dy: int, d2: int, orders):
     """The bf16 slabs of a state in `orders`, one pass (`slab`'s copies, without a pass each):
     run(S) -> {order: slab} of S [B, H, D1, DY, D2] fp32 (a scan of one split, c = 1: exact)."""
@@ -375,10 +340,6 @@ def compile_configs(causal_chunk: int = 0) -> list[CompileConfig]:
             lambda: prepare_partials(1, N, H, dq, dv, dq, S), tokens(dq), tokens(dv), tokens(dq)))
         state = meta(1, H, dq, dv, dq, dtype=f32)
         for s0, tag in ((None, ""), (state, "_S0")):  # without and with an initial state
-            out.append(recorded_config(
-                f"partials_one_pass_D{dq}x{dv}x{dq}{tag}", partials_kernel,
-                lambda: prepare_state_one_pass(1, ONE_PASS_N, H, dq, dv, dq, 1.0),
-                *(meta(1, ONE_PASS_N, H, d) for d in (dq, dv, dq)), state, s0))
             out.append(recorded_config(
                 f"scan_sum_D{dq}x{dv}x{dq}{tag}", scan_kernel,
                 lambda: prepare_state(1, H, dq, dv, dq, S, 1.0),

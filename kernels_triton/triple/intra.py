@@ -100,9 +100,11 @@ def _store_rows(Out, y, m0, hi, h, H, D: tl.constexpr, ROWS: tl.constexpr):
 @triton.jit
 def _epilogue(Inter, Out, acc, c, b, m0, h, hi, H, D: tl.constexpr, ROWS: tl.constexpr,
               DESC: tl.constexpr):
-    """Out rows m0 .. m0 + ROWS - 1 of head h = Inter's + c acc, in bf16: by TMA (DESC: Out a
-    descriptor, rows past N clipped), or packed (`_store_rows`, rows < hi)."""
-    y = Inter.load([b, m0, h * D]).reshape(ROWS, D) + c * acc
+    """Out rows m0 .. m0 + ROWS - 1 of head h = Inter's (None: 0) + c acc, in bf16: by TMA
+    (DESC: Out a descriptor, rows past N clipped), or packed (`_store_rows`, rows < hi)."""
+    y = c * acc
+    if Inter is not None:
+        y = Inter.load([b, m0, h * D]).reshape(ROWS, D) + y
     if DESC:
         Out.store([b, m0, h * D], y.to(tl.bfloat16).reshape(1, ROWS, D))
     else:
@@ -133,7 +135,10 @@ def _fwd_step(acc, q1, q2, K1, K2, V, b, h, x0, rows, DQ: tl.constexpr, DV: tl.c
 @triton.jit(do_not_specialize=["N", "H", "chunk"])
 def _fwd_kernel(Q1, Q2, K1, K2, V, Inter, Out, N, H, chunk, c,
                 DQ: tl.constexpr, DV: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None,
+                CAUSAL: tl.constexpr = True):
+    """CAUSAL False (dense, one chunk of every row: `prepare_forward(..., causal=False)`): every
+    row sees every key (keys past N read as zeros), no mask; Inter may be None (0)."""
     if Tiles is None:
         b, h, m0, c0 = _row_tile(N, H, chunk, BLOCK_M)
         hi = N
@@ -141,7 +146,11 @@ def _fwd_kernel(Q1, Q2, K1, K2, V, Inter, Out, N, H, chunk, c,
         b, h, m0, c0, hi, c = _packed_tile(Tiles, c, CS)
         if m0 >= hi:
             return
-    n_full, n_all = _row_blocks(m0, c0, hi, BLOCK_M, BLOCK_N)
+    if CAUSAL:
+        n_full, n_all = _row_blocks(m0, c0, hi, BLOCK_M, BLOCK_N)
+    else:
+        n_full = tl.cdiv(hi, BLOCK_N)
+        n_all = n_full
     rows = m0 + tl.arange(0, BLOCK_M)
     q1 = Q1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
     q2 = Q2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)

@@ -4,7 +4,8 @@ Each check draws fresh inputs, prefills the outputs with NaN, and bounds the ker
 Frobenius error two ways (TOLERANCES in altattn/triple/family.py, named once): at most the issue's
 bound (1e-2 for out, state and every gradient), and, for out and state, at most `vs_emulation`
 times the error of a bf16 emulation of the same computation (bf16 inputs, the outer products and
-the state rounded to bf16 before their GEMMs, fp64 sums) plus a floor. Odd shapes always: ragged N,
+the state rounded to bf16 before their GEMMs, fp64 sums; the short forward's quadratic form: each
+score rounded) plus a floor. Odd shapes always: ragged N,
 N = 1, N = 0, Dq != Dv, D = 128, causal with N not a multiple of the chunk; state and gradients
 bitwise repeatable.
 """
@@ -17,6 +18,7 @@ import altattn
 from altattn import launcher, registry
 from altattn.triple import reference, reference_backward
 from altattn.triple.family import TOLERANCES
+from kernels_triton.triple import short
 
 pytestmark = pytest.mark.gpu
 
@@ -29,6 +31,8 @@ SHAPES = [
     (1, 1000, 2, 64, 64, False),
     (2, 333, 3, 32, 32, False),
     (1, 1, 1, 32, 64, False),
+    (3, 129, 2, 64, 32, False),     # short (kernels_triton/triple/short.py)
+    (1, 512, 2, 128, 128, False),   # the longest short one
     (1, 4099, 2, 128, 128, False),
     (1, 2048, 2, 64, 32, False),
     (1, 5000, 2, 64, 64, True),     # two chunks and a ragged third
@@ -62,6 +66,16 @@ def emulation(q1, q2, k1, k2, v, c):
     state = c * torch.einsum("bnhij,bnhk->bhijk", kv, x[3])
     qq = _bf16(torch.einsum("bnhi,bnhk->bnhik", x[0], x[1]))
     return torch.einsum("bnhik,bhijk->bnhj", qq, _bf16(state)), state
+
+
+def emulation_short(q1, q2, k1, k2, v, c):
+    """out as the short forward rounds (non-causal, N <= short.ONE_PASS_N, no initial state:
+    kernels_triton/triple/short.py's quadratic form): each score (Q1.K1)(Q2.K2) to bf16, sums in
+    fp64."""
+    x = [t.double() for t in (q1, q2, k1, k2, v)]
+    s = _bf16(torch.einsum("bnhi,bmhi->bhnm", x[0], x[2])
+              * torch.einsum("bnhk,bmhk->bhnm", x[1], x[3]))
+    return c * torch.einsum("bhnm,bmhj->bnhj", s, x[4])
 
 
 def _forward(variant, q1, q2, k1, k2, v, causal):
@@ -116,6 +130,8 @@ def test_forward(variant, shape, gen):
     want_out, want_state = reference(*x, causal=causal)
     emu_out, emu_state = (emulation(*x, 1.0 / shape[1]) if not causal and _small(shape)
                           else (None, None))
+    if not causal and shape[1] <= short.ONE_PASS_N:  # the quadratic form rounds the scores
+        emu_out = emulation_short(*x, 1.0 / shape[1])
     _check("out", out, want_out, TOLERANCES["out_rel"], emu_out)
     _check("state", state, want_state, TOLERANCES["state_rel"], emu_state)
     out2, state2 = _forward(variant, *x, causal)

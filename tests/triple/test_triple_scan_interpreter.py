@@ -37,7 +37,7 @@ B.cast_impl, B.create_fp_to_fp = cast_impl, fp_to_fp
 
 SCANS = """
 import torch
-from kernels_triton.triple import host
+from kernels_triton.triple import host, short
 torch.manual_seed(0)
 D1, DY, D2, H = 32, 16, 32, 2
 ORDERS = ("ijk", "ikj", "jki")
@@ -133,9 +133,12 @@ for s0 in (None, S0):
     W1 = host.prepare_state(B, H, D1, DY, D2, 1, 0.375)(
         host.prepare_partials(B, 70, H, D1, DY, D2, 1)(x1, y, x2), S1, s0)
     S2 = torch.full_like(S1, float("nan"))
-    W2 = host.prepare_state_one_pass(B, 70, H, D1, DY, D2, 0.375)(x1, y, x2, S2, s0)
+    W2 = short.prepare_state(B, 70, H, D1, DY, D2, 0.375, slab=True)(x1, y, x2, S2, s0)
     check(S2, S1, ("one pass S", s0 is None))
     check(W2, W1, ("one pass slab", s0 is None))
+    S3 = torch.full_like(S1, float("nan"))
+    assert short.prepare_state(B, 70, H, D1, DY, D2, 0.375)(x1, y, x2, S3, s0) is None
+    check(S3, S1, ("one pass S, no slab", s0 is None))
 
 # prepare_slabs: a state's slabs, exact copies
 S = torch.randn(B, H, D1, DY, D2)
@@ -149,7 +152,7 @@ PASSES = """
 import torch
 from altattn.triple.reference import reference, reference_backward
 from altattn.triple.spec import TripleSpec
-from kernels_triton.triple import bwd, causal, fwd, host
+from kernels_triton.triple import bwd, causal, fwd, short
 causal.CHUNK = 128  # causal chunks of 128 tokens: several a sequence at small N
 torch.manual_seed(0)
 B, N, H, Dq, Dv = 2, 300, 1, 32, 32  # three chunks, the last ragged
@@ -159,8 +162,9 @@ init = 0.1 * torch.randn(B, H, Dq, Dv, Dq)
 dstate = 0.1 * torch.randn(B, H, Dq, Dv, Dq)
 worst = {}
 for is_causal, scale, s0, one_pass_n in ((True, 0.01, init, 512), (True, 1 / N, None, 512),
-                                         (False, 0.01, init, 512), (False, 0.01, init, 0)):
-    host.ONE_PASS_N = one_pass_n  # 0: the split form (partials, scan) at this N too
+                                         (False, 0.01, init, 512), (False, 0.01, None, 512),
+                                         (False, 0.01, init, 0)):
+    short.ONE_PASS_N = one_pass_n  # 0: the split form (partials, scan, apply) at this N too
     spec = TripleSpec(B, N, H, Dq, Dv, is_causal, scale)
     out, state = torch.empty(B, N, H, Dv).bfloat16(), torch.empty(B, H, Dq, Dv, Dq)
     fwd.prepare(spec)(*x, out, state, s0)
@@ -191,16 +195,17 @@ def _run(probe: str) -> None:
 def test_scan_kernel_is_the_torch_sums_bitwise():
     """Every mode, dense and packed (an empty sequence, scrambled split order), with and
     without S0 and per-sequence scales, S and each slab order: bitwise the torch sums made in
-    the kernel's order; a scan compiled without S writes only its slabs; the one-pass state
-    (partials with the sum in its epilogue) bitwise the split form's at one split;
-    prepare_slabs copies."""
+    the kernel's order; a scan compiled without S writes only its slabs; the short forward's
+    state (partials with the sum in its epilogue, with and without the slab) bitwise the split
+    form's at one split; prepare_slabs copies."""
     _run(SCANS)
 
 
 @pytest.mark.slow
 def test_dense_passes_on_the_interpreter():
     """The dense causal forward and backward (scans of the chunk states straight into the
-    slabs), from an initial state and from none, and the non-causal forward (one pass, and the
-    split form) and backward (its slabs from scans): out, state and the gradients within bf16
-    rounding of the fp64 reference."""
+    slabs), from an initial state and from none, and the non-causal forward (short.py's, from
+    an initial state (apply) and from none (the quadratic form), and the split form) and
+    backward (its slabs from scans): out, state and the gradients within bf16 rounding of the
+    fp64 reference."""
     _run(PASSES)

@@ -259,7 +259,7 @@ def _einsum(eq, *ts):
 def _stand_ins(monkeypatch, chunk: int):
     """An `impl` (partials, apply) and the scan and intra kernels as plain torch, in fp64 from
     the bf16 operands the host code hands them; the causal chunk `chunk` tokens."""
-    from kernels_triton.triple import causal, host, intra
+    from kernels_triton.triple import causal, host, intra, short
 
     def prepare_partials(B, N, H, d1, dy, d2, splits, split_len=None, profile=False):
         length = split_len or -(-N // splits)
@@ -319,18 +319,25 @@ def _stand_ins(monkeypatch, chunk: int):
                 g.copy_(i + d)
         return run
 
-    def prepare_state_one_pass(B, N, H, d1, dy, d2, c, profile=False):
+    def short_state(B, N, H, d1, dy, d2, c, slab=False, profile=False):
         partials, scan = prepare_partials(B, N, H, d1, dy, d2, 1), prepare_scan(B * H, d1, dy,
                                                                                 d2, host.SUM)
 
         def run(x1, y, x2, S, S0=None):
             w = torch.empty(host.slab_shape((B, H), "ikj", d1, dy, d2), dtype=BF16)
             scan(partials(x1, y, x2), 1, c, S, {"ikj": w}, S0)
-            return w
+            return w if slab else None
+        return run
+
+    def short_out(B, N, H, Dq, Dv, c):
+        def run(q1, q2, k1, k2, v, out):
+            s = _einsum("bnhi,bmhi->bhnm", q1, k1) * _einsum("bnhk,bmhk->bhnm", q2, k2)
+            out.copy_(c * torch.einsum("bhnm,bmhj->bnhj", s, v.double()))
         return run
 
     monkeypatch.setattr(host, "prepare_scan", prepare_scan)
-    monkeypatch.setattr(host, "prepare_state_one_pass", prepare_state_one_pass)
+    monkeypatch.setattr(short, "prepare_state", short_state)
+    monkeypatch.setattr(short, "prepare_out", short_out)
     monkeypatch.setattr(intra, "prepare_forward", intra_forward)
     monkeypatch.setattr(intra, "prepare_backward", intra_backward)
     monkeypatch.setattr(causal, "CHUNK", chunk)
@@ -345,13 +352,13 @@ def test_the_kernels_passes_on_stand_in_kernels(causal, one_pass_n, with_initial
                                                 monkeypatch, gen):
     """kernels_triton/triple's fwd.py, bwd.py and causal.py (the host code both variants run:
     state and slab, prefix and suffix sums from the initial state, its gradient; the short
-    forward's one-pass state, host.ONE_PASS_N) on torch stand-ins of the kernels, against the
+    forward's two launches, short.py) on torch stand-ins of the kernels, against the
     reference: bf16 slabs, so within the tolerances."""
     from altattn.triple.family import TOLERANCES
     from altattn.triple.spec import TripleSpec
-    from kernels_triton.triple import bwd, fwd, host
+    from kernels_triton.triple import bwd, fwd, short
     impl = _stand_ins(monkeypatch, chunk=4)
-    monkeypatch.setattr(host, "ONE_PASS_N", one_pass_n)
+    monkeypatch.setattr(short, "ONE_PASS_N", one_pass_n)
     B, N, H, Dq, Dv = 2, 11, 2, 4, 8  # three causal chunks, the last ragged
     x = [t.to(BF16) for t in _x(gen, B, N, H, Dq, Dv)]
     s0 = _state(gen, B, H, Dq, Dv).float() if with_initial_state else None

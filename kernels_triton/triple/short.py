@@ -1,0 +1,120 @@
+"""The short non-causal forward (N <= ONE_PASS_N, every variant): two launches where the general
+form (fwd.py) takes four, each cheaper on the GPU there too.
+
+    1. S = initial_state + c sum_n K1[n] (x) V[n] (x) K2[n]    core.partials_kernel over one split,
+       the scan's sum, scale and initial state in its epilogue (bitwise the split form's result
+       at one split); with an initial state also the bf16 slab W[i, k, j] = S[i, j, k]
+    2. out, without an initial state: the quadratic form
+           out[n] = c sum_m (Q1[n].K1[m]) (Q2[n].K2[m]) V[m]
+       (intra.py's forward kernel over every key, no mask: N^2 (4 Dq + 2 Dv) FLOPs a head
+       against apply's 2 N Dq^2 Dv, over B H cdiv(N, 128) programs where apply's each walk the
+       Dq slabs of W in order); with one, apply(Q2, Q1, W) as in fwd.py (the initial state's
+       part has no quadratic form).
+
+Why: at N <= 512 a call's kernels take a few to a few tens of microseconds and each launch and
+allocation saved is ~5-8 of host time; the one-pass state and the quadratic output measured
+faster on the GPU than the split form's partials, scan and apply at every shape up to 512
+(docs/perf-call.md, seventh round), and slower from 768 on where B H is small (one program
+walks every token).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from kernels_triton.launch import Kernel
+from kernels_triton.triple import host, intra
+from kernels_triton.triple.core import partials_kernel
+
+ONE_PASS_N = 512  # the longest sequence this form takes
+
+
+def takes(spec) -> bool:
+    """Whether the forward of `spec` runs here: non-causal, N <= ONE_PASS_N."""
+    return not spec.causal and spec.N <= ONE_PASS_N
+
+
+def prepare_state(B: int, N: int, H: int, d1: int, dy: int, d2: int, c: float,
+                  slab: bool = False, profile: bool = False):
+    """Step 1, made once: run(x1, y, x2, S, S0=None) writes S [B, H, D1, DY, D2] fp32 = S0 +
+    c * sum_n x1[n, i] y[n, j] x2[n, k] (S0 None: 0) and returns its bf16 slab in order "ikj"
+    where `slab`, else None."""
+    cfg = host.partials_config(d1, dy, d2)
+    opts = dict(H=H, D1=d1, DY=dy, D2=d2, BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    grid = (B * H * (d1 // cfg["BI"]),)
+    kernels = {False: Kernel(partials_kernel, grid, **opts),
+               True: Kernel(partials_kernel, grid, **opts)}  # without and with S0
+    shape, split_len, c = host.slab_shape((B, H), "ikj", d1, dy, d2), max(N, 1), float(c)
+
+    def run(x1, y, x2, S, S0=None):
+        w = torch.empty(shape, device=x1.device, dtype=torch.bfloat16) if slab else None
+        if S0 is None:
+            kernels[False](x1, y, x2, S, N, split_len, 1, W_IKJ=w, c=c)
+        else:
+            kernels[True](x1, y, x2, S, N, split_len, 1, W_IKJ=w, S0=S0, c=c)
+        return w
+
+    return run
+
+
+def prepare_out(B: int, N: int, H: int, Dq: int, Dv: int, c: float):
+    """Step 2 without an initial state, made once: run(q1, q2, k1, k2, v, out) writes out =
+    c sum_m (q1[n].k1[m]) (q2[n].k2[m]) v[m] over all N keys."""
+    f = intra.config(Dq, Dv)["fwd"]
+    m = f["BLOCK_M"]
+    kernel = Kernel(intra._fwd_kernel, (B * H * triton.cdiv(N, m),), DQ=Dq, DV=Dv, CAUSAL=False,
+                    BLOCK_M=m, BLOCK_N=f["BLOCK_N"], num_warps=f["num_warps"],
+                    num_stages=f["num_stages"])
+    descs = [intra.layout(B, N, H, Dq if w in "qQ" else Dv, m if w.islower() else f["BLOCK_N"])
+             for w in "qqQQVv"]
+    rows, c = triton.cdiv(max(N, 1), m) * m, float(c)  # one chunk of every row (_row_tile)
+
+    def run(q1, q2, k1, k2, v, out) -> None:
+        d = [desc(t) for desc, t in zip(descs, (q1, q2, k1, k2, v, out))]
+        kernel(*d[:5], None, d[5], N, H, rows, c)
+
+    return run
+
+
+def prepare(spec, impl, profile: bool | str = False):
+    """fwd.prepare's run for a spec this form `takes` (impl: fwd.prepare's, for step 2's apply
+    with an initial state)."""
+    B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
+    part = host.scoped(profile, "partials")
+    state = prepare_state(B, N, H, Dq, Dv, Dq, scale, profile=part)
+    state_w = prepare_state(B, N, H, Dq, Dv, Dq, scale, slab=True, profile=part)
+    out_dense = prepare_out(B, N, H, Dq, Dv, scale)
+    (dims,) = host.apply_dims(Dq, Dv, "fwd")
+    apply = impl.prepare_apply(B, N, H, *dims, 1.0, profile=host.scoped(profile, "apply"))
+
+    def run(q1, q2, k1, k2, v, out, out_state, initial_state=None) -> None:
+        if initial_state is None:
+            state(k1, v, k2, out_state)
+            out_dense(q1, q2, k1, k2, v, out)
+        else:
+            apply(q2, q1, state_w(k1, v, k2, out_state, initial_state), out)
+
+    return run
+
+
+def compile_configs() -> list:
+    """Step 1 (with and without S0 and the slab) at the contractions' dims and step 2 at every
+    (Dq, Dv) (recorded on meta tensors, H and N the compile configs')."""
+    from kernels_triton.launch import compile_configs as configs_of
+    from kernels_triton.launch import meta
+    N, H, out = host.COMPILE_N, host.COMPILE_H, []
+    f32 = torch.float32
+    for dq, dv in ((32, 32), (64, 64), (128, 128), (64, 32)):
+        S = meta(1, H, dq, dv, dq, dtype=f32)
+        for slab, s0 in ((False, None), (True, None), (True, S)):
+            tag = ("_slab" if slab else "") + ("_S0" if s0 is not None else "")
+            out += configs_of(lambda sl=slab: prepare_state(1, N, H, dq, dv, dq, 1.0, slab=sl),
+                              (host.tokens(dq), host.tokens(dv), host.tokens(dq), S, s0),
+                              lambda launch, n=f"short_state_D{dq}x{dv}x{dq}{tag}": n)
+    for dq in intra.SUPPORTED_D:
+        for dv in intra.SUPPORTED_D:
+            q, v = host.tokens(dq), host.tokens(dv)
+            out += configs_of(lambda d=(dq, dv): prepare_out(1, N, H, *d, 1.0),
+                              (q, q, q, q, v, v), lambda launch, n=f"short_out_Dq{dq}_Dv{dv}": n)
+    return out
