@@ -7,7 +7,8 @@ its constexprs (a packed launch's token maps and split count), the same names at
 or compile, launch) and keeps the compiled kernel; every later call hands the runtime arguments
 straight to the compiled kernel's C dispatcher (fbtriton's `_TritonDispatcher`: cuLaunchKernelEx,
 TMA descriptors encoded in C), skipping the JIT's binder, cache key and Python launcher (what each
-costs a launch, measured: docs/perf-call.md).
+costs a launch, measured: docs/perf-call.md). A kernel of more than MAX_TMA_DESCS descriptors
+gets no dispatcher (below).
 
 What makes this exact: Triton specializes a launch on each argument's type, on integers equal to 1
 or divisible by 16, and on pointers 16-byte aligned. A plan is made per problem spec, so every
@@ -41,6 +42,11 @@ from triton.runtime.jit import mangle_type
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 CHECK = os.environ.get("ALTATTN_CHECK_LAUNCH", "0") == "1"
+# fbtriton 3.7.4's C dispatcher takes at most this many TMA descriptors a kernel (driver.c,
+# TD_MAX_TMA_DESCS): a kernel with more gets none and runs through the JIT's launcher at every
+# call (measured: ~40 µs of host a launch more). Every compile config stays within it
+# (tests/spine/test_registry.py); a kernel with more takes some tensors by pointer.
+MAX_TMA_DESCS = 8
 _RUNTIME = triton.knobs.runtime
 # the current device and its current stream (what Triton launches on); absent from CPU builds of
 # torch, where no kernel launches

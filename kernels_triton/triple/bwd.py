@@ -14,12 +14,14 @@ Six GEMMs of 2 N Dq^2 Dv FLOPs each against the four the useful-FLOP count credi
 FAMILIES.md are folded into the gradients' GEMMs). Every sum in a fixed order: bitwise repeatable.
 With an initial state (the forward's S holds it, so the five gradients read it already), its
 gradient is dS itself: every token reads it and the returned state holds it. Causal: causal.py.
+Short (non-causal, N <= short.ONE_PASS_N) with the state unused and no initial state: the
+quadratic form's backward, two launches (short.py).
 """
 from __future__ import annotations
 
 import torch
 
-from kernels_triton.triple import host
+from kernels_triton.triple import host, short
 from kernels_triton.triple.host import supports  # noqa: F401  (this variant's `supports`)
 
 
@@ -73,7 +75,7 @@ def prepare(spec, profile: bool | str = False, impl=host):
         gradients(q1, q2, k1, k2, v, dout, S_slabs(state).__getitem__, dS_slabs.__getitem__,
                   (dq1, dq2, dk1, dk2, dv))
 
-    return run
+    return short.backward(spec, run) if short.takes(spec) else run
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
@@ -88,4 +90,4 @@ def profiled_kernels(spec) -> dict[str, int]:
 
 def compile_configs():
     from kernels_triton.triple import causal, intra
-    return host.compile_configs(causal.CHUNK) + intra.compile_configs()
+    return host.compile_configs(causal.CHUNK) + intra.compile_configs() + short.compile_configs()

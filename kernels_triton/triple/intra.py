@@ -88,27 +88,37 @@ def _packed_tile(Tiles, c, CS):
 
 
 @triton.jit
-def _store_rows(Out, y, m0, hi, h, H, D: tl.constexpr, ROWS: tl.constexpr):
-    """Packed: y [ROWS, D] into rows m0 .. of Out [1, T, H, D] (a tensor), only rows < hi (the
-    next rows are another sequence's)."""
+def _rows_at(b, N, m0, h, H, D: tl.constexpr, ROWS: tl.constexpr):
+    """Element offsets [ROWS, D] of rows m0 .. of head h of batch b in a [B, N, H, D] tensor, and
+    the rows (B = 1 and b = 0 for packed tensors)."""
     rows = m0 + tl.arange(0, ROWS)
-    offs = (rows.to(tl.int64) * H + h) * D
-    tl.store(Out + offs[:, None] + tl.arange(0, D)[None, :], y.to(Out.dtype.element_ty),
-             mask=(rows < hi)[:, None])
+    offs = ((b.to(tl.int64) * N + rows) * H + h) * D
+    return offs[:, None] + tl.arange(0, D)[None, :], rows
 
 
 @triton.jit
-def _epilogue(Inter, Out, acc, c, b, m0, h, hi, H, D: tl.constexpr, ROWS: tl.constexpr,
-              DESC: tl.constexpr):
+def _epilogue(Inter, Out, acc, c, b, m0, h, hi, N, H, D: tl.constexpr, ROWS: tl.constexpr,
+              DESC: tl.constexpr, PTR: tl.constexpr = False):
     """Out rows m0 .. m0 + ROWS - 1 of head h = Inter's (None: 0) + c acc, in bf16: by TMA
-    (DESC: Out a descriptor, rows past N clipped), or packed (`_store_rows`, rows < hi)."""
+    (DESC: Out a descriptor, rows past N clipped), or packed (Out a tensor, Inter a
+    descriptor: rows < hi stored). PTR: Inter (or None) and Out tensors, rows < hi read and
+    stored by pointer (fbtriton's C dispatcher takes at most 8 TMA descriptors a kernel:
+    kernels_triton/launch.py)."""
     y = c * acc
-    if Inter is not None:
-        y = Inter.load([b, m0, h * D]).reshape(ROWS, D) + y
-    if DESC:
-        Out.store([b, m0, h * D], y.to(tl.bfloat16).reshape(1, ROWS, D))
+    if PTR:
+        offs, rows = _rows_at(b, N, m0, h, H, D, ROWS)
+        live = (rows < hi)[:, None]
+        if Inter is not None:
+            y = tl.load(Inter + offs, mask=live, other=0.0) + y
+        tl.store(Out + offs, y.to(Out.dtype.element_ty), mask=live)
     else:
-        _store_rows(Out, y, m0, hi, h, H, D, ROWS)
+        if Inter is not None:
+            y = Inter.load([b, m0, h * D]).reshape(ROWS, D) + y
+        if DESC:
+            Out.store([b, m0, h * D], y.to(tl.bfloat16).reshape(1, ROWS, D))
+        else:
+            offs, rows = _rows_at(b * 0, N, m0, h, H, D, ROWS)
+            tl.store(Out + offs, y.to(Out.dtype.element_ty), mask=(rows < hi)[:, None])
 
 
 @triton.jit
@@ -161,7 +171,7 @@ def _fwd_kernel(Q1, Q2, K1, K2, V, Inter, Out, N, H, chunk, c,
     for j in range(n_full, n_all):  # the diagonal
         acc = _fwd_step(acc, q1, q2, K1, K2, V, b, h, c0 + j * BLOCK_N, rows, DQ, DV, BLOCK_N,
                         True)
-    _epilogue(Inter, Out, acc, c, b, m0, h, hi, H, DV, BLOCK_M, Tiles is None)
+    _epilogue(Inter, Out, acc, c, b, m0, h, hi, N, H, DV, BLOCK_M, Tiles is None)
 
 
 @triton.jit
@@ -185,7 +195,10 @@ def _dq_step(dq1, dq2, q1, q2, do, K1, K2, V, b, h, x0, rows, DQ: tl.constexpr,
 @triton.jit(do_not_specialize=["N", "H", "chunk"])
 def _dq_kernel(Q1, Q2, K1, K2, V, DO, IDQ1, IDQ2, DQ1, DQ2, N, H, chunk, c,
                DQ: tl.constexpr, DV: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None,
+               CAUSAL: tl.constexpr = True, PTR: tl.constexpr = False):
+    """CAUSAL False: as _fwd_kernel's (every key, no mask; IDQ1, IDQ2 may be None). PTR: the
+    inter gradients and outputs tensors (`_epilogue`)."""
     if Tiles is None:
         b, h, m0, c0 = _row_tile(N, H, chunk, BLOCK_M)
         hi = N
@@ -193,7 +206,11 @@ def _dq_kernel(Q1, Q2, K1, K2, V, DO, IDQ1, IDQ2, DQ1, DQ2, N, H, chunk, c,
         b, h, m0, c0, hi, c = _packed_tile(Tiles, c, CS)
         if m0 >= hi:
             return
-    n_full, n_all = _row_blocks(m0, c0, hi, BLOCK_M, BLOCK_N)
+    if CAUSAL:
+        n_full, n_all = _row_blocks(m0, c0, hi, BLOCK_M, BLOCK_N)
+    else:
+        n_full = tl.cdiv(hi, BLOCK_N)
+        n_all = n_full
     rows = m0 + tl.arange(0, BLOCK_M)
     q1 = Q1.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
     q2 = Q2.load([b, m0, h * DQ]).reshape(BLOCK_M, DQ)
@@ -206,8 +223,8 @@ def _dq_kernel(Q1, Q2, K1, K2, V, DO, IDQ1, IDQ2, DQ1, DQ2, N, H, chunk, c,
     for j in range(n_full, n_all):  # the diagonal
         dq1, dq2 = _dq_step(dq1, dq2, q1, q2, do, K1, K2, V, b, h, c0 + j * BLOCK_N, rows,
                             DQ, DV, BLOCK_N, True)
-    _epilogue(IDQ1, DQ1, dq1, c, b, m0, h, hi, H, DQ, BLOCK_M, Tiles is None)
-    _epilogue(IDQ2, DQ2, dq2, c, b, m0, h, hi, H, DQ, BLOCK_M, Tiles is None)
+    _epilogue(IDQ1, DQ1, dq1, c, b, m0, h, hi, N, H, DQ, BLOCK_M, Tiles is None, PTR)
+    _epilogue(IDQ2, DQ2, dq2, c, b, m0, h, hi, N, H, DQ, BLOCK_M, Tiles is None, PTR)
 
 
 @triton.jit
@@ -237,7 +254,10 @@ def _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h, m0, keys, DQ: tl.const
 @triton.jit(do_not_specialize=["N", "H", "chunk"])
 def _dkdv_kernel(Q1, Q2, K1, K2, V, DO, IDK1, IDK2, IDV, DK1, DK2, DV_, N, H, chunk, c,
                  DQ: tl.constexpr, DV: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, Tiles=None, CS=None,
+                 CAUSAL: tl.constexpr = True, PTR: tl.constexpr = False):
+    """CAUSAL False (dense): every query block for every key (rows past N read as zeros), no
+    mask; IDK1, IDK2, IDV may be None. PTR: as _dq_kernel's."""
     if Tiles is None:
         pid = tl.program_id(0)
         n_n = tl.cdiv(N, BLOCK_N)
@@ -245,15 +265,22 @@ def _dkdv_kernel(Q1, Q2, K1, K2, V, DO, IDK1, IDK2, IDV, DK1, DK2, DV_, N, H, ch
         b = bh // H
         h = bh % H
         x0 = (pid % n_n) * BLOCK_N  # key tiles of a chunk: the first (the most query blocks) first
-        hi = tl.minimum(x0 // chunk * chunk + chunk, N)  # the chunk's end
-        m_lo = x0 // BLOCK_M * BLOCK_M
+        if CAUSAL:
+            hi = tl.minimum(x0 // chunk * chunk + chunk, N)  # the chunk's end
+            m_lo = x0 // BLOCK_M * BLOCK_M
+        else:
+            hi = N
+            m_lo = x0 * 0
     else:  # packed: a key tile of the chunk at c0, whose queries end at hi (chunk or sequence)
         b, h, x0, c0, hi, c = _packed_tile(Tiles, c, CS)
         if x0 >= hi:
             return
         m_lo = c0 + (x0 - c0) // BLOCK_M * BLOCK_M
     n_all = tl.cdiv(hi - m_lo, BLOCK_M)
-    n_diag = tl.minimum(tl.cdiv(x0 + BLOCK_N - m_lo, BLOCK_M), n_all)  # blocks needing m <= n
+    if CAUSAL:
+        n_diag = tl.minimum(tl.cdiv(x0 + BLOCK_N - m_lo, BLOCK_M), n_all)  # blocks needing m <= n
+    else:
+        n_diag = n_all * 0
     keys = x0 + tl.arange(0, BLOCK_N)
     k1 = K1.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ)
     k2 = K2.load([b, x0, h * DQ]).reshape(BLOCK_N, DQ)
@@ -281,9 +308,9 @@ def _dkdv_kernel(Q1, Q2, K1, K2, V, DO, IDK1, IDK2, IDV, DK1, DK2, DV_, N, H, ch
         for i in range(n_plain, n_all):
             dk1, dk2, dv = _dkdv_step(dk1, dk2, dv, k1, k2, v, Q1, Q2, DO, b, h,
                                       m_lo + i * BLOCK_M, keys, DQ, DV, BLOCK_M, True, hi)
-    _epilogue(IDK1, DK1, dk1, c, b, x0, h, hi, H, DQ, BLOCK_N, Tiles is None)
-    _epilogue(IDK2, DK2, dk2, c, b, x0, h, hi, H, DQ, BLOCK_N, Tiles is None)
-    _epilogue(IDV, DV_, dv, c, b, x0, h, hi, H, DV, BLOCK_N, Tiles is None)
+    _epilogue(IDK1, DK1, dk1, c, b, x0, h, hi, N, H, DQ, BLOCK_N, Tiles is None, PTR)
+    _epilogue(IDK2, DK2, dk2, c, b, x0, h, hi, N, H, DQ, BLOCK_N, Tiles is None, PTR)
+    _epilogue(IDV, DV_, dv, c, b, x0, h, hi, N, H, DV, BLOCK_N, Tiles is None, PTR)
 
 
 # --------------------------------------------------------------------------------------- host
@@ -333,12 +360,13 @@ def _check_config(Dq: int, Dv: int, chunk: int, cfg: dict) -> None:
 
 
 def _prepared(fn, B: int, N: int, H: int, Dq: int, Dv: int, tiles: dict, grid_rows: int,
-              widths: str):
-    """(the Kernel of fn with tile config `tiles`, one grid program per grid_rows tokens of a
-    (b, h); the layouts of its descriptor arguments, in order): widths has a letter per
-    descriptor, q or v (width Dq or Dv), lower case for a tile of BLOCK_M query rows, upper case
-    for one of BLOCK_N keys."""
-    kernel = Kernel(fn, (B * H * triton.cdiv(N, grid_rows),), DQ=Dq, DV=Dv, **_launch_args(tiles))
+              widths: str, **consts):
+    """(the Kernel of fn with tile config `tiles` (and constexprs `consts`), one grid program
+    per grid_rows tokens of a (b, h); the layouts of its descriptor arguments, in order):
+    widths has a letter per descriptor, q or v (width Dq or Dv), lower case for a tile of
+    BLOCK_M query rows, upper case for one of BLOCK_N keys."""
+    kernel = Kernel(fn, (B * H * triton.cdiv(N, grid_rows),), DQ=Dq, DV=Dv, **consts,
+                    **_launch_args(tiles))
     descs = [layout(B, N, H, Dq if w in "qQ" else Dv,
                     tiles["BLOCK_M"] if w.islower() else tiles["BLOCK_N"]) for w in widths]
     return kernel, descs
@@ -396,12 +424,13 @@ def prepare_backward(B: int, N: int, H: int, Dq: int, Dv: int, chunk: int, c: fl
     checked). cfg as prepare_forward's."""
     cfg = cfg or config(Dq, Dv)
     _check_config(Dq, Dv, chunk, {k: cfg[k] for k in ("dq", "dkdv")})
+    # descriptors Q1, Q2, K1, K2, V, DO; the inter gradients and gradients by pointer (PTR: a
+    # kernel of more than 8 descriptors would miss fbtriton's C dispatcher, kernels_triton/launch.py)
     f = cfg["dkdv"]
-    # Q1, Q2, K1, K2, V, DO, IDK1, IDK2, IDV, DK1, DK2, DV_
-    dkdv, dkdv_descs = _prepared(_dkdv_kernel, B, N, H, Dq, Dv, f, f["BLOCK_N"], "qqQQVvQQVQQV")
+    dkdv, dkdv_descs = _prepared(_dkdv_kernel, B, N, H, Dq, Dv, f, f["BLOCK_N"], "qqQQVv",
+                                 PTR=True)
     f = cfg["dq"]
-    # Q1, Q2, K1, K2, V, DO, IDQ1, IDQ2, DQ1, DQ2
-    dq, dq_descs = _prepared(_dq_kernel, B, N, H, Dq, Dv, f, f["BLOCK_M"], "qqQQVvqqqq")
+    dq, dq_descs = _prepared(_dq_kernel, B, N, H, Dq, Dv, f, f["BLOCK_M"], "qqQQVv", PTR=True)
     c = float(c)
     empty = B * N * H == 0
 
@@ -411,9 +440,9 @@ def prepare_backward(B: int, N: int, H: int, Dq: int, Dv: int, chunk: int, c: fl
         idq1, idq2, idk1, idk2, idv = inter_grads
         dq1, dq2, dk1, dk2, dv = grads
         x = (q1, q2, k1, k2, v, dout)
-        dkdv(*[d(t) for d, t in zip(dkdv_descs, (*x, idk1, idk2, idv, dk1, dk2, dv))],
-             N, H, chunk, c)
-        dq(*[d(t) for d, t in zip(dq_descs, (*x, idq1, idq2, dq1, dq2))], N, H, chunk, c)
+        dkdv(*[d(t) for d, t in zip(dkdv_descs, x)], idk1, idk2, idv, dk1, dk2, dv, N, H, chunk,
+             c)
+        dq(*[d(t) for d, t in zip(dq_descs, x)], idq1, idq2, dq1, dq2, N, H, chunk, c)
 
     return run
 

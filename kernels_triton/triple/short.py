@@ -1,5 +1,6 @@
-"""The short non-causal forward (N <= ONE_PASS_N, every variant): two launches where the general
-form (fwd.py) takes four, each cheaper on the GPU there too.
+"""The short non-causal passes (N <= ONE_PASS_N, every variant): the forward in two launches where
+the general form (fwd.py) takes four, and the backward, with the state unused and no initial
+state, in two where bwd.py takes ten (`backward`); each cheaper on the GPU there too.
 
     1. S = initial_state + c sum_n K1[n] (x) V[n] (x) K2[n]    core.partials_kernel over one split,
        the scan's sum, scale and initial state in its epilogue (bitwise the split form's result
@@ -58,21 +59,64 @@ def prepare_state(B: int, N: int, H: int, d1: int, dy: int, d2: int, c: float,
     return run
 
 
+def _dense(fn, B: int, N: int, H: int, Dq: int, Dv: int, tiles: dict, grid_rows: int,
+           widths: str, **consts):
+    """intra._prepared of `fn` with CAUSAL False (and `consts`)."""
+    return intra._prepared(fn, B, N, H, Dq, Dv, tiles, grid_rows, widths, CAUSAL=False,
+                           **consts)
+
+
 def prepare_out(B: int, N: int, H: int, Dq: int, Dv: int, c: float):
     """Step 2 without an initial state, made once: run(q1, q2, k1, k2, v, out) writes out =
     c sum_m (q1[n].k1[m]) (q2[n].k2[m]) v[m] over all N keys."""
     f = intra.config(Dq, Dv)["fwd"]
     m = f["BLOCK_M"]
-    kernel = Kernel(intra._fwd_kernel, (B * H * triton.cdiv(N, m),), DQ=Dq, DV=Dv, CAUSAL=False,
-                    BLOCK_M=m, BLOCK_N=f["BLOCK_N"], num_warps=f["num_warps"],
-                    num_stages=f["num_stages"])
-    descs = [intra.layout(B, N, H, Dq if w in "qQ" else Dv, m if w.islower() else f["BLOCK_N"])
-             for w in "qqQQVv"]
+    kernel, descs = _dense(intra._fwd_kernel, B, N, H, Dq, Dv, f, m, "qqQQVv")
     rows, c = triton.cdiv(max(N, 1), m) * m, float(c)  # one chunk of every row (_row_tile)
 
     def run(q1, q2, k1, k2, v, out) -> None:
         d = [desc(t) for desc, t in zip(descs, (q1, q2, k1, k2, v, out))]
         kernel(*d[:5], None, d[5], N, H, rows, c)
+
+    return run
+
+
+def prepare_grads(B: int, N: int, H: int, Dq: int, Dv: int, c: float):
+    """The backward of step 2's quadratic form, made once: run(q1, q2, k1, k2, v, dout, grads)
+    writes grads (dq1, dq2, dk1, dk2, dv; bf16) of out = c sum_m (q1[n].k1[m]) (q2[n].k2[m])
+    v[m] over all N keys given dout (intra.py's dK/dV and dQ kernels over every key: two
+    launches). With the state also used (dstate) or an initial state, bwd.py's general form."""
+    cfg = intra.config(Dq, Dv)
+    # descriptors Q1, Q2, K1, K2, V, DO; no inter gradients; the gradients by pointer (PTR), as
+    # the causal path's
+    dkdv, dkdv_descs = _dense(intra._dkdv_kernel, B, N, H, Dq, Dv, cfg["dkdv"],
+                              cfg["dkdv"]["BLOCK_N"], "qqQQVv", PTR=True)
+    dq, dq_descs = _dense(intra._dq_kernel, B, N, H, Dq, Dv, cfg["dq"], cfg["dq"]["BLOCK_M"],
+                          "qqQQVv", PTR=True)
+    rows = triton.cdiv(max(N, 1), cfg["dq"]["BLOCK_M"]) * cfg["dq"]["BLOCK_M"]
+    c = float(c)
+
+    def run(q1, q2, k1, k2, v, dout, grads) -> None:
+        x = (q1, q2, k1, k2, v, dout)
+        dq1, dq2, dk1, dk2, dv = grads
+        dkdv(*[d(t) for d, t in zip(dkdv_descs, x)], None, None, None, dk1, dk2, dv, N, H, N, c)
+        dq(*[d(t) for d, t in zip(dq_descs, x)], None, None, dq1, dq2, N, H, rows, c)
+
+    return run
+
+
+def backward(spec, general):
+    """bwd.prepare's run for a spec this form `takes`: without dstate and initial state (the
+    state unused, as in training on `out`), `prepare_grads`; else `general`, bwd.py's."""
+    grads = prepare_grads(spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale)
+
+    def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv, initial_state=None,
+            dinitial_state=None) -> None:
+        if dstate is None and initial_state is None:
+            grads(q1, q2, k1, k2, v, dout, (dq1, dq2, dk1, dk2, dv))
+        else:
+            general(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,
+                    initial_state, dinitial_state)
 
     return run
 
@@ -117,4 +161,8 @@ def compile_configs() -> list:
             q, v = host.tokens(dq), host.tokens(dv)
             out += configs_of(lambda d=(dq, dv): prepare_out(1, N, H, *d, 1.0),
                               (q, q, q, q, v, v), lambda launch, n=f"short_out_Dq{dq}_Dv{dv}": n)
+            out += configs_of(lambda d=(dq, dv): prepare_grads(1, N, H, *d, 1.0),
+                              (q, q, q, q, v, v, (q, q, q, q, v)),
+                              lambda launch, d=(dq, dv): (f"short_{intra.KERNELS[launch.fn]}_"
+                                                          f"Dq{d[0]}_Dv{d[1]}"))
     return out

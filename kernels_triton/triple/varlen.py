@@ -162,12 +162,15 @@ class Plan:
         self.tile_specs["rows"] = (ROWS, _cdiv(T, ROWS) + n, True, "rows")
         self.tile_specs["keys"] = (keys, _cdiv(T, keys) + n, True, None)
         self.intra = {}
-        for name, (fn, widths) in {"fwd": (intra._fwd_kernel, "qqQQVv"),
-                                   "dq": (intra._dq_kernel, "qqQQVvqq"),
-                                   "dkdv": (intra._dkdv_kernel, "qqQQVvQQV")}.items():
+        # descriptors: Q1, Q2, K1, K2, V (and DO), the inter tensors; dK/dV's inter gradients by
+        # pointer (PTR: nine descriptors would miss fbtriton's C dispatcher, launch.py)
+        for name, (fn, widths, ptr) in {"fwd": (intra._fwd_kernel, "qqQQVv", False),
+                                        "dq": (intra._dq_kernel, "qqQQVvqq", False),
+                                        "dkdv": (intra._dkdv_kernel, "qqQQVv", True)}.items():
             f = cfg[name]
             tiles = self.tile_specs["keys" if name == "dkdv" else "rows"]
-            kernel = Kernel(fn, (tiles[1], H), DQ=Dq, DV=Dv, **intra._launch_args(f))
+            kernel = Kernel(fn, (tiles[1], H), DQ=Dq, DV=Dv, **({"PTR": True} if ptr else {}),
+                            **intra._launch_args(f))
             descs = [intra.layout(1, T, H, Dq if w in "qQ" else Dv,
                                   f["BLOCK_M"] if w.islower() else f["BLOCK_N"]) for w in widths]
             self.intra[name] = (kernel, descs)
@@ -188,8 +191,8 @@ class Plan:
 
     def _run_intra(self, name, tensors, outs, tiles, cs) -> None:
         kernel, descs = self.intra[name]
-        kernel(*[d(t) for d, t in zip(descs, tensors)], *outs, self.T, self.H, CHUNK, 1.0,
-               Tiles=tiles, CS=cs)
+        kernel(*[d(t) for d, t in zip(descs, tensors)], *tensors[len(descs):], *outs, self.T,
+               self.H, CHUNK, 1.0, Tiles=tiles, CS=cs)
 
     def forward(self, q1, q2, k1, k2, v, maps: Maps, initial_state=None):
         """(out [1, T, H, Dv] bf16, state [n, H, Dq, Dv, Dq] fp32) of [1, T, H, D] bf16 inputs

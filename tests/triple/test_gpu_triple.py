@@ -103,6 +103,21 @@ def emulate_grads(q1, q2, k1, k2, v, dout, dstate, c):
             c * torch.einsum("bnhki,bhijk->bnhj", outer(y2, y1), dS))
 
 
+def emulate_grads_short(q1, q2, k1, k2, v, dout, c):
+    """(dq1, dq2, dk1, dk2, dv) as the short backward rounds (no dstate, no initial state: the
+    quadratic form's, kernels_triton/triple/short.py): each product of scores to bf16 before
+    its GEMM, sums in fp64."""
+    x1, x2, y1, y2, vv, do = (t.double() for t in (q1, q2, k1, k2, v, dout))
+    a = torch.einsum("bnhi,bmhi->bhnm", x1, y1)
+    bb = torch.einsum("bnhk,bmhk->bhnm", x2, y2)
+    dp = torch.einsum("bnhj,bmhj->bhnm", do, vv)
+    return (c * torch.einsum("bhnm,bmhi->bnhi", _bf16(dp * bb), y1),
+            c * torch.einsum("bhnm,bmhk->bnhk", _bf16(dp * a), y2),
+            c * torch.einsum("bhnm,bnhi->bmhi", _bf16(dp * bb), x1),
+            c * torch.einsum("bhnm,bnhk->bmhk", _bf16(dp * a), x2),
+            c * torch.einsum("bhnm,bnhj->bmhj", _bf16(a * bb), do))
+
+
 def _small(shape) -> bool:
     """Small enough for the emulation's fp64 outer products [B, N, H, D, D]."""
     return shape[1] * shape[3] * max(shape[3], shape[4]) <= 2048 * 64 * 64
@@ -139,18 +154,21 @@ def test_forward(variant, shape, gen):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+@pytest.mark.parametrize("with_dstate", [True, False], ids=["dstate", "no-dstate"])
 @pytest.mark.parametrize("variant", BWD)
-def test_backward(variant, shape, gen):
+def test_backward(variant, with_dstate, shape, gen):
     *dims, causal = shape
     x = _inputs(*dims, gen)
     _, state = _forward("auto", *x, causal)
     dout = torch.randn(x[4].shape, generator=gen).to("cuda", torch.bfloat16)
-    dstate = 0.1 * torch.randn(state.shape, generator=gen).to("cuda")
+    dstate = 0.1 * torch.randn(state.shape, generator=gen).to("cuda") if with_dstate else None
     grads = launcher.run("triple", "bwd", dout, dstate, *x, state, None, causal, variant=variant)
     want = reference_backward(*x, dout, dstate, causal=causal)
     # few tokens (N = 1) average no rounding away: there the bound is the emulation's error
-    emu = (emulate_grads(*x, dout, dstate, 1.0 / shape[1]) if not causal and _small(shape)
-           else [None] * 5)
+    emu = (emulate_grads(*x, dout, torch.zeros_like(state) if dstate is None else dstate,
+                         1.0 / shape[1]) if not causal and _small(shape) else [None] * 5)
+    if not causal and shape[1] <= short.ONE_PASS_N and dstate is None:  # the quadratic form's
+        emu = emulate_grads_short(*x, dout, 1.0 / shape[1])
     for name, g, w, e in zip(("dq1", "dq2", "dk1", "dk2", "dv"), grads, want, emu):
         assert not g.isnan().any(), name
         bound = TOLERANCES["grad_rel"]

@@ -161,18 +161,20 @@ dout = torch.randn(B, N, H, Dv).bfloat16()
 init = 0.1 * torch.randn(B, H, Dq, Dv, Dq)
 dstate = 0.1 * torch.randn(B, H, Dq, Dv, Dq)
 worst = {}
-for is_causal, scale, s0, one_pass_n in ((True, 0.01, init, 512), (True, 1 / N, None, 512),
-                                         (False, 0.01, init, 512), (False, 0.01, None, 512),
-                                         (False, 0.01, init, 0)):
+for is_causal, scale, s0, one_pass_n, ds in ((True, 0.01, init, 512, dstate),
+                                             (True, 1 / N, None, 512, dstate),
+                                             (False, 0.01, init, 512, dstate),
+                                             (False, 0.01, None, 512, None),
+                                             (False, 0.01, init, 0, dstate)):
     short.ONE_PASS_N = one_pass_n  # 0: the split form (partials, scan, apply) at this N too
     spec = TripleSpec(B, N, H, Dq, Dv, is_causal, scale)
     out, state = torch.empty(B, N, H, Dv).bfloat16(), torch.empty(B, H, Dq, Dv, Dq)
     fwd.prepare(spec)(*x, out, state, s0)
     grads = [torch.empty_like(t) for t in x]
     dinit = None if s0 is None else torch.empty_like(state)
-    bwd.prepare(spec)(*x, state, dout, dstate, *grads, s0, dinit)
+    bwd.prepare(spec)(*x, state, dout, ds, *grads, s0, dinit)
     want = (*reference(*x, scale, is_causal, s0),
-            *reference_backward(*x, dout, dstate, scale, is_causal, s0))
+            *reference_backward(*x, dout, ds, scale, is_causal, s0))
     got = (out, state, *grads, dinit)
     for name, g, w in zip(("out", "state", "dq1", "dq2", "dk1", "dk2", "dv", "dinit"), got, want):
         if g is None:
@@ -206,6 +208,6 @@ def test_dense_passes_on_the_interpreter():
     """The dense causal forward and backward (scans of the chunk states straight into the
     slabs), from an initial state and from none, and the non-causal forward (short.py's, from
     an initial state (apply) and from none (the quadratic form), and the split form) and
-    backward (its slabs from scans): out, state and the gradients within bf16 rounding of the
-    fp64 reference."""
+    backward (its slabs from scans; short.py's quadratic form without dstate and initial
+    state): out, state and the gradients within bf16 rounding of the fp64 reference."""
     _run(PASSES)
