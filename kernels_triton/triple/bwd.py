@@ -14,7 +14,7 @@ Six GEMMs of 2 N Dq^2 Dv FLOPs each against the four the useful-FLOP count credi
 FAMILIES.md are folded into the gradients' GEMMs). Every sum in a fixed order: bitwise repeatable.
 With an initial state (the forward's S holds it, so the five gradients read it already), its
 gradient is dS itself: every token reads it and the returned state holds it. Causal: causal.py.
-Short (non-causal, N <= short.ONE_PASS_N) with the state unused and no initial state: the
+Short (N <= short.ONE_PASS_N, causal too) with the state unused and no initial state: the
 quadratic form's backward, two launches (short.py).
 """
 from __future__ import annotations
@@ -55,7 +55,8 @@ def prepare(spec, profile: bool | str = False, impl=host):
     (x) dO[n] (x) Q2[n] (+ dstate); impl as in fwd.prepare."""
     if spec.causal:
         from kernels_triton.triple import causal
-        return causal.prepare_backward(spec, profile, impl)
+        general = causal.prepare_backward(spec, profile, impl)
+        return short.backward(spec, general) if short.takes(spec) else general
     B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
     partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,

@@ -7,7 +7,7 @@ fixed-order sum between them:
        same pass
     3. out = apply(Q2, Q1, W)
 
-Short sequences (non-causal, N <= short.ONE_PASS_N, any variant): short.py, two launches.
+Short sequences (N <= short.ONE_PASS_N, causal or not, any variant): short.py, two launches.
 
 Causal: causal.py's chunked form (the state of earlier chunks, plus each chunk's masked
 quadratic form).
@@ -28,10 +28,11 @@ def prepare(spec, profile: bool | str = False, impl=host):
     (a trace samples one kernel's warps at a time): the Proton-scoped copies."""
     if spec.causal:
         from kernels_triton.triple import causal
-        return causal.prepare_forward(spec, profile, impl)
+        general = causal.prepare_forward(spec, profile, impl)
+        return short.forward(spec, impl, general, profile) if short.takes(spec) else general
     B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
     if short.takes(spec):  # N <= short.ONE_PASS_N: two launches (short.py)
-        return short.prepare(spec, impl, profile)
+        return short.forward(spec, impl, None, profile)
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
     partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,
                                      profile=host.scoped(profile, "partials"))

@@ -1,16 +1,18 @@
-"""The short non-causal passes (N <= ONE_PASS_N, every variant): the forward in two launches where
-the general form (fwd.py) takes four, and the backward, with the state unused and no initial
-state, in two where bwd.py takes ten (`backward`); each cheaper on the GPU there too.
+"""The short passes (N <= ONE_PASS_N, causal or not, every variant): the forward in two launches
+where the general form takes four (fwd.py) or more (causal.py), and the backward, with the state
+unused and no initial state, in two where bwd.py takes ten (`backward`); each cheaper on the GPU
+there too.
 
     1. S = initial_state + c sum_n K1[n] (x) V[n] (x) K2[n]    core.partials_kernel over one split,
        the scan's sum, scale and initial state in its epilogue (bitwise the split form's result
-       at one split); with an initial state also the bf16 slab W[i, k, j] = S[i, j, k]
+       at one split); with an initial state (non-causal) also the bf16 slab W[i, k, j] = S[i, j, k]
     2. out, without an initial state: the quadratic form
-           out[n] = c sum_m (Q1[n].K1[m]) (Q2[n].K2[m]) V[m]
-       (intra.py's forward kernel over every key, no mask: N^2 (4 Dq + 2 Dv) FLOPs a head
-       against apply's 2 N Dq^2 Dv, over B H cdiv(N, 128) programs where apply's each walk the
-       Dq slabs of W in order); with one, apply(Q2, Q1, W) as in fwd.py (the initial state's
-       part has no quadratic form).
+           out[n] = c sum_{m (<= n, causal)} (Q1[n].K1[m]) (Q2[n].K2[m]) V[m]
+       (intra.py's forward kernel over one chunk of every row: N^2 (4 Dq + 2 Dv) FLOPs a head,
+       half that causal, against apply's 2 N Dq^2 Dv, over B H cdiv(N, 128) programs where
+       apply's each walk the Dq slabs of W in order); with one, non-causal apply(Q2, Q1, W) as
+       in fwd.py, causal causal.py's chunked form (the initial state's part has no quadratic
+       form).
 
 Why: at N <= 512 a call's kernels take a few to a few tens of microseconds and each launch and
 allocation saved is ~5-8 of host time; the one-pass state and the quadratic output measured
@@ -31,8 +33,8 @@ ONE_PASS_N = 512  # the longest sequence this form takes
 
 
 def takes(spec) -> bool:
-    """Whether the forward of `spec` runs here: non-causal, N <= ONE_PASS_N."""
-    return not spec.causal and spec.N <= ONE_PASS_N
+    """Whether the passes of `spec` run here: N <= ONE_PASS_N, causal or not."""
+    return spec.N <= ONE_PASS_N
 
 
 def prepare_state(B: int, N: int, H: int, d1: int, dy: int, d2: int, c: float,
@@ -59,20 +61,26 @@ def prepare_state(B: int, N: int, H: int, d1: int, dy: int, d2: int, c: float,
     return run
 
 
-def _dense(fn, B: int, N: int, H: int, Dq: int, Dv: int, tiles: dict, grid_rows: int,
-           widths: str, **consts):
-    """intra._prepared of `fn` with CAUSAL False (and `consts`)."""
-    return intra._prepared(fn, B, N, H, Dq, Dv, tiles, grid_rows, widths, CAUSAL=False,
+def _quadratic(fn, causal: bool, B: int, N: int, H: int, Dq: int, Dv: int, tiles: dict,
+               grid_rows: int, widths: str, **consts):
+    """intra._prepared of `fn` over one chunk of every row (CAUSAL False: every key; True: keys
+    m <= n), with `consts`."""
+    return intra._prepared(fn, B, N, H, Dq, Dv, tiles, grid_rows, widths, CAUSAL=causal,
                            **consts)
 
 
-def prepare_out(B: int, N: int, H: int, Dq: int, Dv: int, c: float):
+def _one_chunk(N: int) -> int:
+    """The chunk the quadratic kernels get: N rounded up to 128, a multiple of every tile."""
+    return triton.cdiv(max(N, 1), 128) * 128
+
+
+def prepare_out(B: int, N: int, H: int, Dq: int, Dv: int, c: float, causal: bool = False):
     """Step 2 without an initial state, made once: run(q1, q2, k1, k2, v, out) writes out =
-    c sum_m (q1[n].k1[m]) (q2[n].k2[m]) v[m] over all N keys."""
+    c sum_m (q1[n].k1[m]) (q2[n].k2[m]) v[m] over all N keys (causal: m <= n)."""
     f = intra.config(Dq, Dv)["fwd"]
-    m = f["BLOCK_M"]
-    kernel, descs = _dense(intra._fwd_kernel, B, N, H, Dq, Dv, f, m, "qqQQVv")
-    rows, c = triton.cdiv(max(N, 1), m) * m, float(c)  # one chunk of every row (_row_tile)
+    kernel, descs = _quadratic(intra._fwd_kernel, causal, B, N, H, Dq, Dv, f, f["BLOCK_M"],
+                               "qqQQVv")
+    rows, c = _one_chunk(N), float(c)
 
     def run(q1, q2, k1, k2, v, out) -> None:
         d = [desc(t) for desc, t in zip(descs, (q1, q2, k1, k2, v, out))]
@@ -81,25 +89,25 @@ def prepare_out(B: int, N: int, H: int, Dq: int, Dv: int, c: float):
     return run
 
 
-def prepare_grads(B: int, N: int, H: int, Dq: int, Dv: int, c: float):
+def prepare_grads(B: int, N: int, H: int, Dq: int, Dv: int, c: float, causal: bool = False):
     """The backward of step 2's quadratic form, made once: run(q1, q2, k1, k2, v, dout, grads)
     writes grads (dq1, dq2, dk1, dk2, dv; bf16) of out = c sum_m (q1[n].k1[m]) (q2[n].k2[m])
-    v[m] over all N keys given dout (intra.py's dK/dV and dQ kernels over every key: two
-    launches). With the state also used (dstate) or an initial state, bwd.py's general form."""
+    v[m] over all N keys (causal: m <= n) given dout (intra.py's dK/dV and dQ kernels: two
+    launches). With the state also used (dstate) or an initial state, the general form."""
     cfg = intra.config(Dq, Dv)
     # descriptors Q1, Q2, K1, K2, V, DO; no inter gradients; the gradients by pointer (PTR), as
     # the causal path's
-    dkdv, dkdv_descs = _dense(intra._dkdv_kernel, B, N, H, Dq, Dv, cfg["dkdv"],
-                              cfg["dkdv"]["BLOCK_N"], "qqQQVv", PTR=True)
-    dq, dq_descs = _dense(intra._dq_kernel, B, N, H, Dq, Dv, cfg["dq"], cfg["dq"]["BLOCK_M"],
-                          "qqQQVv", PTR=True)
-    rows = triton.cdiv(max(N, 1), cfg["dq"]["BLOCK_M"]) * cfg["dq"]["BLOCK_M"]
-    c = float(c)
+    dkdv, dkdv_descs = _quadratic(intra._dkdv_kernel, causal, B, N, H, Dq, Dv, cfg["dkdv"],
+                                  cfg["dkdv"]["BLOCK_N"], "qqQQVv", PTR=True)
+    dq, dq_descs = _quadratic(intra._dq_kernel, causal, B, N, H, Dq, Dv, cfg["dq"],
+                              cfg["dq"]["BLOCK_M"], "qqQQVv", PTR=True)
+    rows, c = _one_chunk(N), float(c)
 
     def run(q1, q2, k1, k2, v, dout, grads) -> None:
         x = (q1, q2, k1, k2, v, dout)
         dq1, dq2, dk1, dk2, dv = grads
-        dkdv(*[d(t) for d, t in zip(dkdv_descs, x)], None, None, None, dk1, dk2, dv, N, H, N, c)
+        dkdv(*[d(t) for d, t in zip(dkdv_descs, x)], None, None, None, dk1, dk2, dv, N, H, rows,
+             c)
         dq(*[d(t) for d, t in zip(dq_descs, x)], None, None, dq1, dq2, N, H, rows, c)
 
     return run
@@ -108,7 +116,7 @@ def prepare_grads(B: int, N: int, H: int, Dq: int, Dv: int, c: float):
 def backward(spec, general):
     """bwd.prepare's run for a spec this form `takes`: without dstate and initial state (the
     state unused, as in training on `out`), `prepare_grads`; else `general`, bwd.py's."""
-    grads = prepare_grads(spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale)
+    grads = prepare_grads(spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale, spec.causal)
 
     def run(q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv, initial_state=None,
             dinitial_state=None) -> None:
@@ -121,23 +129,30 @@ def backward(spec, general):
     return run
 
 
-def prepare(spec, impl, profile: bool | str = False):
-    """fwd.prepare's run for a spec this form `takes` (impl: fwd.prepare's, for step 2's apply
-    with an initial state)."""
+def forward(spec, impl, general, profile: bool | str = False):
+    """fwd.prepare's run for a spec this form `takes`: steps 1 and 2; with an initial state,
+    non-causal: step 1 with its slab, then `apply` (impl's); causal: `general` (causal.py's
+    chunked form, whose chunks read the initial state)."""
     B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
     part = host.scoped(profile, "partials")
     state = prepare_state(B, N, H, Dq, Dv, Dq, scale, profile=part)
-    state_w = prepare_state(B, N, H, Dq, Dv, Dq, scale, slab=True, profile=part)
-    out_dense = prepare_out(B, N, H, Dq, Dv, scale)
-    (dims,) = host.apply_dims(Dq, Dv, "fwd")
-    apply = impl.prepare_apply(B, N, H, *dims, 1.0, profile=host.scoped(profile, "apply"))
+    out_q = prepare_out(B, N, H, Dq, Dv, scale, spec.causal)
+    if spec.causal:
+        with_init = general
+    else:
+        state_w = prepare_state(B, N, H, Dq, Dv, Dq, scale, slab=True, profile=part)
+        (dims,) = host.apply_dims(Dq, Dv, "fwd")
+        apply = impl.prepare_apply(B, N, H, *dims, 1.0, profile=host.scoped(profile, "apply"))
+
+        def with_init(q1, q2, k1, k2, v, out, out_state, initial_state) -> None:
+            apply(q2, q1, state_w(k1, v, k2, out_state, initial_state), out)
 
     def run(q1, q2, k1, k2, v, out, out_state, initial_state=None) -> None:
         if initial_state is None:
             state(k1, v, k2, out_state)
-            out_dense(q1, q2, k1, k2, v, out)
+            out_q(q1, q2, k1, k2, v, out)
         else:
-            apply(q2, q1, state_w(k1, v, k2, out_state, initial_state), out)
+            with_init(q1, q2, k1, k2, v, out, out_state, initial_state)
 
     return run
 
@@ -159,10 +174,13 @@ def compile_configs() -> list:
     for dq in intra.SUPPORTED_D:
         for dv in intra.SUPPORTED_D:
             q, v = host.tokens(dq), host.tokens(dv)
-            out += configs_of(lambda d=(dq, dv): prepare_out(1, N, H, *d, 1.0),
-                              (q, q, q, q, v, v), lambda launch, n=f"short_out_Dq{dq}_Dv{dv}": n)
-            out += configs_of(lambda d=(dq, dv): prepare_grads(1, N, H, *d, 1.0),
-                              (q, q, q, q, v, v, (q, q, q, q, v)),
-                              lambda launch, d=(dq, dv): (f"short_{intra.KERNELS[launch.fn]}_"
-                                                          f"Dq{d[0]}_Dv{d[1]}"))
+            for causal, tag in ((False, ""), (True, "_causal")):
+                out += configs_of(lambda d=(dq, dv), c=causal: prepare_out(1, N, H, *d, 1.0, c),
+                                  (q, q, q, q, v, v),
+                                  lambda launch, n=f"short_out_Dq{dq}_Dv{dv}{tag}": n)
+                out += configs_of(
+                    lambda d=(dq, dv), c=causal: prepare_grads(1, N, H, *d, 1.0, c),
+                    (q, q, q, q, v, v, (q, q, q, q, v)),
+                    lambda launch, d=(dq, dv), t=tag: (f"short_{intra.KERNELS[launch.fn]}_"
+                                                       f"Dq{d[0]}_Dv{d[1]}{t}"))
     return out

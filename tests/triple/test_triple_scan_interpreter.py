@@ -163,6 +163,8 @@ dstate = 0.1 * torch.randn(B, H, Dq, Dv, Dq)
 worst = {}
 for is_causal, scale, s0, one_pass_n, ds in ((True, 0.01, init, 512, dstate),
                                              (True, 1 / N, None, 512, dstate),
+                                             (True, 1 / N, None, 512, None),
+                                             (True, 1 / N, None, 0, dstate),
                                              (False, 0.01, init, 512, dstate),
                                              (False, 0.01, None, 512, None),
                                              (False, 0.01, init, 0, dstate)):
@@ -206,7 +208,8 @@ def test_scan_kernel_is_the_torch_sums_bitwise():
 @pytest.mark.slow
 def test_dense_passes_on_the_interpreter():
     """The dense causal forward and backward (scans of the chunk states straight into the
-    slabs), from an initial state and from none, and the non-causal forward (short.py's, from
+    slabs), from an initial state and from none (short.py's quadratic forms at this N too, and
+    their backward without dstate), and the non-causal forward (short.py's, from
     an initial state (apply) and from none (the quadratic form), and the split form) and
     backward (its slabs from scans; short.py's quadratic form without dstate and initial
     state): out, state and the gradients within bf16 rounding of the fp64 reference."""

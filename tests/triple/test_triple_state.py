@@ -332,17 +332,21 @@ def _stand_ins(monkeypatch, chunk: int):
             return w if slab else None
         return run
 
-    def short_out(B, N, H, Dq, Dv, c):
+    def quadratic(q1, q2, k1, k2, v, c, causal):
+        s = _einsum("bnhi,bmhi->bhnm", q1, k1) * _einsum("bnhk,bmhk->bhnm", q2, k2)
+        if causal:
+            s = s.tril()
+        return c * torch.einsum("bhnm,bmhj->bnhj", s, v.double())
+
+    def short_out(B, N, H, Dq, Dv, c, causal=False):
         def run(q1, q2, k1, k2, v, out):
-            s = _einsum("bnhi,bmhi->bhnm", q1, k1) * _einsum("bnhk,bmhk->bhnm", q2, k2)
-            out.copy_(c * torch.einsum("bhnm,bmhj->bnhj", s, v.double()))
+            out.copy_(quadratic(q1, q2, k1, k2, v, c, causal))
         return run
 
-    def short_grads(B, N, H, Dq, Dv, c):
+    def short_grads(B, N, H, Dq, Dv, c, causal=False):
         def run(q1, q2, k1, k2, v, dout, grads):
             x = [t.double().requires_grad_() for t in (q1, q2, k1, k2, v)]
-            s = _einsum("bnhi,bmhi->bhnm", x[0], x[2]) * _einsum("bnhk,bmhk->bhnm", x[1], x[3])
-            y = c * torch.einsum("bhnm,bmhj->bnhj", s, x[4])
+            y = quadratic(*x, c, causal)
             for g, d in zip(grads, torch.autograd.grad(y, x, dout.double())):
                 g.copy_(d)
         return run
@@ -358,8 +362,8 @@ def _stand_ins(monkeypatch, chunk: int):
                                  prepare_apply=prepare_apply)
 
 
-@pytest.mark.parametrize("causal,one_pass_n", [(False, 0), (False, 512), (True, 0)],
-                         ids=["plain", "plain-one-pass", "causal"])
+@pytest.mark.parametrize("causal,one_pass_n", [(False, 0), (False, 512), (True, 0), (True, 512)],
+                         ids=["plain", "plain-short", "causal", "causal-short"])
 @pytest.mark.parametrize("with_initial_state", [False, True], ids=["from0", "fromS0"])
 def test_the_kernels_passes_on_stand_in_kernels(causal, one_pass_n, with_initial_state,
                                                 monkeypatch, gen):
