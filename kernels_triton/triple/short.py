@@ -1,6 +1,6 @@
 """The short passes (N <= ONE_PASS_N, causal or not, every variant): the forward in two launches
 where the general form takes four (fwd.py) or more (causal.py), and the backward, with the state
-unused and no initial state, in two where bwd.py takes ten (`backward`); each cheaper on the GPU
+unused and no initial state, in two where bwd.py takes nine (`backward`); each cheaper on the GPU
 there too.
 
     1. S = initial_state + c sum_n K1[n] (x) V[n] (x) K2[n]    core.partials_kernel over one split,
