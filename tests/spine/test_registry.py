@@ -8,8 +8,8 @@ import types
 import pytest
 
 from altattn import launcher, registry
-from altattn.simplicial import variants
 from altattn.registry import CompileConfig, Variant
+from altattn.simplicial import variants
 from altattn.simplicial.family import TRITON_SCOPES
 from altattn.simplicial.spec import FORMS, ProblemSpec
 

@@ -4,7 +4,6 @@ kernel arguments through the launcher (a stand-in kernel module records them), b
 naming the argument, and the FLOP model. The reference itself: tests/triple/test_triple_reference.py."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
