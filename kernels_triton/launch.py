@@ -45,7 +45,7 @@ CHECK = os.environ.get("ALTATTN_CHECK_LAUNCH", "0") == "1"
 # fbtriton 3.7.4's C dispatcher takes at most this many TMA descriptors a kernel (driver.c,
 # TD_MAX_TMA_DESCS): a kernel with more gets none and runs through the JIT's launcher at every
 # call (measured: ~40 µs of host a launch more). Every compile config stays within it
-# (tests/spine/test_registry.py); a kernel with more takes some tensors by pointer.
+# (tests/spine/test_compile.py); a kernel with more takes some tensors by pointer.
 MAX_TMA_DESCS = 8
 _RUNTIME = triton.knobs.runtime
 # the current device and its current stream (what Triton launches on); absent from CPU builds of
@@ -153,11 +153,16 @@ class Launch(NamedTuple):
         given = {**dict(zip(kernel.fn.arg_names, args)), **kw}
         options = {k: v for k, v in kernel.options.items() if k not in _LAUNCH_OPTIONS}
         sig, consts = {}, {}
-        for name in kernel.fn.arg_names:
+        for p in kernel.fn.params:
+            name = p.name
             if name in options or (name in given and given[name] is None):
                 sig[name], consts[name] = "constexpr", options.get(name)
             elif name in given:  # the type the JIT specializes on ("tensordesc<bf16[1,128,64]>")
                 sig[name] = mangle_type(given[name]).replace(" ", "")
+            elif p.has_default and (p.is_constexpr or p.default is None):
+                # a default the JIT binds (a compile config without it is compiled otherwise:
+                # ASTSource applies no defaults)
+                sig[name], consts[name] = "constexpr", p.default
         return cls(kernel.fn, sig, consts, kernel.options.get("num_warps", 4),
                    kernel.options.get("num_stages", 3))
 

@@ -40,8 +40,11 @@ def test_a_recorded_launch_types_every_argument_from_its_value():
     assert found.fn is _toy
     assert found.signature == {
         "X": "*fp32", "Y": "*bf16", "Desc": "tensordesc<bf16[32,64]>", "N": "i32",
-        "scale": "fp32", "Maybe": "constexpr", "BLOCK": "constexpr", "FLAG": "constexpr"}
-    assert found.constexprs == {"Maybe": None, "BLOCK": 32, "FLAG": True}
+        "scale": "fp32", "Maybe": "constexpr", "BLOCK": "constexpr", "FLAG": "constexpr",
+        "LAST": "constexpr"}
+    # LAST, not passed, at the default the JIT binds (ASTSource applies none: a config without
+    # it would compile another kernel than the launch runs)
+    assert found.constexprs == {"Maybe": None, "BLOCK": 32, "FLAG": True, "LAST": 3}
     assert (found.num_warps, found.num_stages) == (8, 3)  # Triton's default stages
     cfg = found.config("toy")
     assert (cfg.name, cfg.fn, cfg.signature, cfg.num_warps) == ("toy", _toy, found.signature, 8)
