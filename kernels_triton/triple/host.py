@@ -108,19 +108,26 @@ def n_splits(B: int, N: int, H: int, d1: int, dy: int, d2: int) -> int:
     return max(1, min(want, triton.cdiv(N, BLOCK_N)))
 
 
+def partials_launch(programs: int, H: int, d1: int, dy: int, d2: int,
+                    profile: bool = False) -> Kernel:
+    """core.partials_kernel's launch over `programs` (splits x heads x blocks of i) with its
+    config (`partials_config`)."""
+    cfg = partials_config(d1, dy, d2)
+    return Kernel(partials_kernel, (programs,), H=H, D1=d1, DY=dy, D2=d2, BI=cfg["BI"],
+                  BN=cfg["BN"], PROFILE=bool(profile), num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
+
+
 def prepare_partials(B: int, N: int, H: int, d1: int, dy: int, d2: int, splits: int,
                      split_len: int | None = None, profile: bool = False):
     """The `partials` launch of these shapes, made once: run(x1, y, x2) -> P [B, H, splits, D1,
     DY, D2] fp32, P[..., s, i, j, k] = sum over split s of x1[n, i] y[n, j] x2[n, k] (core.py),
     from x1 [B, N, H, D1], y [B, N, H, DY], x2 [B, N, H, D2] bf16 (contiguous). split_len: tokens
     per split (a multiple of BLOCK_N; default N / splits rounded up)."""
-    cfg = partials_config(d1, dy, d2)
     if split_len is None:
         split_len = triton.cdiv(triton.cdiv(N, splits), BLOCK_N) * BLOCK_N
     shape = (B, H, splits, d1, dy, d2)
-    kernel = Kernel(partials_kernel, (B * H * splits * (d1 // cfg["BI"]),), H=H, D1=d1, DY=dy,
-                    D2=d2, BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
-                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    kernel = partials_launch(B * H * splits * split_blocks(d1, dy, d2), H, d1, dy, d2, profile)
 
     def run(x1, y, x2) -> torch.Tensor:
         P = torch.empty(shape, device=x1.device, dtype=torch.float32)
@@ -174,10 +181,7 @@ def prepare_partials_varlen(T: int, H: int, d1: int, dy: int, d2: int, C: int,
     """`prepare_partials` for packed sequences (B = 1, T tokens; kernels_triton/triple/varlen.py):
     run(x1, y, x2, maps) -> P [1, H, C, D1, DY, D2] fp32, split s the tokens maps.splits[s]
     (within one sequence; a split of no tokens gives zeros)."""
-    cfg = partials_config(d1, dy, d2)
-    kernel = Kernel(partials_kernel, (H * C * (d1 // cfg["BI"]),), H=H, D1=d1, DY=dy, D2=d2,
-                    BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
-                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    kernel = partials_launch(H * C * split_blocks(d1, dy, d2), H, d1, dy, d2, profile)
 
     def run(x1, y, x2, maps) -> torch.Tensor:
         P = torch.empty((1, H, C, d1, dy, d2), device=x1.device, dtype=torch.float32)

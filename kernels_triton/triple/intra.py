@@ -89,8 +89,7 @@ def _packed_tile(Tiles, c, CS):
 
 @triton.jit
 def _rows_at(b, N, m0, h, H, D: tl.constexpr, ROWS: tl.constexpr):
-    """Element offsets [ROWS, D] of rows m0 .. of head h of batch b in a [B, N, H, D] tensor, and
-    the rows (B = 1 and b = 0 for packed tensors)."""
+    """(offsets [ROWS, D] of rows m0 .. of head h, batch b, of a [B, N, H, D] tensor; the rows)."""
     rows = m0 + tl.arange(0, ROWS)
     offs = ((b.to(tl.int64) * N + rows) * H + h) * D
     return offs[:, None] + tl.arange(0, D)[None, :], rows
@@ -99,11 +98,9 @@ def _rows_at(b, N, m0, h, H, D: tl.constexpr, ROWS: tl.constexpr):
 @triton.jit
 def _epilogue(Inter, Out, acc, c, b, m0, h, hi, N, H, D: tl.constexpr, ROWS: tl.constexpr,
               DESC: tl.constexpr, PTR: tl.constexpr = False):
-    """Out rows m0 .. m0 + ROWS - 1 of head h = Inter's (None: 0) + c acc, in bf16: by TMA
-    (DESC: Out a descriptor, rows past N clipped), or packed (Out a tensor, Inter a
-    descriptor: rows < hi stored). PTR: Inter (or None) and Out tensors, rows < hi read and
-    stored by pointer (fbtriton's C dispatcher takes at most 8 TMA descriptors a kernel:
-    kernels_triton/launch.py)."""
+    """Out rows m0 .. of head h = Inter's (None: 0) + c acc, bf16: by TMA (DESC; rows past N
+    clipped), packed (Out a tensor, rows < hi), or PTR: Inter and Out tensors, rows < hi (the C
+    dispatcher takes at most 8 TMA descriptors a kernel: kernels_triton/launch.py)."""
     y = c * acc
     if PTR:
         offs, rows = _rows_at(b, N, m0, h, H, D, ROWS)
@@ -378,22 +375,25 @@ def _launch_args(c: dict) -> dict:
 
 
 def prepare_forward(B: int, N: int, H: int, Dq: int, Dv: int, chunk: int, c: float,
-                    cfg: dict | None = None):
+                    cfg: dict | None = None, causal: bool = True):
     """The forward's launch of these shapes, made once: run(q1, q2, k1, k2, v, inter, out)
     writes out = inter + c sum_{m in chunk(n), m <= n} (q1[n].k1[m]) (q2[n].k2[m]) v[m]
-    (tensors as intra_forward's, not checked). cfg: config(Dq, Dv) or another tile config."""
+    (tensors as intra_forward's, not checked; inter None, at every call of one run: 0). causal
+    False: every key of the chunk (short.py). cfg: config(Dq, Dv) or another tile config."""
     cfg = cfg or config(Dq, Dv)
     _check_config(Dq, Dv, chunk, {"fwd": cfg["fwd"]})
     f = cfg["fwd"]
-    # Q1, Q2, K1, K2, V, Inter, Out
-    kernel, descs = _prepared(_fwd_kernel, B, N, H, Dq, Dv, f, f["BLOCK_M"], "qqQQVvv")
+    # Q1, Q2, K1, K2, V, Out; Inter (fp32, Out's rows)
+    kernel, descs = _prepared(_fwd_kernel, B, N, H, Dq, Dv, f, f["BLOCK_M"], "qqQQVv",
+                              CAUSAL=causal)
+    inter_desc = layout(B, N, H, Dv, f["BLOCK_M"])
     c = float(c)
     empty = B * N * H == 0
 
     def run(q1, q2, k1, k2, v, inter, out) -> None:
         if not empty:
-            kernel(*[d(t) for d, t in zip(descs, (q1, q2, k1, k2, v, inter, out))],
-                   N, H, chunk, c)
+            d = [desc(t) for desc, t in zip(descs, (q1, q2, k1, k2, v, out))]
+            kernel(*d[:5], None if inter is None else inter_desc(inter), d[5], N, H, chunk, c)
 
     return run
 
@@ -417,27 +417,27 @@ def intra_forward(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torc
 
 
 def prepare_backward(B: int, N: int, H: int, Dq: int, Dv: int, chunk: int, c: float,
-                     cfg: dict | None = None):
+                     cfg: dict | None = None, causal: bool = True):
     """The backward's two launches of these shapes, made once: run(q1, q2, k1, k2, v, dout,
     inter_grads, grads) with inter_grads and grads sequences of the five gradients in GRADS
     order (fp32 read, bf16 written) adds the intra-chunk part (tensors as intra_backward's, not
-    checked). cfg as prepare_forward's."""
+    checked; inter_grads None: 0, at every call of one run). cfg, causal as prepare_forward's."""
     cfg = cfg or config(Dq, Dv)
     _check_config(Dq, Dv, chunk, {k: cfg[k] for k in ("dq", "dkdv")})
-    # descriptors Q1, Q2, K1, K2, V, DO; the inter gradients and gradients by pointer (PTR: a
-    # kernel of more than 8 descriptors would miss fbtriton's C dispatcher, kernels_triton/launch.py)
+    # descriptors Q1, Q2, K1, K2, V, DO; inter gradients and gradients by pointer (PTR, _epilogue)
     f = cfg["dkdv"]
     dkdv, dkdv_descs = _prepared(_dkdv_kernel, B, N, H, Dq, Dv, f, f["BLOCK_N"], "qqQQVv",
-                                 PTR=True)
+                                 PTR=True, CAUSAL=causal)
     f = cfg["dq"]
-    dq, dq_descs = _prepared(_dq_kernel, B, N, H, Dq, Dv, f, f["BLOCK_M"], "qqQQVv", PTR=True)
+    dq, dq_descs = _prepared(_dq_kernel, B, N, H, Dq, Dv, f, f["BLOCK_M"], "qqQQVv", PTR=True,
+                             CAUSAL=causal)
     c = float(c)
     empty = B * N * H == 0
 
     def run(q1, q2, k1, k2, v, dout, inter_grads, grads) -> None:
         if empty:
             return
-        idq1, idq2, idk1, idk2, idv = inter_grads
+        idq1, idq2, idk1, idk2, idv = inter_grads or (None,) * 5
         dq1, dq2, dk1, dk2, dv = grads
         x = (q1, q2, k1, k2, v, dout)
         dkdv(*[d(t) for d, t in zip(dkdv_descs, x)], idk1, idk2, idv, dk1, dk2, dv, N, H, chunk,

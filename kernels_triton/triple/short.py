@@ -25,9 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels_triton.launch import Kernel
 from kernels_triton.triple import host, intra
-from kernels_triton.triple.core import partials_kernel
 
 ONE_PASS_N = 512  # the longest sequence this form takes
 
@@ -42,12 +40,9 @@ def prepare_state(B: int, N: int, H: int, d1: int, dy: int, d2: int, c: float,
     """Step 1, made once: run(x1, y, x2, S, S0=None) writes S [B, H, D1, DY, D2] fp32 = S0 +
     c * sum_n x1[n, i] y[n, j] x2[n, k] (S0 None: 0) and returns its bf16 slab in order "ikj"
     where `slab`, else None."""
-    cfg = host.partials_config(d1, dy, d2)
-    opts = dict(H=H, D1=d1, DY=dy, D2=d2, BI=cfg["BI"], BN=cfg["BN"], PROFILE=bool(profile),
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    grid = (B * H * (d1 // cfg["BI"]),)
-    kernels = {False: Kernel(partials_kernel, grid, **opts),
-               True: Kernel(partials_kernel, grid, **opts)}  # without and with S0
+    programs = B * H * host.split_blocks(d1, dy, d2)
+    kernels = {s0: host.partials_launch(programs, H, d1, dy, d2, profile)
+               for s0 in (False, True)}  # without and with S0 (Kernel: one set of arguments)
     shape, split_len, c = host.slab_shape((B, H), "ikj", d1, dy, d2), max(N, 1), float(c)
 
     def run(x1, y, x2, S, S0=None):
@@ -61,30 +56,20 @@ def prepare_state(B: int, N: int, H: int, d1: int, dy: int, d2: int, c: float,
     return run
 
 
-def _quadratic(fn, causal: bool, B: int, N: int, H: int, Dq: int, Dv: int, tiles: dict,
-               grid_rows: int, widths: str, **consts):
-    """intra._prepared of `fn` over one chunk of every row (CAUSAL False: every key; True: keys
-    m <= n), with `consts`."""
-    return intra._prepared(fn, B, N, H, Dq, Dv, tiles, grid_rows, widths, CAUSAL=causal,
-                           **consts)
-
-
 def _one_chunk(N: int) -> int:
-    """The chunk the quadratic kernels get: N rounded up to 128, a multiple of every tile."""
+    """The chunk the quadratic kernels get: N rounded up to 128, a multiple of every tile (one
+    chunk of every row)."""
     return triton.cdiv(max(N, 1), 128) * 128
 
 
 def prepare_out(B: int, N: int, H: int, Dq: int, Dv: int, c: float, causal: bool = False):
     """Step 2 without an initial state, made once: run(q1, q2, k1, k2, v, out) writes out =
-    c sum_m (q1[n].k1[m]) (q2[n].k2[m]) v[m] over all N keys (causal: m <= n)."""
-    f = intra.config(Dq, Dv)["fwd"]
-    kernel, descs = _quadratic(intra._fwd_kernel, causal, B, N, H, Dq, Dv, f, f["BLOCK_M"],
-                               "qqQQVv")
-    rows, c = _one_chunk(N), float(c)
+    c sum_m (q1[n].k1[m]) (q2[n].k2[m]) v[m] over all N keys (causal: m <= n): intra.py's
+    forward over one chunk, no inter."""
+    intra_fwd = intra.prepare_forward(B, N, H, Dq, Dv, _one_chunk(N), c, causal=causal)
 
     def run(q1, q2, k1, k2, v, out) -> None:
-        d = [desc(t) for desc, t in zip(descs, (q1, q2, k1, k2, v, out))]
-        kernel(*d[:5], None, d[5], N, H, rows, c)
+        intra_fwd(q1, q2, k1, k2, v, None, out)
 
     return run
 
@@ -92,23 +77,13 @@ def prepare_out(B: int, N: int, H: int, Dq: int, Dv: int, c: float, causal: bool
 def prepare_grads(B: int, N: int, H: int, Dq: int, Dv: int, c: float, causal: bool = False):
     """The backward of step 2's quadratic form, made once: run(q1, q2, k1, k2, v, dout, grads)
     writes grads (dq1, dq2, dk1, dk2, dv; bf16) of out = c sum_m (q1[n].k1[m]) (q2[n].k2[m])
-    v[m] over all N keys (causal: m <= n) given dout (intra.py's dK/dV and dQ kernels: two
-    launches). With the state also used (dstate) or an initial state, the general form."""
-    cfg = intra.config(Dq, Dv)
-    # descriptors Q1, Q2, K1, K2, V, DO; no inter gradients; the gradients by pointer (PTR), as
-    # the causal path's
-    dkdv, dkdv_descs = _quadratic(intra._dkdv_kernel, causal, B, N, H, Dq, Dv, cfg["dkdv"],
-                                  cfg["dkdv"]["BLOCK_N"], "qqQQVv", PTR=True)
-    dq, dq_descs = _quadratic(intra._dq_kernel, causal, B, N, H, Dq, Dv, cfg["dq"],
-                              cfg["dq"]["BLOCK_M"], "qqQQVv", PTR=True)
-    rows, c = _one_chunk(N), float(c)
+    v[m] over all N keys (causal: m <= n) given dout: intra.py's backward over one chunk, no
+    inter (two launches). With the state also used (dstate) or an initial state, the general
+    form."""
+    intra_bwd = intra.prepare_backward(B, N, H, Dq, Dv, _one_chunk(N), c, causal=causal)
 
     def run(q1, q2, k1, k2, v, dout, grads) -> None:
-        x = (q1, q2, k1, k2, v, dout)
-        dq1, dq2, dk1, dk2, dv = grads
-        dkdv(*[d(t) for d, t in zip(dkdv_descs, x)], None, None, None, dk1, dk2, dv, N, H, rows,
-             c)
-        dq(*[d(t) for d, t in zip(dq_descs, x)], None, None, dq1, dq2, N, H, rows, c)
+        intra_bwd(q1, q2, k1, k2, v, dout, None, grads)
 
     return run
 
