@@ -8,7 +8,7 @@ or compile, launch) and keeps the compiled kernel; every later call hands the ru
 straight to the compiled kernel's C dispatcher (fbtriton's `_TritonDispatcher`: cuLaunchKernelEx,
 TMA descriptors encoded in C), skipping the JIT's binder, cache key and Python launcher (what each
 costs a launch, measured: docs/perf-call.md). A kernel of more than MAX_TMA_DESCS descriptors
-gets no dispatcher (below).
+or MAX_PARAMS parameters gets no dispatcher (below).
 
 What makes this exact: Triton specializes a launch on each argument's type, on integers equal to 1
 or divisible by 16, and on pointers 16-byte aligned. A plan is made per problem spec, so every
@@ -16,7 +16,8 @@ integer a kernel gets is a function of the spec; tensors reach kernels dense and
 (the launcher's `dense_aligned`, `output`); an argument that may be None (an unused incoming
 gradient) is part of the plan's key. So the first call's compiled kernel is every later call's.
 `ALTATTN_CHECK_LAUNCH=1` checks that on every call (the GPU tests set it): the JIT's own lookup
-must find the kept kernel, else AssertionError.
+must find the kept kernel, else AssertionError; and that every kernel's first call found its C
+dispatcher (no hook set), else AssertionError saying why (e.g. over MAX_TMA_DESCS descriptors).
 
 Launch hooks (Proton's, a debugger's) see only launches through the JIT: while one is set, and for
 Proton-scoped kernels (`PROFILE`), every call takes the JIT path. A thread's first launch makes
@@ -47,6 +48,10 @@ CHECK = os.environ.get("ALTATTN_CHECK_LAUNCH", "0") == "1"
 # call (measured: ~40 µs of host a launch more). Every compile config stays within it
 # (tests/spine/test_compile.py); a kernel with more takes some tensors by pointer.
 MAX_TMA_DESCS = 8
+# ... and at most this many parameters (TD_MAX_KERNEL_ARGS 64 less the two scratch pointers),
+# counted flat: a runtime scalar or pointer is 1, an n-D TMA descriptor 1 + 2n (its map, shapes
+# and strides), constexprs 0
+MAX_PARAMS = 62
 _RUNTIME = triton.knobs.runtime
 # the current device and its current stream (what Triton launches on); absent from CPU builds of
 # torch, where no kernel launches
@@ -78,6 +83,31 @@ def _dispatcher(compiled):
     if disp is None or schema.get("profile_scratch_size", 0):
         return None
     return disp, tuple(a["index"] for a in schema["args"])
+
+
+def _no_dispatcher(name: str, compiled, found) -> str:
+    """Why a kernel's later calls would go through the JIT's launcher (~40 µs of host each)."""
+    if found is not None:
+        return (f"{name}: its C dispatcher takes a parameter that is neither a positional "
+                f"argument nor a keyword of the launch call")
+    try:
+        types = [a["type"] for a in json.loads(compiled.asm["launch_metadata"])["args"]]
+    except (KeyError, TypeError, ValueError):
+        return f"{name}: this Triton gives it no C dispatcher (no launch metadata)"
+    descs, params = sum(t.startswith("tensordesc") for t in types), flat_params(types)
+    if descs > MAX_TMA_DESCS or params > MAX_PARAMS:
+        return (f"{name}: no C dispatcher for its {descs} TMA descriptors and {params} "
+                f"parameters (at most {MAX_TMA_DESCS} and {MAX_PARAMS}: take some tensors by "
+                f"pointer)")
+    return f"{name}: this Triton gives it no C dispatcher"
+
+
+def flat_params(types) -> int:
+    """The parameters the C dispatcher passes for a kernel's runtime argument types (Triton's
+    type strings: "*bf16", "i32", "tensordesc<bf16[1,64,32]>"; "constexpr" takes none)."""
+    return sum(0 if t == "constexpr" else
+               1 + 2 * (t.split("[", 1)[1].count(",") + 1) if t.startswith("tensordesc") else 1
+               for t in map(str, types))
 
 
 class Kernel:
@@ -119,6 +149,9 @@ class Kernel:
             found = _dispatcher(compiled)
             if found is not None:
                 self._bind(found, len(args), kw)
+            if CHECK and self._disp is None and not (_RUNTIME.launch_enter_hook
+                                                     or _RUNTIME.launch_exit_hook):
+                raise AssertionError(_no_dispatcher(self.fn.__name__, compiled, found))
 
     def _bind(self, found, n_args: int, kw: dict) -> None:
         """Keep the dispatcher where every runtime parameter it takes is one of the call's

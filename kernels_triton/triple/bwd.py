@@ -14,7 +14,7 @@ Six GEMMs of 2 N Dq^2 Dv FLOPs each against the four the useful-FLOP count credi
 FAMILIES.md are folded into the gradients' GEMMs). Every sum in a fixed order: bitwise repeatable.
 With an initial state (the forward's S holds it, so the five gradients read it already), its
 gradient is dS itself: every token reads it and the returned state holds it. Causal: causal.py.
-Short (N <= short.ONE_PASS_N, causal too) with the state unused and no initial state: the
+Short (N <= short.ONE_PASS_N, or short.BACKWARD_N at Dq, Dv >= 64; causal too) with the state unused and no initial state: the
 quadratic form's backward, two launches (short.py).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def prepare(spec, profile: bool | str = False, impl=host):
     if spec.causal:
         from kernels_triton.triple import causal
         general = causal.prepare_backward(spec, profile, impl)
-        return short.backward(spec, general) if short.takes(spec) else general
+        return short.backward(spec, general) if short.takes(spec, "bwd") else general
     B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
     partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,
@@ -76,7 +76,7 @@ def prepare(spec, profile: bool | str = False, impl=host):
         gradients(q1, q2, k1, k2, v, dout, S_slabs(state).__getitem__, dS_slabs.__getitem__,
                   (dq1, dq2, dk1, dk2, dv))
 
-    return short.backward(spec, run) if short.takes(spec) else run
+    return short.backward(spec, run) if short.takes(spec, "bwd") else run
 
 
 def launch(spec, q1, q2, k1, k2, v, state, dout, dstate, dq1, dq2, dk1, dk2, dv,

@@ -1,4 +1,5 @@
-"""The short passes (N <= ONE_PASS_N, causal or not, every variant): the forward in two launches
+"""The short passes (N <= ONE_PASS_N, the backward at Dq, Dv >= 64 N <= BACKWARD_N; causal or
+not, every variant): the forward in two launches
 where the general form takes four (fwd.py) or more (causal.py), and the backward, with the state
 unused and no initial state, in two where bwd.py takes nine (`backward`); each cheaper on the GPU
 there too.
@@ -27,11 +28,17 @@ import triton
 
 from kernels_triton.triple import host, intra
 
-ONE_PASS_N = 512  # the longest sequence this form takes
+ONE_PASS_N = 512  # the longest sequence the forward takes
+# the backward's (Dq, Dv >= 64; else ONE_PASS_N): its quadratic form read 0.11-0.24x the general
+# form's GPU time at N 1024 there, 1.43x at D 32 (docs/perf-call.md, seventh round)
+BACKWARD_N = 1024
 
 
-def takes(spec) -> bool:
-    """Whether the passes of `spec` run here: N <= ONE_PASS_N, causal or not."""
+def takes(spec, pass_: str = "fwd") -> bool:
+    """Whether `spec`'s pass ("fwd" or "bwd") runs here, causal or not: N <= ONE_PASS_N, or
+    for the backward with Dq and Dv >= 64, N <= BACKWARD_N."""
+    if pass_ == "bwd" and min(spec.Dq, spec.Dv) >= 64:
+        return spec.N <= BACKWARD_N
     return spec.N <= ONE_PASS_N
 
 

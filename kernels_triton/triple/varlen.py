@@ -162,10 +162,11 @@ class Plan:
         self.tile_specs["rows"] = (ROWS, _cdiv(T, ROWS) + n, True, "rows")
         self.tile_specs["keys"] = (keys, _cdiv(T, keys) + n, True, None)
         self.intra = {}
-        # descriptors: Q1, Q2, K1, K2, V (and DO), the inter tensors; dK/dV's inter gradients by
-        # pointer (PTR: nine descriptors would miss fbtriton's C dispatcher, launch.py)
+        # descriptors: Q1, Q2, K1, K2, V (and DO), the forward's inter tensor; the backward's
+        # inter gradients by pointer (PTR: fbtriton's C dispatcher takes at most 8 descriptors
+        # and 62 parameters, a 3-D descriptor being 7: launch.py)
         for name, (fn, widths, ptr) in {"fwd": (intra._fwd_kernel, "qqQQVv", False),
-                                        "dq": (intra._dq_kernel, "qqQQVvqq", False),
+                                        "dq": (intra._dq_kernel, "qqQQVv", True),
                                         "dkdv": (intra._dkdv_kernel, "qqQQVv", True)}.items():
             f = cfg[name]
             tiles = self.tile_specs["keys" if name == "dkdv" else "rows"]

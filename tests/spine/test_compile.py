@@ -38,14 +38,17 @@ def test_compiles_for_hopper_with_wgmma(variant, c):
 
 
 def test_every_config_within_the_dispatchers_descriptors():
-    """fbtriton's C dispatcher takes at most MAX_TMA_DESCS TMA descriptors a kernel; a kernel with
-    more gets none and runs through the JIT's launcher at every call (~40 us of host more,
-    docs/perf-call.md): every config of every family stays within it (no compiling needed)."""
-    from kernels_triton.launch import MAX_TMA_DESCS
+    """fbtriton's C dispatcher takes at most MAX_TMA_DESCS TMA descriptors and MAX_PARAMS
+    parameters a kernel; a kernel with more gets none and runs through the JIT's launcher at
+    every call (~40 us of host more, docs/perf-call.md): every config of every family stays
+    within both (no compiling needed)."""
+    from kernels_triton.launch import MAX_PARAMS, MAX_TMA_DESCS, flat_params
     for fam in registry.families():
         for v, c in registry.compile_configs(None, fam.name):
             descs = sum(str(t).startswith("tensordesc") for t in c.signature.values())
             assert descs <= MAX_TMA_DESCS, (fam.name, v.pass_, v.name, c.name, descs)
+            params = flat_params(c.signature.values())
+            assert params <= MAX_PARAMS, (fam.name, v.pass_, v.name, c.name, params)
 
 
 def test_every_form_of_a_variant_has_configs():

@@ -3,6 +3,8 @@ compile configs (each argument's Triton type from its value, the constexprs, war
 launches nothing, and leaves Kernel's call as it was."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("triton")
@@ -81,3 +83,35 @@ def test_every_variants_configs_are_recorded_launches(family):
         for name, t in runtime.items():
             assert t.startswith(("*", "tensordesc<", "i", "fp", "u")), (v.name, c.name, name, t)
         assert not set(runtime) & set(c.constexprs), (v.name, c.name)
+
+
+class _Compiled:
+    def __init__(self, n_descs: int):
+        args = [{"index": i, "type": "tensordesc<bf16[64, 64]>"} for i in range(n_descs)]
+        self.asm = {"launch_metadata": '{"args": %s}' % str(args).replace("'", '"')}
+
+
+class _Fn:
+    """A JIT function stand-in: fn[grid](*args) returns its compiled kernel."""
+    __name__ = "toy_kernel"
+    arg_names = ["a", "b"]
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.compiled
+
+
+@pytest.mark.parametrize("found, says", [(None, "9 TMA descriptors and 45 parameters (at most 8 and 62"),
+                                         ((object(), (0, 5)), "neither a positional")])
+def test_check_launch_names_a_kernel_without_its_dispatcher(monkeypatch, found, says):
+    """ALTATTN_CHECK_LAUNCH: a first call that leaves a kernel without the C dispatcher (every
+    later call through the JIT's launcher) fails, naming the kernel and why."""
+    monkeypatch.setattr(launch, "CHECK", True)
+    monkeypatch.setattr(launch, "_dispatcher", lambda compiled: found)
+    kernel = Kernel(_Fn(_Compiled(9)), (1,))
+    with pytest.raises(AssertionError, match="toy_kernel: .*" + re.escape(says)):
+        kernel._jit((1, 2), {})
+    monkeypatch.setattr(launch, "CHECK", False)  # unchecked: the JIT's launch, no complaint
+    Kernel(_Fn(_Compiled(9)), (1,))._jit((1, 2), {})

@@ -18,6 +18,7 @@ import altattn
 from altattn import launcher, registry
 from altattn.triple import reference, reference_backward
 from altattn.triple.family import TOLERANCES
+from altattn.triple.spec import TripleSpec
 from kernels_triton.triple import short
 
 pytestmark = pytest.mark.gpu
@@ -28,7 +29,7 @@ FLOOR = 1e-4  # relative errors below this pass whatever the emulation's
 
 # (B, N, H, Dq, Dv, causal)
 SHAPES = [
-    (1, 1000, 2, 64, 64, False),
+    (1, 1000, 2, 64, 64, False),    # a short backward (short.BACKWARD_N)
     (2, 333, 3, 32, 32, False),
     (1, 1, 1, 32, 64, False),
     (3, 129, 2, 64, 32, False),     # short (kernels_triton/triple/short.py)
@@ -167,7 +168,7 @@ def test_backward(variant, with_dstate, shape, gen):
     # few tokens (N = 1) average no rounding away: there the bound is the emulation's error
     emu = (emulate_grads(*x, dout, torch.zeros_like(state) if dstate is None else dstate,
                          1.0 / shape[1]) if not causal and _small(shape) else [None] * 5)
-    if not causal and shape[1] <= short.ONE_PASS_N and dstate is None:  # the quadratic form's
+    if not causal and short.takes(TripleSpec(*shape), "bwd") and dstate is None:  # quadratic
         emu = emulate_grads_short(*x, dout, 1.0 / shape[1])
     for name, g, w, e in zip(("dq1", "dq2", "dk1", "dk2", "dv"), grads, want, emu):
         assert not g.isnan().any(), name
