@@ -14,7 +14,7 @@ Six GEMMs of 2 N Dq^2 Dv FLOPs each against the four the useful-FLOP count credi
 FAMILIES.md are folded into the gradients' GEMMs). Every sum in a fixed order: bitwise repeatable.
 With an initial state (the forward's S holds it, so the five gradients read it already), its
 gradient is dS itself: every token reads it and the returned state holds it. Causal: causal.py.
-Short (N <= short.ONE_PASS_N, or short.BACKWARD_N at Dq, Dv >= 64; causal too) with the state unused and no initial state: the
+Short (N <= short.longest(spec, "bwd"); causal too) with the state unused and no initial state: the
 quadratic form's backward, two launches (short.py).
 """
 from __future__ import annotations

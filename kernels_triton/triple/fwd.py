@@ -7,7 +7,8 @@ fixed-order sum between them:
        same pass
     3. out = apply(Q2, Q1, W)
 
-Short sequences (N <= short.ONE_PASS_N, causal or not, any variant): short.py, two launches.
+Short sequences (N <= short.longest(spec): the output by the quadratic form; causal or not, any
+variant): short.py, two or three launches.
 
 Causal: causal.py's chunked form (the state of earlier chunks, plus each chunk's masked
 quadratic form).
@@ -29,10 +30,14 @@ def prepare(spec, profile: bool | str = False, impl=host):
     if spec.causal:
         from kernels_triton.triple import causal
         general = causal.prepare_forward(spec, profile, impl)
-        return short.forward(spec, impl, general, profile) if short.takes(spec) else general
+    else:
+        general = _prepare(spec, profile, impl)
+    return short.forward(spec, impl, general, profile) if short.takes(spec) else general
+
+
+def _prepare(spec, profile, impl):
+    """The non-causal form's launches (prepare's, beyond the short form's N)."""
     B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
-    if short.takes(spec):  # N <= short.ONE_PASS_N: two launches (short.py)
-        return short.forward(spec, impl, None, profile)
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
     partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,
                                      profile=host.scoped(profile, "partials"))

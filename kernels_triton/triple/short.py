@@ -1,45 +1,57 @@
-"""The short passes (N <= ONE_PASS_N, the backward at Dq, Dv >= 64 N <= BACKWARD_N; causal or
-not, every variant): the forward in two launches
-where the general form takes four (fwd.py) or more (causal.py), and the backward, with the state
-unused and no initial state, in two where bwd.py takes nine (`backward`); each cheaper on the GPU
-there too.
+"""The short passes (N <= longest(spec, pass_): causal to one chunk, 2048; non-causal at Dq, Dv
+>= 64 to 16 D forward, 32 D backward, at most 2048; at D 32 to ONE_PASS_N = 512; every variant):
+the forward in two or three launches where the general form takes four (fwd.py) or more
+(causal.py), and the backward, with the state unused and no initial state, in two where bwd.py
+takes nine (`backward`); each cheaper on the GPU there too.
 
-    1. S = initial_state + c sum_n K1[n] (x) V[n] (x) K2[n]    core.partials_kernel over one split,
-       the scan's sum, scale and initial state in its epilogue (bitwise the split form's result
-       at one split); with an initial state (non-causal) also the bf16 slab W[i, k, j] = S[i, j, k]
+    1. S = initial_state + c sum_n K1[n] (x) V[n] (x) K2[n]: to ONE_PASS_N core.partials_kernel
+       over one split, the scan's sum, scale and initial state in its epilogue (bitwise the
+       split form's result at one split), with an initial state (non-causal) also the bf16 slab
+       W[i, k, j] = S[i, j, k]; past it the split form's partials and one scan (no slab)
     2. out, without an initial state: the quadratic form
            out[n] = c sum_{m (<= n, causal)} (Q1[n].K1[m]) (Q2[n].K2[m]) V[m]
        (intra.py's forward kernel over one chunk of every row: N^2 (4 Dq + 2 Dv) FLOPs a head,
        half that causal, against apply's 2 N Dq^2 Dv, over B H cdiv(N, 128) programs where
-       apply's each walk the Dq slabs of W in order); with one, non-causal apply(Q2, Q1, W) as
-       in fwd.py, causal causal.py's chunked form (the initial state's part has no quadratic
-       form).
+       apply's each walk the Dq slabs of W in order); with one, non-causal to ONE_PASS_N
+       apply(Q2, Q1, W) as in fwd.py, else the general form (the initial state's part has no
+       quadratic form).
 
 Why: at N <= 512 a call's kernels take a few to a few tens of microseconds and each launch and
 allocation saved is ~5-8 of host time; the one-pass state and the quadratic output measured
 faster on the GPU than the split form's partials, scan and apply at every shape up to 512
-(docs/perf-call.md, seventh round), and slower from 768 on where B H is small (one program
-walks every token).
+(docs/perf-call.md, seventh round), the one-pass state slower from 768 on where B H is small
+(one program walks every token). The quadratic output and gradients stay ahead of `apply`'s
+walks to the lengths `longest` gives (eighth round: forward 0.49-0.78x, backward 0.07-0.63x
+the general form's GPU time there; at D 32 non-causal 1.06-2.8x past 512).
 """
 from __future__ import annotations
 
 import torch
 import triton
 
-from kernels_triton.triple import host, intra
+from altattn.triple.spec import TripleSpec
+from kernels_triton.triple import causal, host, intra
 
-ONE_PASS_N = 512  # the longest sequence the forward takes
-# the backward's (Dq, Dv >= 64; else ONE_PASS_N): its quadratic form read 0.11-0.24x the general
-# form's GPU time at N 1024 there, 1.43x at D 32 (docs/perf-call.md, seventh round)
-BACKWARD_N = 1024
+ONE_PASS_N = 512  # the longest sequence whose state takes one launch (step 1)
+LONGEST_N = causal.CHUNK  # the quadratic form's longest (causal: one chunk), any D
+
+
+def longest(spec, pass_: str = "fwd") -> int:
+    """The longest N whose output ("fwd") or gradients ("bwd") take the quadratic form: causal,
+    LONGEST_N (one chunk: the chunked form's other parts add nothing there); else at Dq, Dv >=
+    64, 16 min(Dq, Dv) (forward) or 32 min(Dq, Dv) (backward), at most LONGEST_N; at D 32,
+    ONE_PASS_N (measured: docs/perf-call.md, eighth round)."""
+    d = min(spec.Dq, spec.Dv)
+    if spec.causal:
+        return LONGEST_N
+    if d < 64:
+        return ONE_PASS_N
+    return min(LONGEST_N, (16 if pass_ == "fwd" else 32) * d)
 
 
 def takes(spec, pass_: str = "fwd") -> bool:
-    """Whether `spec`'s pass ("fwd" or "bwd") runs here, causal or not: N <= ONE_PASS_N, or
-    for the backward with Dq and Dv >= 64, N <= BACKWARD_N."""
-    if pass_ == "bwd" and min(spec.Dq, spec.Dv) >= 64:
-        return spec.N <= BACKWARD_N
-    return spec.N <= ONE_PASS_N
+    """Whether `spec`'s pass ("fwd" or "bwd") runs here: N <= longest(spec, pass_)."""
+    return spec.N <= longest(spec, pass_)
 
 
 def prepare_state(B: int, N: int, H: int, d1: int, dy: int, d2: int, c: float,
@@ -111,15 +123,33 @@ def backward(spec, general):
     return run
 
 
+def prepare_split_state(spec, impl, profile: bool = False):
+    """Step 1 past ONE_PASS_N (one program a slab walking every token is then slower than the
+    split form): impl's split partials, then one scan of their sum, scaled, no slab (nothing
+    reads one): run(x1, y, x2, S) writes S as prepare_state's run does without S0."""
+    B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
+    splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
+    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
+    scan, c = host.prepare_scan(B * H, Dq, Dv, Dq, host.SUM), float(spec.scale)
+
+    def run(x1, y, x2, S) -> None:
+        scan(partials(x1, y, x2), splits, c, S)
+
+    return run
+
+
 def forward(spec, impl, general, profile: bool | str = False):
-    """fwd.prepare's run for a spec this form `takes`: steps 1 and 2; with an initial state,
-    non-causal: step 1 with its slab, then `apply` (impl's); causal: `general` (causal.py's
+    """fwd.prepare's run for a spec this form `takes`: steps 1 (one launch to ONE_PASS_N, then
+    the split form's partials and scan) and 2; with an initial state, non-causal to ONE_PASS_N:
+    step 1 with its slab, then `apply` (impl's); else `general` (fwd.py's, or causal.py's
     chunked form, whose chunks read the initial state)."""
     B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
     part = host.scoped(profile, "partials")
-    state = prepare_state(B, N, H, Dq, Dv, Dq, scale, profile=part)
+    one = N <= ONE_PASS_N
+    state = (prepare_state(B, N, H, Dq, Dv, Dq, scale, profile=part) if one
+             else prepare_split_state(spec, impl, part))
     out_q = prepare_out(B, N, H, Dq, Dv, scale, spec.causal)
-    if spec.causal:
+    if spec.causal or not one:
         with_init = general
     else:
         state_w = prepare_state(B, N, H, Dq, Dv, Dq, scale, slab=True, profile=part)
@@ -153,6 +183,11 @@ def compile_configs() -> list:
             out += configs_of(lambda sl=slab: prepare_state(1, N, H, dq, dv, dq, 1.0, slab=sl),
                               (host.tokens(dq), host.tokens(dv), host.tokens(dq), S, s0),
                               lambda launch, n=f"short_state_D{dq}x{dv}x{dq}{tag}": n)
+        # past ONE_PASS_N: the scan of the split partials without a slab (the partials: host's)
+        out += configs_of(lambda d=(dq, dv): prepare_split_state(TripleSpec(1, N, H, *d), host),
+                          (host.tokens(dq), host.tokens(dv), host.tokens(dq), S),
+                          lambda launch, n=f"short_scan_D{dq}x{dv}x{dq}": (
+                              n if launch.fn is host.scan_kernel else None))
     for dq in intra.SUPPORTED_D:
         for dv in intra.SUPPORTED_D:
             q, v = host.tokens(dq), host.tokens(dv)

@@ -29,7 +29,8 @@ FLOOR = 1e-4  # relative errors below this pass whatever the emulation's
 
 # (B, N, H, Dq, Dv, causal)
 SHAPES = [
-    (1, 1000, 2, 64, 64, False),    # a short backward (short.BACKWARD_N)
+    (1, 1000, 2, 64, 64, False),    # short past ONE_PASS_N: the split state, quadratic output
+    (1, 1500, 2, 128, 128, False),  # the same at D 128 (short.longest)
     (2, 333, 3, 32, 32, False),
     (1, 1, 1, 32, 64, False),
     (3, 129, 2, 64, 32, False),     # short (kernels_triton/triple/short.py)
@@ -40,6 +41,7 @@ SHAPES = [
     (2, 333, 3, 32, 32, True),
     (1, 1, 1, 32, 64, True),
     (1, 700, 2, 128, 64, True),
+    (1, 2000, 2, 64, 64, True),     # causal short to one chunk
 ]
 IDS = [f"B{s[0]}-N{s[1]}-H{s[2]}-Dq{s[3]}-Dv{s[4]}{'-causal' if s[5] else ''}" for s in SHAPES]
 
@@ -70,7 +72,7 @@ def emulation(q1, q2, k1, k2, v, c):
 
 
 def emulation_short(q1, q2, k1, k2, v, c):
-    """out as the short forward rounds (non-causal, N <= short.ONE_PASS_N, no initial state:
+    """out as the short forward rounds (non-causal, N <= short.longest, no initial state:
     kernels_triton/triple/short.py's quadratic form): each score (Q1.K1)(Q2.K2) to bf16, sums in
     fp64."""
     x = [t.double() for t in (q1, q2, k1, k2, v)]
@@ -146,7 +148,7 @@ def test_forward(variant, shape, gen):
     want_out, want_state = reference(*x, causal=causal)
     emu_out, emu_state = (emulation(*x, 1.0 / shape[1]) if not causal and _small(shape)
                           else (None, None))
-    if not causal and shape[1] <= short.ONE_PASS_N:  # the quadratic form rounds the scores
+    if not causal and short.takes(TripleSpec(*shape)):  # the quadratic form rounds the scores
         emu_out = emulation_short(*x, 1.0 / shape[1])
     _check("out", out, want_out, TOLERANCES["out_rel"], emu_out)
     _check("state", state, want_state, TOLERANCES["state_rel"], emu_state)

@@ -161,14 +161,18 @@ dout = torch.randn(B, N, H, Dv).bfloat16()
 init = 0.1 * torch.randn(B, H, Dq, Dv, Dq)
 dstate = 0.1 * torch.randn(B, H, Dq, Dv, Dq)
 worst = {}
-for is_causal, scale, s0, one_pass_n, ds in ((True, 0.01, init, 512, dstate),
-                                             (True, 1 / N, None, 512, dstate),
-                                             (True, 1 / N, None, 512, None),
-                                             (True, 1 / N, None, 0, dstate),
-                                             (False, 0.01, init, 512, dstate),
-                                             (False, 0.01, None, 512, None),
-                                             (False, 0.01, init, 0, dstate)):
-    short.ONE_PASS_N = one_pass_n  # 0: the split form (partials, scan, apply) at this N too
+for is_causal, scale, s0, form, ds in ((True, 0.01, init, "one", dstate),
+                                       (True, 1 / N, None, "one", dstate),
+                                       (True, 1 / N, None, "one", None),
+                                       (True, 1 / N, None, "general", dstate),
+                                       (False, 0.01, init, "one", dstate),
+                                       (False, 0.01, None, "one", None),
+                                       (False, 0.01, None, "split", None),
+                                       (False, 0.01, init, "general", dstate)):
+    # general: fwd.py / bwd.py / causal.py; one: short.py's one-launch state; split: short.py
+    # past ONE_PASS_N (the split partials' state, the quadratic output)
+    short.takes = lambda spec, pass_="fwd", f=form: f != "general"
+    short.ONE_PASS_N = 0 if form == "split" else 1 << 30
     spec = TripleSpec(B, N, H, Dq, Dv, is_causal, scale)
     out, state = torch.empty(B, N, H, Dv).bfloat16(), torch.empty(B, H, Dq, Dv, Dq)
     fwd.prepare(spec)(*x, out, state, s0)

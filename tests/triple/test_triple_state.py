@@ -362,20 +362,29 @@ def _stand_ins(monkeypatch, chunk: int):
                                  prepare_apply=prepare_apply)
 
 
-@pytest.mark.parametrize("causal,one_pass_n", [(False, 0), (False, 512), (True, 0), (True, 512)],
-                         ids=["plain", "plain-short", "causal", "causal-short"])
+def short_form(monkeypatch, form: str) -> None:
+    """Which form kernels_triton/triple's passes take at any N: "general" (fwd.py, bwd.py,
+    causal.py), "one" (short.py, the state in one launch) or "split" (short.py past
+    ONE_PASS_N: the split partials' state, the quadratic output)."""
+    from kernels_triton.triple import short
+    monkeypatch.setattr(short, "takes", lambda spec, pass_="fwd": form != "general")
+    monkeypatch.setattr(short, "ONE_PASS_N", 0 if form == "split" else 1 << 30)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("form", ["general", "one", "split"])
 @pytest.mark.parametrize("with_initial_state", [False, True], ids=["from0", "fromS0"])
-def test_the_kernels_passes_on_stand_in_kernels(causal, one_pass_n, with_initial_state,
+def test_the_kernels_passes_on_stand_in_kernels(causal, form, with_initial_state,
                                                 monkeypatch, gen):
     """kernels_triton/triple's fwd.py, bwd.py and causal.py (the host code both variants run:
     state and slab, prefix and suffix sums from the initial state, its gradient; the short
-    forward's two launches, short.py) on torch stand-ins of the kernels, against the
-    reference: bf16 slabs, so within the tolerances."""
+    forms, short.py) on torch stand-ins of the kernels, against the reference: bf16 slabs, so
+    within the tolerances."""
     from altattn.triple.family import TOLERANCES
     from altattn.triple.spec import TripleSpec
-    from kernels_triton.triple import bwd, fwd, short
+    from kernels_triton.triple import bwd, fwd
     impl = _stand_ins(monkeypatch, chunk=4)
-    monkeypatch.setattr(short, "ONE_PASS_N", one_pass_n)
+    short_form(monkeypatch, form)
     B, N, H, Dq, Dv = 2, 11, 2, 4, 8  # three causal chunks, the last ragged
     x = [t.to(BF16) for t in _x(gen, B, N, H, Dq, Dv)]
     s0 = _state(gen, B, H, Dq, Dv).float() if with_initial_state else None
