@@ -191,12 +191,12 @@ def compile_configs() -> list:
     for dq in intra.SUPPORTED_D:
         for dv in intra.SUPPORTED_D:
             q, v = host.tokens(dq), host.tokens(dv)
-            for causal, tag in ((False, ""), (True, "_causal")):
-                out += configs_of(lambda d=(dq, dv), c=causal: prepare_out(1, N, H, *d, 1.0, c),
+            for is_causal, tag in ((False, ""), (True, "_causal")):
+                out += configs_of(lambda d=(dq, dv), c=is_causal: prepare_out(1, N, H, *d, 1.0, c),
                                   (q, q, q, q, v, v),
                                   lambda launch, n=f"short_out_Dq{dq}_Dv{dv}{tag}": n)
                 out += configs_of(
-                    lambda d=(dq, dv), c=causal: prepare_grads(1, N, H, *d, 1.0, c),
+                    lambda d=(dq, dv), c=is_causal: prepare_grads(1, N, H, *d, 1.0, c),
                     (q, q, q, q, v, v, (q, q, q, q, v)),
                     lambda launch, d=(dq, dv), t=tag: (f"short_{intra.KERNELS[launch.fn]}_"
                                                        f"Dq{d[0]}_Dv{d[1]}{t}"))
