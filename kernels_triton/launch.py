@@ -4,10 +4,11 @@ arguments only, and TMA descriptors whose layout was checked once.
 `Kernel(fn, grid, **options)` is `fn[grid](*args, **kw, **options)`, where `options` are the
 kernel's constexprs and num_warps / num_stages, and `kw` the runtime arguments a kernel takes after
 its constexprs (a packed launch's token maps and split count), the same names at every call.
-Its first call goes through Triton's JIT (specialize, find or compile, launch) and keeps the compiled kernel; every later call hands the runtime arguments
-straight to the compiled kernel's C dispatcher (fbtriton's `_TritonDispatcher`: cuLaunchKernelEx,
-TMA descriptors encoded in C), skipping the JIT's binder, cache key and Python launcher (what each
-costs a launch, measured: docs/perf-call.md). A kernel of more than MAX_TMA_DESCS descriptors
+Its first call goes through Triton's JIT (specialize, find or compile, launch) and keeps the
+compiled kernel; every later call hands the runtime arguments straight to the compiled kernel's
+C dispatcher (fbtriton's `_TritonDispatcher`: cuLaunchKernelEx, TMA descriptors encoded in C),
+skipping the JIT's binder, cache key and Python launcher (what each costs a launch, measured:
+docs/perf-call.md). A kernel of more than MAX_TMA_DESCS descriptors
 or MAX_PARAMS parameters gets no dispatcher (below).
 
 What makes this exact: Triton specializes a launch on each argument's type, on integers equal to 1
