@@ -19,9 +19,9 @@ takes nine (`backward`); each cheaper on the GPU there too.
 Why: at N <= 512 a call's kernels take a few to a few tens of microseconds and each launch and
 allocation saved is ~5-8 of host time; the one-pass state and the quadratic output measured
 faster on the GPU than the split form's partials, scan and apply at every shape up to 512
-(docs/perf-call.md, seventh round), the one-pass state slower from 768 on where B H is small
+(docs/perf-triple-short.md, first round), the one-pass state slower from 768 on where B H is small
 (one program walks every token). The quadratic output and gradients stay ahead of `apply`'s
-walks to the lengths `longest` gives (eighth round: forward 0.49-0.78x, backward 0.07-0.63x
+walks to the lengths `longest` gives (second round: forward 0.49-0.78x, backward 0.07-0.63x
 the general form's GPU time there; at D 32 non-causal 1.06-2.8x past 512).
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def longest(spec, pass_: str = "fwd") -> int:
     """The longest N whose output ("fwd") or gradients ("bwd") take the quadratic form: causal,
     LONGEST_N (one chunk: the chunked form's other parts add nothing there); else at Dq, Dv >=
     64, 16 min(Dq, Dv) (forward) or 32 min(Dq, Dv) (backward), at most LONGEST_N; at D 32,
-    ONE_PASS_N (measured: docs/perf-call.md, eighth round)."""
+    ONE_PASS_N (measured: docs/perf-triple-short.md, second round)."""
     d = min(spec.Dq, spec.Dv)
     if spec.causal:
         return LONGEST_N
