@@ -1,18 +1,22 @@
 """Everyday shapes through the op, the way a training step calls it, beside SDPA in the same run.
 
-    python -m bench.everyday [--family spherical triple simplicial] [--json PATH] [--plot PNG]
+    python -m bench.everyday [--family spherical triple simplicial] [--causal] [--json PATH]
+                             [--plot PNG]
 
 The grid: B*N in {16384, 32768} tokens x N in {1024, 2048, 4096}; spherical at H 16 (Hq = Hk),
-D 64 and 128, non-causal; triple at H 16, Dq = Dv = 64; 2-simplicial at Hq 64, Hk 1, D 128,
+D 64 and 128; triple at H 16, Dq = Dv = 64 (both non-causal, or causal with --causal);
+2-simplicial at Hq 64, Hk 1, D 128,
 w 32 x 256. Each call is timed three ways, each as calls issued back to back between two CUDA
 events (no cache flush: a model's step does not flush either), ms per call the median of 5 rounds:
 - "op": the op called eagerly (`altattn.<family>_attention`), forward under no_grad, and forward
   + backward (`torch.autograd.grad` of the output against a fixed incoming gradient);
 - "graph": the same call captured in a CUDA graph and replayed: what the GPU spends, no host cost
   (kernel-only; op / graph is what the call path costs);
-- "sdpa" (spherical only): F.scaled_dot_product_attention on the same B, H, N, D called eagerly.
-TFLOPS: useful FLOPs (spherical 4 B H N^2 D forward, 2.5x backward; triple 4 B H N Dq^2 Dv, 2x;
-2-simplicial `altattn.simplicial.flops`, 2.5x) over the time.
+- "sdpa" (spherical and triple): F.scaled_dot_product_attention on the same B, H, N, D called
+  eagerly (causal with --causal; for triple on (q1, k1, v): the softmax layer it would replace).
+TFLOPS: useful FLOPs (spherical and SDPA 4 B H N^2 D forward, the visible pairs when causal,
+2.5x backward; triple 4 B H N Dq^2 Dv, 2x, causal counted as non-causal; 2-simplicial
+`altattn.simplicial.flops`, 2.5x) over the time; op/SDPA is SDPA's time over the op's.
 """
 from __future__ import annotations
 
@@ -53,11 +57,14 @@ def _rand(gen, *shape, grad=False):
     return torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16).requires_grad_(grad)
 
 
-def problems(family: str, gen):
-    """(shape words, useful forward FLOPs, backward / forward FLOP ratio, op(grad) -> (call,
-    inputs needing grad, incoming gradient), sdpa or None) over the grid."""
+def problems(family: str, gen, causal: bool = False):
+    """(shape words, useful forward FLOPs, backward / forward FLOP ratio, the op's call, inputs
+    needing grad, SDPA's inputs or None, SDPA's forward FLOPs) over the grid."""
     import altattn
     from altattn.simplicial import flops as simplicial_flops
+
+    def sdpa_flops(b, n, d):  # 4 B H N^2 D, the visible pairs when causal
+        return 4 * b * 16 * d * (n * (n + 1) // 2 if causal else n * n)
 
     for tokens in TOKENS:
         for n in LENGTHS:
@@ -65,19 +72,22 @@ def problems(family: str, gen):
             if family == "spherical":
                 for d in (64, 128):
                     x = [_rand(gen, b, n, 16, d, grad=True) for _ in range(3)]
-                    yield (dict(B=b, N=n, H=16, D=d), 4 * b * 16 * n * n * d, 2.5,
-                           lambda x=x: altattn.spherical_attention(*x)[0], x,
-                           [t.detach().transpose(1, 2).requires_grad_() for t in x])
-            elif family == "triple":
+                    yield (dict(B=b, N=n, H=16, D=d), sdpa_flops(b, n, d), 2.5,
+                           lambda x=x: altattn.spherical_attention(*x, causal=causal)[0], x,
+                           [t.detach().transpose(1, 2).requires_grad_() for t in x],
+                           sdpa_flops(b, n, d))
+            elif family == "triple":  # SDPA on (q1, k1, v): the softmax layer it would replace
                 x = [_rand(gen, b, n, 16, 64, grad=True) for _ in range(5)]
                 yield (dict(B=b, N=n, H=16, D=64), 4 * b * 16 * n * 64 ** 3, 2.0,
-                       lambda x=x: altattn.triple_attention(*x)[0], x, None)
+                       lambda x=x: altattn.triple_attention(*x, causal=causal)[0], x,
+                       [x[i].detach().transpose(1, 2).requires_grad_() for i in (0, 2, 4)],
+                       sdpa_flops(b, n, 64))
             else:
                 x = [_rand(gen, b, n, 64, 128, grad=True)]
                 x += [_rand(gen, b, n, 1, 128, grad=True) for _ in range(4)]
                 yield (dict(B=b, N=n, Hq=64, Hk=1, D=128, w="32x256"),
                        simplicial_flops(b, n, 64, 128, 32, 256), 2.5,
-                       lambda x=x: altattn.simplicial_attention(*x, 32, 256)[0], x, None)
+                       lambda x=x: altattn.simplicial_attention(*x, 32, 256)[0], x, None, 0)
 
 
 def fwd_bwd(call, inputs, grad_out):
@@ -88,9 +98,9 @@ def fwd_bwd(call, inputs, grad_out):
     return step
 
 
-def time_family(family: str, gen) -> list[dict]:
+def time_family(family: str, gen, causal: bool = False) -> list[dict]:
     rows = []
-    for shape, flops, bwd_ratio, call, inputs, sdpa_in in problems(family, gen):
+    for shape, flops, bwd_ratio, call, inputs, sdpa_in, sdpa_f in problems(family, gen, causal):
         with torch.no_grad():
             out = call()
         dout = torch.randn_like(out)
@@ -98,7 +108,7 @@ def time_family(family: str, gen) -> list[dict]:
                   "fwd+bwd": (flops * (1 + bwd_ratio), torch.enable_grad,
                               fwd_bwd(call, inputs, dout))}
         for pass_, (f, mode, fn) in passes.items():
-            row = {"family": family, **shape, "pass": pass_}
+            row = {"family": family, "causal": causal, **shape, "pass": pass_}
             with mode():
                 op = per_call_ms(fn)
                 graph = per_call_ms(graphed(fn))
@@ -108,11 +118,12 @@ def time_family(family: str, gen) -> list[dict]:
             if sdpa_in is not None:
                 dos = dout.transpose(1, 2)
                 def sdpa(x=sdpa_in):
-                    return F.scaled_dot_product_attention(*x)
+                    return F.scaled_dot_product_attention(*x, is_causal=causal)
                 s_fn = sdpa if pass_ == "fwd" else fwd_bwd(sdpa, sdpa_in, dos)
+                sf = sdpa_f * (1 if pass_ == "fwd" else 3.5)  # SDPA's backward: 2.5x
                 with mode():
                     s = per_call_ms(s_fn)
-                row.update(sdpa_ms=round(s, 4), sdpa_tflops=round(f / s / 1e9, 1),
+                row.update(sdpa_ms=round(s, 4), sdpa_tflops=round(sf / s / 1e9, 1),
                            op_vs_sdpa=round(s / op, 3))
             rows.append(row)
             print(row, flush=True)
@@ -142,7 +153,8 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_ylabel("TFLOPS")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle(f"spherical attention through the op, {torch.cuda.get_device_name()}")
+    causal = " (causal)" if rows[0]["causal"] else ""
+    fig.suptitle(f"spherical attention{causal} through the op, {torch.cuda.get_device_name()}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -154,14 +166,17 @@ def main(argv=None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--family", nargs="+", default=["spherical", "triple", "simplicial"],
                    choices=["spherical", "triple", "simplicial"])
+    p.add_argument("--causal", action="store_true",
+                   help="causal spherical and triple calls (and SDPA's); 2-simplicial as is")
     p.add_argument("--json", help="write the rows (with run metadata) here")
     p.add_argument("--plot", help="write the spherical plot (PNG) here")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows = [r for fam in a.family for r in time_family(fam, gen)]
-    report(rows, [("family", "family"), ("B", "B"), ("N", "N"), ("D", "D"), ("pass", "pass"),
+    rows = [r for fam in a.family for r in time_family(fam, gen, a.causal)]
+    report(rows, [("family", "family"), ("causal", "causal"), ("B", "B"), ("N", "N"), ("D", "D"),
+                  ("pass", "pass"),
                   ("op_tflops", "op TFLOPS"), ("graph_tflops", "graph TFLOPS"),
                   ("sdpa_tflops", "SDPA TFLOPS"), ("op_vs_graph", "op/graph"),
                   ("op_vs_sdpa", "op/SDPA")], a.json)
