@@ -87,7 +87,8 @@ def profiled_kernels(spec, pass_: str, impl=None) -> dict[str, int]:
     impl = impl or sys.modules[__name__]
     chunk = 1 if spec.causal else 0  # causal: chunked slabs (causal.py)
     from kernels_triton.triple import short
-    mine = pass_ == "fwd" and short.takes(spec)  # this module's `partials` whatever the impl
+    # short.py's one-launch state: this module's `partials` whatever the impl
+    mine = pass_ == "fwd" and short.takes(spec) and spec.N <= short.ONE_PASS_N
     return {"partials": (partials_warps if mine else impl.partials_warps)(spec.Dq, spec.Dv,
                                                                         spec.Dq),
             "apply": min(impl.apply_warps(dx, dy, do, chunk)
