@@ -8,8 +8,8 @@ Its first call goes through Triton's JIT (specialize, find or compile, launch) a
 compiled kernel; every later call hands the runtime arguments straight to the compiled kernel's
 C dispatcher (fbtriton's `_TritonDispatcher`: cuLaunchKernelEx, TMA descriptors encoded in C),
 skipping the JIT's binder, cache key and Python launcher (what each costs a launch, measured:
-docs/perf-call.md). A kernel of more than MAX_TMA_DESCS descriptors
-or MAX_PARAMS parameters gets no dispatcher (below).
+docs/perf-call.md). A kernel of more than MAX_TMA_DESCS descriptors or MAX_PARAMS parameters
+gets no dispatcher (below).
 
 What makes this exact: Triton specializes a launch on each argument's type, on integers equal to 1
 or divisible by 16, and on pointers 16-byte aligned. A plan is made per problem spec, so every

@@ -279,14 +279,14 @@ def prepare_state(B: int, H: int, d1: int, dy: int, d2: int, splits: int, c: flo
     """The state from the partials, made once: run(P, S, S0=None) writes S [B, H, D1, DY, D2]
     fp32 = S0 + c * the sum of P's splits (S0 the initial state, same shape, or None; the
     splits in order: bitwise repeatable) and returns its bf16 slab in order "ikj" (as
-    `slab(S, "ikj")`, without the copy pass), or with several `orders` {order: slab}; one
-    pass (core.scan_kernel)."""
+    `slab(S, "ikj")`, without the copy pass), or with several `orders` {order: slab}, or with
+    none None; one pass (core.scan_kernel)."""
     scan = prepare_scan(B * H, d1, dy, d2, SUM)
 
     def run(P, S, S0=None):
         slabs = new_slabs((B, H), orders, d1, dy, d2, S.device)
         scan(P, splits, c, S, slabs, S0)
-        return slabs if len(orders) > 1 else slabs[orders[0]]
+        return slabs if len(orders) > 1 else slabs[orders[0]] if orders else None
 
     return run
 

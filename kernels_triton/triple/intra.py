@@ -100,7 +100,7 @@ def _epilogue(Inter, Out, acc, c, b, m0, h, hi, N, H, D: tl.constexpr, ROWS: tl.
               DESC: tl.constexpr, PTR: tl.constexpr = False):
     """Out rows m0 .. of head h = Inter's (None: 0) + c acc, bf16: by TMA (DESC; rows past N
     clipped), packed (Out a tensor, rows < hi), or PTR: Inter and Out tensors, rows < hi (the C
-    dispatcher takes at most 8 TMA descriptors a kernel: kernels_triton/launch.py)."""
+    dispatcher's descriptor and parameter limits: kernels_triton/launch.py)."""
     y = c * acc
     if PTR:
         offs, rows = _rows_at(b, N, m0, h, H, D, ROWS)

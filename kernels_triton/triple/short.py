@@ -130,10 +130,10 @@ def prepare_split_state(spec, impl, profile: bool = False):
     B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
     splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
     partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
-    scan, c = host.prepare_scan(B * H, Dq, Dv, Dq, host.SUM), float(spec.scale)
+    state = host.prepare_state(B, H, Dq, Dv, Dq, splits, spec.scale, orders=())
 
     def run(x1, y, x2, S) -> None:
-        scan(partials(x1, y, x2), splits, c, S)
+        state(partials(x1, y, x2), S)
 
     return run
 
