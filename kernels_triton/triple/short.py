@@ -1,5 +1,6 @@
-"""The short passes (N <= longest(spec, pass_): causal to one chunk, 2048; non-causal at Dq, Dv
->= 64 to 16 D forward, 32 D backward, at most 2048; at D 32 to ONE_PASS_N = 512; every variant):
+"""The short passes (N <= longest(spec, pass_): causal to 4096 at Dq, Dv >= 64, to one chunk
+(2048) at D 32; non-causal at Dq, Dv >= 64 to 16 D forward, 32 D backward, at most 4096; at D 32
+to ONE_PASS_N = 512; every variant):
 the forward in two or three launches where the general form takes four (fwd.py) or more
 (causal.py), and the backward, with the state unused and no initial state, in two where bwd.py
 takes nine (`backward`); each cheaper on the GPU there too.
@@ -21,8 +22,9 @@ allocation saved is ~5-8 of host time; the one-pass state and the quadratic outp
 faster on the GPU than the split form's partials, scan and apply at every shape up to 512
 (docs/perf-triple-short.md, first round), the one-pass state slower from 768 on where B H is small
 (one program walks every token). The quadratic output and gradients stay ahead of `apply`'s
-walks to the lengths `longest` gives (second round: forward 0.49-0.78x, backward 0.07-0.63x
-the general form's GPU time there; at D 32 non-causal 1.06-2.8x past 512).
+walks to the lengths `longest` gives (second round: forward 0.48-0.87x, backward 0.07-0.75x
+the general form's GPU time there; at D 32 non-causal 1.06-2.8x past 512, at D 64 non-causal
+past 2048 1.0-1.55x).
 """
 from __future__ import annotations
 
@@ -33,17 +35,18 @@ from altattn.triple.spec import TripleSpec
 from kernels_triton.triple import causal, host, intra
 
 ONE_PASS_N = 512  # the longest sequence whose state takes one launch (step 1)
-LONGEST_N = causal.CHUNK  # the quadratic form's longest (causal: one chunk), any D
+LONGEST_N = 4096  # the quadratic form's longest at Dq, Dv >= 64 (measured to here)
 
 
 def longest(spec, pass_: str = "fwd") -> int:
-    """The longest N whose output ("fwd") or gradients ("bwd") take the quadratic form: causal,
-    LONGEST_N (one chunk: the chunked form's other parts add nothing there); else at Dq, Dv >=
-    64, 16 min(Dq, Dv) (forward) or 32 min(Dq, Dv) (backward), at most LONGEST_N; at D 32,
-    ONE_PASS_N (measured: docs/perf-triple-short.md, second round)."""
+    """The longest N whose output ("fwd") or gradients ("bwd") take the quadratic form (measured:
+    docs/perf-triple-short.md, second round). Causal: LONGEST_N at Dq, Dv >= 64, one chunk
+    (causal.CHUNK) at D 32 (there the chunked form's other parts add nothing). Non-causal at
+    Dq, Dv >= 64: 16 min(Dq, Dv) (forward) or 32 min(Dq, Dv) (backward), at most LONGEST_N;
+    at D 32, ONE_PASS_N."""
     d = min(spec.Dq, spec.Dv)
     if spec.causal:
-        return LONGEST_N
+        return LONGEST_N if d >= 64 else causal.CHUNK
     if d < 64:
         return ONE_PASS_N
     return min(LONGEST_N, (16 if pass_ == "fwd" else 32) * d)

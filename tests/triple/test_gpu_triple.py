@@ -31,6 +31,7 @@ FLOOR = 1e-4  # relative errors below this pass whatever the emulation's
 SHAPES = [
     (1, 1000, 2, 64, 64, False),    # short past ONE_PASS_N: the split state, quadratic output
     (1, 1500, 2, 128, 128, False),  # the same at D 128 (short.longest)
+    (1, 3000, 2, 128, 128, False),  # the general forward, the quadratic backward
     (2, 333, 3, 32, 32, False),
     (1, 1, 1, 32, 64, False),
     (3, 129, 2, 64, 32, False),     # short (kernels_triton/triple/short.py)
@@ -41,7 +42,7 @@ SHAPES = [
     (2, 333, 3, 32, 32, True),
     (1, 1, 1, 32, 64, True),
     (1, 700, 2, 128, 64, True),
-    (1, 2000, 2, 64, 64, True),     # causal short to one chunk
+    (1, 3000, 2, 64, 64, True),     # causal short past one chunk (short.LONGEST_N)
 ]
 IDS = [f"B{s[0]}-N{s[1]}-H{s[2]}-Dq{s[3]}-Dv{s[4]}{'-causal' if s[5] else ''}" for s in SHAPES]
 
