@@ -7,7 +7,9 @@ The grid: B*N in {16384, 32768} tokens x N in {1024, 2048, 4096}; spherical at H
 D 64 and 128; triple at H 16, Dq = Dv = 64 (both non-causal, or causal with --causal);
 2-simplicial at Hq 64, Hk 1, D 128,
 w 32 x 256. Each call is timed three ways, each as calls issued back to back between two CUDA
-events (no cache flush: a model's step does not flush either), ms per call the median of 5 rounds:
+events (no cache flush: a model's step does not flush either), ms per call the median of 7 rounds,
+the three ways interleaved round by round (op, graph, SDPA, op, ...: a drift of the GPU's clocks
+or of the host's speed during a point reaches all three alike):
 - "op": the op called eagerly (`altattn.<family>_attention`), forward under no_grad, and forward
   + backward (`torch.autograd.grad` of the output against a fixed incoming gradient);
 - "graph": the same call captured in a CUDA graph and replayed: what the GPU spends, no host cost
@@ -32,25 +34,29 @@ TOKENS = (16384, 32768)
 LENGTHS = (1024, 2048, 4096)
 
 
-def per_call_ms(fn, rounds: int = 5, min_ms: float = 20.0) -> float:
-    """Median over `rounds` of (event time of k back-to-back calls) / k, k for >= min_ms."""
-    for _ in range(3):
-        fn()
+def interleaved_ms(fns: list, rounds: int = 7, min_ms: float = 20.0) -> list[float]:
+    """Per fn, the median over `rounds` of (event time of k back-to-back calls) / k, k for >=
+    min_ms; each round times every fn in turn, so the fns see the same drift."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    k = max(5, int(min_ms / max(start.elapsed_time(end), 1e-3)))
-    times = []
-    for _ in range(rounds):
+
+    def timed(fn, k: int) -> float:
         start.record()
         for _ in range(k):
             fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / k)
-    return statistics.median(times)
+        return start.elapsed_time(end) / k
+
+    ks = []
+    for fn in fns:
+        for _ in range(3):
+            fn()
+        ks.append(max(5, int(min_ms / max(timed(fn, 1), 1e-3))))
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, k, t in zip(fns, ks, times):
+            t.append(timed(fn, k))
+    return [statistics.median(t) for t in times]
 
 
 def _rand(gen, *shape, grad=False):
@@ -109,22 +115,21 @@ def time_family(family: str, gen, causal: bool = False) -> list[dict]:
                               fwd_bwd(call, inputs, dout))}
         for pass_, (f, mode, fn) in passes.items():
             row = {"family": family, "causal": causal, **shape, "pass": pass_}
-            with mode():
-                op = per_call_ms(fn)
-                graph = per_call_ms(graphed(fn))
-            row.update(op_ms=round(op, 4), graph_ms=round(graph, 4),
-                       op_tflops=round(f / op / 1e9, 1), graph_tflops=round(f / graph / 1e9, 1),
-                       op_vs_graph=round(graph / op, 3))
+            fns = [fn]
             if sdpa_in is not None:
                 dos = dout.transpose(1, 2)
                 def sdpa(x=sdpa_in):
                     return F.scaled_dot_product_attention(*x, is_causal=causal)
-                s_fn = sdpa if pass_ == "fwd" else fwd_bwd(sdpa, sdpa_in, dos)
+                fns.append(sdpa if pass_ == "fwd" else fwd_bwd(sdpa, sdpa_in, dos))
+            with mode():
+                op, graph, *s = interleaved_ms([fns[0], graphed(fn), *fns[1:]])
+            row.update(op_ms=round(op, 4), graph_ms=round(graph, 4),
+                       op_tflops=round(f / op / 1e9, 1), graph_tflops=round(f / graph / 1e9, 1),
+                       op_vs_graph=round(graph / op, 3))
+            if s:
                 sf = sdpa_f * (1 if pass_ == "fwd" else 3.5)  # SDPA's backward: 2.5x
-                with mode():
-                    s = per_call_ms(s_fn)
-                row.update(sdpa_ms=round(s, 4), sdpa_tflops=round(sf / s / 1e9, 1),
-                           op_vs_sdpa=round(s / op, 3))
+                row.update(sdpa_ms=round(s[0], 4), sdpa_tflops=round(sf / s[0] / 1e9, 1),
+                           op_vs_sdpa=round(s[0] / op, 3))
             rows.append(row)
             print(row, flush=True)
     return rows
