@@ -8,8 +8,8 @@ D 64 and 128; triple at H 16, Dq = Dv = 64 (both non-causal, or causal with --ca
 2-simplicial at Hq 64, Hk 1, D 128,
 w 32 x 256. Each call is timed three ways, each as calls issued back to back between two CUDA
 events (no cache flush: a model's step does not flush either), ms per call the median of 7 rounds,
-the three ways interleaved round by round (op, graph, SDPA, op, ...: a drift of the GPU's clocks
-or of the host's speed during a point reaches all three alike):
+the three ways interleaved round by round, the first of a round rotating (a drift of the GPU's
+clocks or of the host's speed during a point reaches all three alike):
 - "op": the op called eagerly (`altattn.<family>_attention`), forward under no_grad, and forward
   + backward (`torch.autograd.grad` of the output against a fixed incoming gradient);
 - "graph": the same call captured in a CUDA graph and replayed: what the GPU spends, no host cost
@@ -36,7 +36,8 @@ LENGTHS = (1024, 2048, 4096)
 
 def interleaved_ms(fns: list, rounds: int = 7, min_ms: float = 20.0) -> list[float]:
     """Per fn, the median over `rounds` of (event time of k back-to-back calls) / k, k for >=
-    min_ms; each round times every fn in turn, so the fns see the same drift."""
+    min_ms; each round times every fn in turn, starting one further each round, so the fns see
+    the same drift and follow each other equally often."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def timed(fn, k: int) -> float:
@@ -53,9 +54,10 @@ def interleaved_ms(fns: list, rounds: int = 7, min_ms: float = 20.0) -> list[flo
             fn()
         ks.append(max(5, int(min_ms / max(timed(fn, 1), 1e-3))))
     times = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, k, t in zip(fns, ks, times):
-            t.append(timed(fn, k))
+    for r in range(rounds):  # each fn first, middle and last in turn: no place in the order wins
+        for i in range(len(fns)):
+            j = (i + r) % len(fns)
+            times[j].append(timed(fns[j], ks[j]))
     return [statistics.median(t) for t in times]
 
 
