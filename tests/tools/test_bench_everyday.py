@@ -1,0 +1,79 @@
+"""CPU test of bench.everyday's timing (`interleaved_ms`) with CUDA events stood in by a clock:
+each function's median, and the order of a round rotating so that no function always follows
+the same other one."""
+from __future__ import annotations
+
+import pytest
+
+from bench import everyday
+
+
+class _Clock:
+    """A fake GPU clock: functions advance it; events record it."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.calls: list[str] = []
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = _Clock()
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = c.now
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(everyday.torch.cuda, "Event", Event)
+    return c
+
+
+def _fn(clock, name, ms):
+    def fn():
+        clock.now += ms
+        clock.calls.append(name)
+    return fn
+
+
+def test_medians_and_rotation(clock):
+    costs = {"op": 0.5, "graph": 0.4, "sdpa": 0.6}
+    fns = [_fn(clock, n, ms) for n, ms in costs.items()]
+    got = everyday.interleaved_ms(fns, rounds=6, min_ms=5.0)
+    assert got == pytest.approx(list(costs.values()))
+    # the timed rounds: each function runs k back-to-back calls, k = 5 ms / its cost (>= 5)
+    warm = 4 * len(fns)  # three warm-up calls and one to size k, per function
+    order = []
+    for name in clock.calls[warm:]:
+        if not order or order[-1] != name:
+            order.append(name)
+    rounds = [order[i:i + 3] for i in range(0, len(order), 3)]
+    assert len(rounds) == 6
+    assert [r[0] for r in rounds[:3]] == ["op", "graph", "sdpa"]  # each first in turn
+    assert all(sorted(r) == sorted(costs) for r in rounds)
+
+
+def test_drift_reaches_all_alike(clock):
+    """A clock that slows each round: every function's median moves by the same factor."""
+    base = {"op": 1.0, "sdpa": 2.0}
+    state = {"slow": 1.0}
+
+    def make(name, ms):
+        def fn():
+            clock.now += ms * state["slow"]
+            clock.calls.append(name)
+            if name == "sdpa":
+                state["slow"] *= 1.01
+        return fn
+
+    op, sdpa = everyday.interleaved_ms([make(n, ms) for n, ms in base.items()], rounds=7,
+                                       min_ms=10.0)
+    assert sdpa / op == pytest.approx(2.0, rel=0.03)
