@@ -1,7 +1,7 @@
 """What a call costs the host: microseconds per call of every family's op, pass (`forward`) and
 op forward + backward, and of a decoding step, beside PyTorch's SDPA in the same run.
 
-    python -m bench.overhead [--calls 300] [--json PATH] [--profile 20]
+    python -m bench.overhead [--calls 300] [--rounds 5] [--json PATH] [--profile 20]
 
 Shapes are tiny (128 tokens), so the GPU should finish each call's kernels before the host issues
 the next, leaving the host's time ("graph us" checks it: the same calls replayed from a CUDA graph,
@@ -15,8 +15,11 @@ call (how a latency-bound loop sees it). The decoding step (2-simplicial `attent
 B 64, 4096 cached tokens, one new token; bench/decode.py) is timed eager and replayed from a CUDA
 graph: its GPU time is not negligible, and the ratio says what the host costs a serving loop that
 does not capture graphs. "autograd floor": a no-op torch.autograd.Function (clone forward, identity
-backward) called forward + backward: what `.backward()` costs any op. --profile K prints, after the table, the K functions with the most own
-time in --calls calls of each (cProfile; it inflates Python's share).
+backward) called forward + backward: what `.backward()` costs any op. --profile K prints, after
+the table, the K functions with the most own time in --calls calls of each (cProfile; it
+inflates Python's share). "host" and "queued" are the best of --rounds rounds, every call's
+rounds taking turns with the others' (the first of a round rotating): a host that slows during
+the run slows every row alike.
 docs/perf-call.md has the numbers and what each step of the call path costs.
 """
 from __future__ import annotations
@@ -32,40 +35,56 @@ import torch.nn.functional as F
 N = 128  # tokens: the GPU work of a call stays far below its host cost
 
 
-def queued_us(fn: Callable, calls: int) -> float:
-    """Wall microseconds per call of `calls` calls issued back to back (best of 3 rounds)."""
-    for _ in range(3):
+def queued_round(fn: Callable, calls: int) -> float:
+    """Wall microseconds per call of `calls` calls issued back to back, one sync at the end."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
-    best = float("inf")
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def queued_us(fn: Callable, calls: int) -> float:
+    """`queued_round`, best of 3 rounds after 3 warm-up calls."""
     for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
+        fn()
+    return min(queued_round(fn, calls) for _ in range(3))
 
 
 QUEUE = 512  # launches: well under the CUDA launch queue's depth (1024), so issuing never blocks
 
 
-def host_us(fn: Callable, calls: int, launches: int) -> float:
+def host_round(fn: Callable, calls: int, launches: int) -> float:
     """Host microseconds per call, the GPU excluded (module docstring): at most QUEUE // launches
-    calls (`launches`: kernels a call queues) issued behind a sleep kernel that outlasts them,
-    best of 3 rounds."""
+    calls (`launches`: kernels a call queues) issued behind a sleep kernel that outlasts them."""
     calls = max(1, min(calls, QUEUE // max(launches, 1)))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e8))  # ~0.1 s at 2 GHz: longer than the calls take to issue
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def host_us(fn: Callable, calls: int, launches: int) -> float:
+    """`host_round`, best of 3 rounds after 3 warm-up calls."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda._sleep(int(2e8))  # ~0.1 s at 2 GHz: longer than the calls take to issue
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
+    return min(host_round(fn, calls, launches) for _ in range(3))
+
+
+def interleaved(jobs: list[Callable[[], float]], rounds: int) -> list[float]:
+    """Each job (one timed round, returning µs) run `rounds` times, the jobs taking turns and the
+    first of a round rotating, so that a host slowing or speeding up during the run reaches
+    every call alike; per job the best of its rounds."""
+    best = [float("inf")] * len(jobs)
+    for r in range(rounds):
+        for i in range(len(jobs)):
+            j = (i + r) % len(jobs)
+            best[j] = min(best[j], jobs[j]())
     return best
 
 
@@ -208,6 +227,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=300, help="calls per timing (default: 300)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="timed rounds per call, the calls taking turns (best of them; default 5)")
     p.add_argument("--json", help="write the rows (with run metadata) here")
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="also print the K functions with the most own time of each call")
@@ -215,16 +236,29 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows = []
+    rows, host_jobs, queued_jobs = [], [], []
     for family, calls in family_calls(gen).items():
         for call, fn in calls.items():
-            with torch.no_grad() if "bwd" not in call else torch.enable_grad():
+            mode = torch.no_grad if "bwd" not in call else torch.enable_grad
+            with mode():
+                for _ in range(3):  # warm-up: compile, plans, remembered calls
+                    fn()
+                launches = launches_per_call(fn)
                 rows.append({"family": family, "call": call,
-                             "host_us": round(host_us(fn, a.calls, launches_per_call(fn)), 1),
-                             "queued_us": round(queued_us(fn, a.calls), 1),
                              "synced_us": round(synced_us(fn, a.calls), 1),
                              "gpu_us": (None if "bwd" in call else
                                         round(queued_us(graphed(fn), a.calls), 1))})
+
+            def in_mode(timer, fn=fn, mode=mode, launches=launches):
+                def job():
+                    with mode():
+                        return (timer(fn, a.calls, launches) if timer is host_round
+                                else timer(fn, a.calls))
+                return job
+            host_jobs.append(in_mode(host_round))
+            queued_jobs.append(in_mode(queued_round))
+    for r, h, q in zip(rows, interleaved(host_jobs, a.rounds), interleaved(queued_jobs, a.rounds)):
+        r.update(host_us=round(h, 1), queued_us=round(q, 1))
     sdpa = {r["call"]: r for r in rows if r["family"] == "sdpa"}
     for r in rows:
         if r["call"] in sdpa:
@@ -237,7 +271,7 @@ def main(argv=None) -> int:
                   ("us", "us"),
                   ("vs_graph", "graph/eager")], a.json,
            lambda meta: f"{metadata_line(meta)}\n{N} tokens a call; queued: {a.calls} calls, "
-                        "one sync (best of 3 rounds)")
+                        f"one sync (best of {a.rounds} rounds, the calls taking turns)")
     if a.profile:
         for family, calls in family_calls(gen).items():
             for call, fn in calls.items():

@@ -1,11 +1,12 @@
-"""CPU test of bench.everyday's timing (`interleaved_ms`) with CUDA events stood in by a clock:
-each function's median, and the order of a round rotating so that no function always follows
-the same other one."""
+"""CPU tests of the benchmarks' interleaved timing: bench.everyday's `interleaved_ms` with CUDA
+events stood in by a clock (each function's median, the order of a round rotating so that no
+function always follows the same other one, a drift reaching all alike) and bench.overhead's
+`interleaved` (best of the rounds, the same rotation)."""
 from __future__ import annotations
 
 import pytest
 
-from bench import everyday
+from bench import everyday, overhead
 
 
 class _Clock:
@@ -77,3 +78,19 @@ def test_drift_reaches_all_alike(clock):
     op, sdpa = everyday.interleaved_ms([make(n, ms) for n, ms in base.items()], rounds=7,
                                        min_ms=10.0)
     assert sdpa / op == pytest.approx(2.0, rel=0.03)
+
+
+def test_overhead_rounds_take_turns():
+    seen = []
+
+    def job(name, values):
+        it = iter(values)
+
+        def run():
+            seen.append(name)
+            return next(it)
+        return run
+
+    best = overhead.interleaved([job("a", [5.0, 3.0, 4.0]), job("b", [2.0, 9.0, 1.0])], rounds=3)
+    assert best == [3.0, 1.0]
+    assert seen == ["a", "b", "b", "a", "a", "b"]
