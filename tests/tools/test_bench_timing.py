@@ -94,3 +94,43 @@ def test_overhead_rounds_take_turns():
     best = overhead.interleaved([job("a", [5.0, 3.0, 4.0]), job("b", [2.0, 9.0, 1.0])], rounds=3)
     assert best == [3.0, 1.0]
     assert seen == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_overhead_main_times_every_call(monkeypatch):
+    """bench.overhead's main on CPU stand-ins (no GPU work): every call gets a host and a queued
+    time from its turns, the SDPA ratios come from them, and the calls take turns."""
+    import profiling.common
+    import profiling.timing
+    log = []
+
+    def fake(name):
+        def fn():
+            log.append(name)
+        return fn
+
+    calls = {"sdpa": {"op fwd": fake("sdpa")},
+             "fam": {"op fwd": fake("fam"), "op fwd+bwd": fake("fb")}}
+    monkeypatch.setattr(overhead, "family_calls", lambda gen: calls)
+    monkeypatch.setattr(overhead, "launches_per_call", lambda fn: 1)
+    monkeypatch.setattr(overhead, "decode_rows", lambda gen: [])
+    monkeypatch.setattr(overhead.torch, "Generator",
+                        lambda device=None: type("G", (), {"manual_seed": lambda self, s: self})())
+    monkeypatch.setattr(overhead.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(overhead.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(overhead.torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.setattr(profiling.timing, "graphed", lambda fn: fn)
+    got = {}
+    monkeypatch.setattr(profiling.common, "report",
+                        lambda rows, cols, path, header: got.setdefault("rows", rows))
+    assert overhead.main(["--calls", "2", "--rounds", "3"]) == 0
+    rows = {(r["family"], r["call"]): r for r in got["rows"]}
+    assert set(rows) == {("sdpa", "op fwd"), ("fam", "op fwd"), ("fam", "op fwd+bwd")}
+    for r in rows.values():
+        assert r["host_us"] >= 0 and r["queued_us"] >= 0 and r["synced_us"] >= 0
+    assert rows[("fam", "op fwd")]["host_vs_sdpa"] == pytest.approx(
+        rows[("fam", "op fwd")]["host_us"] / rows[("sdpa", "op fwd")]["host_us"], abs=0.01)
+    assert rows[("fam", "op fwd+bwd")]["gpu_us"] is None  # no graph of a backward
+    # the timed phase: host rounds then queued rounds, 2 calls a turn, the turns rotating
+    timed = log[-2 * 3 * 3 * 2:]
+    turns = [timed[i] for i in range(0, len(timed), 2)]
+    assert turns[:9] == ["sdpa", "fam", "fb", "fam", "fb", "sdpa", "fb", "sdpa", "fam"]
