@@ -7,9 +7,10 @@ The grid: B*N in {16384, 32768} tokens x N in {1024, 2048, 4096}; spherical at H
 D 64 and 128; triple at H 16, Dq = Dv = 64 (both non-causal, or causal with --causal);
 2-simplicial at Hq 64, Hk 1, D 128,
 w 32 x 256. Each call is timed three ways, each as calls issued back to back between two CUDA
-events (no cache flush: a model's step does not flush either), ms per call the median of 7 rounds,
-the three ways interleaved round by round, the first of a round rotating (a drift of the GPU's
-clocks or of the host's speed during a point reaches all three alike):
+events (no cache flush: a model's step does not flush either), ms per call the median of 6 rounds,
+the three ways interleaved round by round in a balanced order (`balanced_order`: a drift of the
+GPU's clocks or of the host's speed during a point reaches all three alike, and no way always
+follows the same other one):
 - "op": the op called eagerly (`altattn.<family>_attention`), forward under no_grad, and forward
   + backward (`torch.autograd.grad` of the output against a fixed incoming gradient);
 - "graph": the same call captured in a CUDA graph and replayed: what the GPU spends, no host cost
@@ -34,10 +35,20 @@ TOKENS = (16384, 32768)
 LENGTHS = (1024, 2048, 4096)
 
 
-def interleaved_ms(fns: list, rounds: int = 7, min_ms: float = 20.0) -> list[float]:
+def balanced_order(n: int, r: int) -> list[int]:
+    """Round r's order of n ways, a Williams design: row r mod n of 0, 1, n-1, 2, n-2, ... shifted
+    by r, and for odd n the next n rows mirrored. Over n rounds (2n for odd n) each way is first
+    equally often and follows each other way equally often (n = 3: 012, 120, 201, 210, 021, 102)."""
+    base = [0] + [(i + 1) // 2 if i % 2 else n - i // 2 for i in range(1, n)]
+    r %= n if n % 2 == 0 else 2 * n
+    row = [(b + r) % n for b in base]
+    return row[::-1] if r >= n else row
+
+
+def interleaved_ms(fns: list, rounds: int = 6, min_ms: float = 20.0) -> list[float]:
     """Per fn, the median over `rounds` of (event time of k back-to-back calls) / k, k for >=
-    min_ms; each round times every fn in turn, starting one further each round, so the fns see
-    the same drift and follow each other equally often."""
+    min_ms; each round times every fn in turn, in `balanced_order`, so the fns see the same
+    drift and no fn always runs after the same other one."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def timed(fn, k: int) -> float:
@@ -54,9 +65,8 @@ def interleaved_ms(fns: list, rounds: int = 7, min_ms: float = 20.0) -> list[flo
             fn()
         ks.append(max(5, int(min_ms / max(timed(fn, 1), 1e-3))))
     times = [[] for _ in fns]
-    for r in range(rounds):  # each fn first, middle and last in turn: no place in the order wins
-        for i in range(len(fns)):
-            j = (i + r) % len(fns)
+    for r in range(rounds):
+        for j in balanced_order(len(fns), r):
             times[j].append(timed(fns[j], ks[j]))
     return [statistics.median(t) for t in times]
 

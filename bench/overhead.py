@@ -1,7 +1,7 @@
 """What a call costs the host: microseconds per call of every family's op, pass (`forward`) and
 op forward + backward, and of a decoding step, beside PyTorch's SDPA in the same run.
 
-    python -m bench.overhead [--calls 300] [--rounds 5] [--json PATH] [--profile 20]
+    python -m bench.overhead [--calls 300] [--rounds 6] [--json PATH] [--profile 20]
 
 Shapes are tiny (128 tokens), so the GPU should finish each call's kernels before the host issues
 the next, leaving the host's time ("graph us" checks it: the same calls replayed from a CUDA graph,
@@ -18,8 +18,8 @@ does not capture graphs. "autograd floor": a no-op torch.autograd.Function (clon
 backward) called forward + backward: what `.backward()` costs any op. --profile K prints, after
 the table, the K functions with the most own time in --calls calls of each (cProfile; it
 inflates Python's share). "host" and "queued" are the best of --rounds rounds, every call's
-rounds taking turns with the others' (the first of a round rotating): a host that slows during
-the run slows every row alike.
+rounds taking turns with the others' (rotated, every other round reversed): a host that slows
+during the run slows every row alike. The decoding step's host time: best of 3 rounds of its own.
 docs/perf-call.md has the numbers and what each step of the call path costs.
 """
 from __future__ import annotations
@@ -77,13 +77,15 @@ def host_us(fn: Callable, calls: int, launches: int) -> float:
 
 
 def interleaved(jobs: list[Callable[[], float]], rounds: int) -> list[float]:
-    """Each job (one timed round, returning µs) run `rounds` times, the jobs taking turns and the
-    first of a round rotating, so that a host slowing or speeding up during the run reaches
-    every call alike; per job the best of its rounds."""
+    """Each job (one timed round, returning µs) run `rounds` times, the jobs taking turns in
+    bench.everyday's `balanced_order` (rotated, every other round reversed), so that a host
+    slowing or speeding up during the run reaches every call alike; per job the best of its
+    rounds."""
+    from bench.everyday import balanced_order
+
     best = [float("inf")] * len(jobs)
     for r in range(rounds):
-        for i in range(len(jobs)):
-            j = (i + r) % len(jobs)
+        for j in balanced_order(len(jobs), r):
             best[j] = min(best[j], jobs[j]())
     return best
 
@@ -227,12 +229,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=300, help="calls per timing (default: 300)")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="timed rounds per call, the calls taking turns (best of them; default 5)")
+    p.add_argument("--rounds", type=int, default=6,
+                   help="timed rounds per call, the calls taking turns (best of them; default 6)")
     p.add_argument("--json", help="write the rows (with run metadata) here")
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="also print the K functions with the most own time of each call")
     a = p.parse_args(argv)
+    if a.rounds < 1 or a.calls < 1:
+        p.error("--rounds and --calls must be at least 1")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -22,9 +22,10 @@ allocation saved is ~5-8 of host time; the one-pass state and the quadratic outp
 faster on the GPU than the split form's partials, scan and apply at every shape up to 512
 (docs/perf-triple-short.md, first round), the one-pass state slower from 768 on where B H is small
 (one program walks every token). The quadratic output and gradients stay ahead of `apply`'s
-walks to the lengths `longest` gives (second round: forward 0.48-0.87x, backward 0.07-0.75x
-the general form's GPU time there; at D 32 non-causal 1.06-2.8x past 512, at D 64 non-causal
-past 2048 1.0-1.55x).
+walks to the lengths `longest` gives (second and third rounds: forward 0.48-0.87x, backward
+0.07-0.75x the general form's GPU time where taken; left out where it loses or wins only at some
+B H: D 32 non-causal past 512, 1.06-2.8x; D 64 non-causal past 2048, forward 1.26-1.55x,
+backward 0.77-1.31x).
 """
 from __future__ import annotations
 
@@ -39,11 +40,11 @@ LONGEST_N = 4096  # the quadratic form's longest at Dq, Dv >= 64 (measured to he
 
 
 def longest(spec, pass_: str = "fwd") -> int:
-    """The longest N whose output ("fwd") or gradients ("bwd") take the quadratic form (measured:
-    docs/perf-triple-short.md, second round). Causal: LONGEST_N at Dq, Dv >= 64, one chunk
-    (causal.CHUNK) at D 32 (there the chunked form's other parts add nothing). Non-causal at
-    Dq, Dv >= 64: 16 min(Dq, Dv) (forward) or 32 min(Dq, Dv) (backward), at most LONGEST_N;
-    at D 32, ONE_PASS_N."""
+    """The longest N whose output ("fwd") or gradients ("bwd") take the quadratic form
+    (measured: docs/perf-triple-short.md, second round to 2048, third round to 4096). Causal:
+    LONGEST_N at Dq, Dv >= 64, one chunk (causal.CHUNK) at D 32 (there the chunked form's other
+    parts add nothing). Non-causal at Dq, Dv >= 64: 16 min(Dq, Dv) (forward) or 32 min(Dq, Dv)
+    (backward), at most LONGEST_N; at D 32, ONE_PASS_N."""
     d = min(spec.Dq, spec.Dv)
     if spec.causal:
         return LONGEST_N if d >= 64 else causal.CHUNK
