@@ -32,6 +32,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from bench.everyday import balanced_order
+
 N = 128  # tokens: the GPU work of a call stays far below its host cost
 
 
@@ -81,8 +83,6 @@ def interleaved(jobs: list[Callable[[], float]], rounds: int) -> list[float]:
     bench.everyday's `balanced_order` (rotated, every other round reversed), so that a host
     slowing or speeding up during the run reaches every call alike; per job the best of its
     rounds."""
-    from bench.everyday import balanced_order
-
     best = [float("inf")] * len(jobs)
     for r in range(rounds):
         for j in balanced_order(len(jobs), r):

@@ -37,16 +37,13 @@ def prepare(spec, profile: bool | str = False, impl=host):
 
 def _prepare(spec, profile, impl):
     """The non-causal form's launches (prepare's, beyond the short form's N)."""
-    B, N, H, Dq, Dv, scale = spec.B, spec.N, spec.H, spec.Dq, spec.Dv, spec.scale
-    splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
-    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits,
-                                     profile=host.scoped(profile, "partials"))
-    state = host.prepare_state(B, H, Dq, Dv, Dq, splits, scale)
-    (dims,) = host.apply_dims(Dq, Dv, "fwd")
-    apply = impl.prepare_apply(B, N, H, *dims, 1.0, profile=host.scoped(profile, "apply"))
+    state = host.prepare_split_state(spec, impl, host.scoped(profile, "partials"))
+    (dims,) = host.apply_dims(spec.Dq, spec.Dv, "fwd")
+    apply = impl.prepare_apply(spec.B, spec.N, spec.H, *dims, 1.0,
+                               profile=host.scoped(profile, "apply"))
 
     def run(q1, q2, k1, k2, v, out, out_state, initial_state=None) -> None:
-        apply(q2, q1, state(partials(k1, v, k2), out_state, initial_state), out)
+        apply(q2, q1, state(k1, v, k2, out_state, initial_state), out)
 
     return run
 

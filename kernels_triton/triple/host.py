@@ -291,6 +291,20 @@ def prepare_state(B: int, H: int, d1: int, dy: int, d2: int, splits: int, c: flo
     return run
 
 
+def prepare_split_state(spec, impl, profile=False, orders=("ikj",)):
+    """A forward's state by `impl`'s split partials and one scan of their sum, made once:
+    run(x1, y, x2, S, S0=None) writes S = S0 + spec.scale * sum_n x1 (x) y (x) x2 and returns
+    prepare_state's slab(s) in `orders` (none: None). profile: the partials' (scoped)."""
+    B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
+    splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
+    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
+    state = prepare_state(B, H, Dq, Dv, Dq, splits, spec.scale, orders)
+
+    def run(x1, y, x2, S, S0=None):
+        return state(partials(x1, y, x2), S, S0)
+
+    return run
+
 def prepare_slabs(B: int, H: int, d1: int, dy: int, d2: int, orders):
     """The bf16 slabs of a state in `orders`, one pass (`slab`'s copies, without a pass each):
     run(S) -> {order: slab} of S [B, H, D1, DY, D2] fp32 (a scan of one split, c = 1: exact)."""

@@ -127,21 +127,6 @@ def backward(spec, general):
     return run
 
 
-def prepare_split_state(spec, impl, profile: bool = False):
-    """Step 1 past ONE_PASS_N (one program a slab walking every token is then slower than the
-    split form): impl's split partials, then one scan of their sum, scaled, no slab (nothing
-    reads one): run(x1, y, x2, S) writes S as prepare_state's run does without S0."""
-    B, N, H, Dq, Dv = spec.B, spec.N, spec.H, spec.Dq, spec.Dv
-    splits = impl.n_splits(B, N, H, Dq, Dv, Dq)
-    partials = impl.prepare_partials(B, N, H, Dq, Dv, Dq, splits, profile=profile)
-    state = host.prepare_state(B, H, Dq, Dv, Dq, splits, spec.scale, orders=())
-
-    def run(x1, y, x2, S) -> None:
-        state(partials(x1, y, x2), S)
-
-    return run
-
-
 def forward(spec, impl, general, profile: bool | str = False):
     """fwd.prepare's run for a spec this form `takes`: steps 1 (one launch to ONE_PASS_N, then
     the split form's partials and scan) and 2; with an initial state, non-causal to ONE_PASS_N:
@@ -151,7 +136,7 @@ def forward(spec, impl, general, profile: bool | str = False):
     part = host.scoped(profile, "partials")
     one = N <= ONE_PASS_N
     state = (prepare_state(B, N, H, Dq, Dv, Dq, scale, profile=part) if one
-             else prepare_split_state(spec, impl, part))
+             else host.prepare_split_state(spec, impl, part, orders=()))
     out_q = prepare_out(B, N, H, Dq, Dv, scale, spec.causal)
     if spec.causal or not one:
         with_init = general
@@ -188,7 +173,8 @@ def compile_configs() -> list:
                               (host.tokens(dq), host.tokens(dv), host.tokens(dq), S, s0),
                               lambda launch, n=f"short_state_D{dq}x{dv}x{dq}{tag}": n)
         # past ONE_PASS_N: the scan of the split partials without a slab (the partials: host's)
-        out += configs_of(lambda d=(dq, dv): prepare_split_state(TripleSpec(1, N, H, *d), host),
+        out += configs_of(lambda d=(dq, dv): host.prepare_split_state(TripleSpec(1, N, H, *d),
+                                                                      host, orders=()),
                           (host.tokens(dq), host.tokens(dv), host.tokens(dq), S),
                           lambda launch, n=f"short_scan_D{dq}x{dv}x{dq}": (
                               n if launch.fn is host.scan_kernel else None))
