@@ -81,9 +81,9 @@ BWD = (
             scopes=BWD_WS_SCOPES, pipelined=True),
     Variant(name="tlx_pairs", family="simplicial", pass_="bwd", module=_TLX + "bwd_pairs",
             needs_hopper=True, rank=3,
-            supports="D = 128 with G = Hq/Hk >= 16; the trilinear form", warps=12,
+            supports="D = 128 with G = Hq/Hk >= 16", warps=12,
             scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES, deterministic=False,
-            accepts={"varlen": PACKED}),
+            accepts={**DET, "varlen": PACKED}),
 )
 
 # Small shapes compute-sanitizer runs each variant on: the first it takes of each group

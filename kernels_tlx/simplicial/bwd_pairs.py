@@ -33,12 +33,16 @@ Warp groups:
   consumers' keys: each stores its dS^T (bf16) in a ring of two slots (`ds_fulls`, `ds_empties`,
   both consumers' warps), then each computes half of dQ's columns from both, stages it in fp32
   and reduce-adds it by TMA (a box per token of the tile that sees j).
+Form "det" (DET): B = K1a[j] * K2a + K1b[j] * K2b from det_keys_side's packed K1 and K2 (the
+sign of a pair exchange is in the packing), the end's sums taken against both slots in the
+packing's columns and unpacked on the host by its adjoint (det_keys_side_grads).
 Supports D = 128 with G = Hq/Hk >= 16 (`supports`; a token's rows are one TMA box of >= 16).
-Its speed against `tlx_ws` at S* is measured in docs/perf-bwd.md.
+Its speed against `tlx_ws` at S* is measured in docs/perf-bwd.md, form det in docs/perf-det.md.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 import triton
@@ -75,6 +79,7 @@ from kernels_triton.simplicial.bwd_common import (
     prepare_delta,
     prepare_sum_parts,
 )
+from kernels_triton.simplicial.det import det_keys_side, det_keys_side_grads, det_of
 from kernels_triton.simplicial.host import kv_layout, q_layout
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
@@ -82,12 +87,43 @@ from kernels_tlx.ring import empty_phase, full_phase
 
 
 @triton.jit
+def build_keys_values(K1, V1, k2_tiles, v2_tiles, k2b_tiles, b_tiles, c_tiles, kv_row, n_rows,
+                      D: tl.constexpr, CH: tl.constexpr, DET: tl.constexpr,
+                      VARLEN: tl.constexpr):
+    """Producer: each consumer's B = K1[j] * K2 and C = V1[j] * V2 from the K2 and V2 halves in
+    k2_tiles and v2_tiles (form "det": B = K1a[j] * K2a + K1b[j] * K2b, K2b's halves in
+    k2b_tiles, K1 packed); kv_row is j's row offset in V1 (K1's times 2 when packed); rows
+    from n_rows on (of the 128) build as zeros (VARLEN)."""
+    if DET:  # B for both consumers, then C: two K1 rows held, not three (they spilled)
+        k1 = row_tile(K1, 2 * kv_row, D, CH)
+        k1b = row_tile(K1, 2 * kv_row + D, D, CH)
+        for c in tl.static_range(NUM_CONSUMERS):
+            build(k1, tlx.local_view(k2_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH, DET,
+                  k1b, tlx.local_view(k2b_tiles, c), MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+        v1 = row_tile(V1, kv_row, D, CH)
+        for c in tl.static_range(NUM_CONSUMERS):
+            build(v1, tlx.local_view(v2_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
+                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+    else:
+        k1 = row_tile(K1, kv_row, D, CH)
+        v1 = row_tile(V1, kv_row, D, CH)
+        for c in tl.static_range(NUM_CONSUMERS):
+            build(k1, tlx.local_view(k2_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH,
+                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+            build(v1, tlx.local_view(v2_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
+                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+
+
+@triton.jit
 def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1acc, DK2acc,
                   DV1acc, DV2acc, N, w1, w2, n_kb, qk_scale, HQ: tl.constexpr,
                   HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_Q: tl.constexpr,
                   CH: tl.constexpr, CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False,
-                  Seq=None, VARLEN: tl.constexpr = False):
+                  Seq=None, VARLEN: tl.constexpr = False, DET: tl.constexpr = False):
     R: tl.constexpr = box_rows(G)  # rows of one token in a tile
+    # form "det": K1 and K2 (and their fp32 gradients) in det_keys_side's packing, SL = 2 rows of
+    # D per token and head; B = K1a[j] * K2a + K1b[j] * K2b
+    SL: tl.constexpr = 2 if DET else 1
     tl.static_assert(NUM_Q == NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
     DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
     b_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS)
@@ -102,7 +138,13 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
     stage_q = tlx.local_alloc((64, D), tl.float32, 1, reuse=rows_q)
     stage_do = tlx.local_alloc((64, D), tl.float32, 1, reuse=rows_do)
     ds_tiles = tlx.local_alloc((64, ROWS), tl.bfloat16, 2 * NUM_CONSUMERS)  # [slot * 2 + c]
-    dq_stage = tlx.local_alloc((ROWS, DH), tl.float32, NUM_CONSUMERS)
+    if DET:  # K2b's halves in the dQ staging tiles' bytes: free until the first tile's dQ
+        staged = tlx.storage_alias_spec()
+        dq_stage = tlx.local_alloc((ROWS, DH), tl.float32, NUM_CONSUMERS, reuse=staged)
+        k2b_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS, reuse=staged)
+    else:
+        dq_stage = tlx.local_alloc((ROWS, DH), tl.float32, NUM_CONSUMERS)
+        k2b_tiles = q_tiles
     # beside each Q/dO slot: a row of R values per token (`load_rows`)
     lse_tiles = tlx.local_alloc((tile_tokens(G), row_width(G)), tl.float32, NUM_Q)
     delta_tiles = tlx.local_alloc((tile_tokens(G), row_width(G)), tl.float32, NUM_Q)
@@ -121,25 +163,26 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 # K2 and V2 (64 keys per consumer) land in the row ring, free until the first
                 # tile's rows; B and C are built from there
                 enter("load_kv", PROFILE)
-                tlx.barrier_expect_bytes(kv_full, 2 * NUM_CONSUMERS * 64 * D * BF16_BYTES)
+                tlx.barrier_expect_bytes(kv_full, (1 + SL) * NUM_CONSUMERS * 64 * D * BF16_BYTES)
                 for c in tl.static_range(NUM_CONSUMERS):
                     tlx.async_descriptor_load(K2, tlx.local_view(q_tiles, c),
-                                              [b, kb + c * 64, g * D], kv_full)
+                                              [b, kb + c * 64, SL * g * D], kv_full)
+                    if DET:
+                        tlx.async_descriptor_load(K2, tlx.local_view(k2b_tiles, c),
+                                                  [b, kb + c * 64, (2 * g + 1) * D], kv_full)
                     tlx.async_descriptor_load(V2, tlx.local_view(do_tiles, c),
                                               [b, kb + c * 64, g * D], kv_full)
                 tlx.barrier_wait(kv_full, 0)
                 leave("load_kv", PROFILE)
                 enter("build_a", PROFILE)
                 kv_row = kv_base + j.to(tl.int64) * (HK * D)
-                k1 = row_tile(K1, kv_row, D, CH)
-                v1 = row_tile(V1, kv_row, D, CH)
-                for c in tl.static_range(NUM_CONSUMERS):
-                    # (packed: the keys from the next sequence's on build as zeros)
-                    n_rows = tl.minimum(j + w1, t_end) - (kb + c * 64)
-                    build(k1, tlx.local_view(q_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH,
-                          MASK_ROWS=VARLEN, n_rows=n_rows)
-                    build(v1, tlx.local_view(do_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
-                          MASK_ROWS=VARLEN, n_rows=n_rows)
+                # (packed: the keys from the next sequence's on build as zeros)
+                n_rows = tl.minimum(j + w1, t_end) - kb
+                build_keys_values(K1, V1, q_tiles, do_tiles, k2b_tiles, b_tiles, c_tiles, kv_row,
+                                  n_rows, D, CH, DET, VARLEN)
+                if DET:  # the coordinates again (held over the det build, one spilled)
+                    b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
+                        opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
                 tlx.barrier_arrive(bc_full, 1)
                 tlx.barrier_wait(bc_full, 0)  # every producer thread has read the ring
                 leave("build_a", PROFILE)
@@ -231,9 +274,18 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         stage = tlx.local_view(stage_do, 0)
                     kv_row = kv_base + j.to(tl.int64) * (HK * D)
                     offs_d = tl.arange(0, D)
-                    k1 = tl.load(K1 + kv_row + offs_d).to(tl.float32)
-                    scale_add_rows(dk, stage, k1, K2rows, kv_base, k0, t_end, DK2acc, DK1acc,
-                                   kv_row, cid, HK, D, epilogue_rows(G))
+                    # dK1a[j] += sum_k K2a[k] * dB[k], dK2a[k] += K1a[j] * dB[k], and the same of
+                    # the b slots (det) from the staged dB, in det_keys_side's packed columns
+                    k1 = tl.load(K1 + SL * kv_row + offs_d).to(tl.float32)
+                    scale_add_rows(dk, stage, k1, K2rows, SL * kv_base, k0, t_end, DK2acc, DK1acc,
+                                   SL * kv_row, cid, SL * HK, D, epilogue_rows(G))
+                    if DET:  # (the slot's offset opaque: else the first pass's row offsets are
+                        # kept for this one, and spill)
+                        sl = opaque(tl.full([], D, tl.int32))
+                        k1 = tl.load(K1 + SL * kv_row + sl + offs_d).to(tl.float32)
+                        scale_add_rows(dk, stage, k1, K2rows, SL * kv_base + sl, k0, t_end,
+                                       DK2acc, DK1acc, SL * kv_row + sl, cid, SL * HK, D,
+                                       epilogue_rows(G), STAGED=True)
                     v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
                     scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, t_end, DV2acc, DV1acc,
                                    kv_row, cid, HK, D, epilogue_rows(G))
@@ -253,8 +305,6 @@ FINISH_BLOCK = 2048
 
 def supports(spec: ProblemSpec) -> str | None:
     why = tiling_supports(spec)
-    if why is None and spec.form != "trilinear":
-        why = f"form {spec.form!r}: the trilinear form only"
     if why is None and (spec.G < 16 or spec.D != 128):
         why = (f"G = Hq/Hk = {spec.G}, D = {spec.D}: G >= 16 and D = 128 only (a tile is 64 "
                "heads of one token or all G heads of 64 / G tokens, a TMA box of >= 16 rows per "
@@ -280,7 +330,9 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     dk2, dv1, dv2) (kernels_triton.simplicial.bwd.prepare's): Delta (`prepare_delta`),
     `_pairs_kernel` into zeroed fp32 accumulators (profile: True or "pairs" runs its
     Proton-scoped copy), then the bf16 gradients (dQ, dK1, dK2 scaled by sm_scale) by
-    `_finish_kernel` and `_sum_parts_kernel` (prepare_sum_parts). Scratch: fp32 copies of the
+    `_finish_kernel` and `_sum_parts_kernel` (prepare_sum_parts). Form "det": K1 and K2 packed
+    per call (det_keys_side), B built from both slots, dK1 and dK2 summed in the packing's
+    columns and unpacked by its adjoint (det_keys_side_grads, four small torch passes). Scratch: fp32 copies of the
     five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies of LSE (log2)
     and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N]).
     packed=True (spec.varlen): run takes `bounds=` too, each token's sequence start and end
@@ -292,12 +344,15 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     rows = spec.B * spec.N * spec.Hq
     row_values = Desc([rows // r, r], [r, 1], [1, r])  # LSE or Delta, [B, N, Hq] fp32
     heads = q_layout(spec, ROWS.value)
-    keys = kv_layout(spec, KEYS)
+    det = det_of(spec)
+    keys = kv_layout(spec, KEYS, (spec.B, spec.N, spec.Hk, 2, spec.D) if det else None)
+    values = kv_layout(spec, KEYS)
     dq_halves = Desc([rows, spec.D], [spec.D, 1], [r, spec.D // 2])  # the fp32 dQ scratch
     grid = (spec.B * spec.Hk * spec.N * key_blocks(spec),)
     options = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile),
                    **config(spec))
-    pairs = Kernel(_pairs_kernel, grid, **options, **({"VARLEN": True} if packed else {}))
+    pairs = Kernel(_pairs_kernel, grid, **options, **({"VARLEN": True} if packed else {}),
+                   **({"DET": True} if det else {}))
     n_dq = rows * spec.D
     finish = Kernel(_finish_kernel, (triton.cdiv(n_dq, FINISH_BLOCK),), BLOCK=FINISH_BLOCK,
                     num_warps=4)
@@ -311,12 +366,19 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
         delta = delta_of(out, dout, dlse)
         lse2, delta = (t.transpose(1, 2).contiguous() for t in (lse * LOG2E, delta))
         dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=q.device)
-        dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros((4, *dk1.shape), dtype=torch.float32,
-                                                         device=q.device)
-        pairs(heads(q), k1, keys(k2), v1, keys(v2), heads(dout), row_values(lse2),
-                     row_values(delta), k2, v2, dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc,
-                     dv2_acc, *args, **({"Seq": bounds} if packed else {}))
+        if det:
+            k1, k2 = det_keys_side(k1, k2, det)
+            dk1_acc, dk2_acc = torch.zeros((2, *k1.shape), dtype=torch.float32, device=q.device)
+            dv1_acc, dv2_acc = torch.zeros((2, *dv1.shape), dtype=torch.float32, device=q.device)
+        else:
+            dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros(
+                (4, *dk1.shape), dtype=torch.float32, device=q.device)
+        pairs(heads(q), k1, keys(k2), v1, values(v2), heads(dout), row_values(lse2),
+              row_values(delta), k2, v2, dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc, dv2_acc,
+              *args, **({"Seq": bounds} if packed else {}))
         finish(dq_acc, dq, n_dq, sm_scale)
+        if det:
+            dk1_acc, dk2_acc = det_keys_side_grads(dk1_acc, dk2_acc, det)
         sum_parts(dk1_acc, dv1_acc, dk1, dv1)
         sum_parts(dk2_acc, dv2_acc, dk2, dv2)
 
@@ -346,11 +408,13 @@ def compile_configs() -> list[CompileConfig]:
     """The kernel at every compile shape it supports, and packed (VARLEN) at the first."""
     kernels = {_pairs_kernel: lambda launch: "pairs_packed" if launch.constexprs.get("VARLEN")
                else "pairs"}
-    out = build_compile_configs(prepare, kernels, [s for s in compile_specs()
-                                                   if supports(s) is None])
+    specs = [s for s in compile_specs() if supports(s) is None]
+    # form "det" at each (one kernel for both signs: the sign is in det_keys_side's packing)
+    out = build_compile_configs(prepare, kernels, specs + [replace(s, form="det") for s in specs])
     spec = compile_specs()[0]
     if supports(spec) is None:  # a packed run takes each token's bounds (`launch`'s packed)
         bounds = meta(spec.B * spec.N, 2, dtype=torch.int32)
         out += build_compile_configs(
-            lambda s: functools.partial(prepare(s, packed=True), bounds=bounds), kernels, [spec])
+            lambda s: functools.partial(prepare(s, packed=True), bounds=bounds), kernels,
+            [spec, replace(spec, form="det")])
     return out

@@ -51,11 +51,18 @@ def build_chunks(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr
                  CH: tl.constexpr, DET: tl.constexpr, row_b, src_b, MASK: tl.constexpr, n_rows):
     """`build`'s loop; MASK: rows n_rows .. BLOCK_N - 1 of dst are zeros, whatever src holds."""
     for ch in tl.static_range(BLOCK_N // CH):
-        x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
-        if DET:
+        if DET and MASK:  # bf16(row_b * src_b) through dst first: fewer registers at once
+            dst = tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D])
+            xb = tlx.local_load(tlx.local_slice(src_b, [ch * CH, 0], [CH, D]))
+            tlx.local_store(dst, mul_bf16x2(xb, row_b))
+            x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
+            y = fma_bf16x2(x, row, tlx.local_load(dst))
+        elif DET:
+            x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
             xb = tlx.local_load(tlx.local_slice(src_b, [ch * CH, 0], [CH, D]))
             y = fma_bf16x2(x, row, mul_bf16x2(xb, row_b))
         else:
+            x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
             y = mul_bf16x2(x, row)
         if MASK:
             y = tl.where((ch * CH + tl.arange(0, CH) < n_rows)[:, None], y, tl.zeros_like(y))

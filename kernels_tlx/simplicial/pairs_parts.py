@@ -195,12 +195,15 @@ def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: 
 
 @triton.jit
 def scale_add_rows(acc, stage, row, X, kv_base, k0, N, DST, DSUM, j_off, cid,
-                   HK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
+                   HK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
+                   STAGED: tl.constexpr = False):
     """One consumer's end: DST[k] += row * acc[k] for its keys k0 .. k0 + 63 (< N), and
     DSUM[j] += sum_k X[k] * acc[k] (fp32 atomics), acc ([64, D] fp32) passing through `stage` to
-    meet X's rows in a coalesced layout, CHUNK rows at a time."""
-    tlx.local_store(stage, acc)
-    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    meet X's rows in a coalesced layout, CHUNK rows at a time. STAGED: acc is already in
+    `stage` (a second pass over it: form "det"'s second slot), and not read."""
+    if not STAGED:
+        tlx.local_store(stage, acc)
+        tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     col = tl.zeros([D], tl.float32)
     for c in tl.static_range(64 // CHUNK):
         x = tlx.local_load(tlx.local_slice(stage, [c * CHUNK, 0], [CHUNK, D]))

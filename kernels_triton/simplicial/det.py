@@ -128,3 +128,18 @@ def det_keys_side(k1: torch.Tensor, k2: torch.Tensor,
     k2r, k2s = rotations(k2, det)
     return (torch.stack((k1r, -(chunk_dims(k1) * k1s)), dim=3),
             torch.stack((k2s, k2r), dim=3))
+
+
+def det_keys_side_grads(dk1p: torch.Tensor, dk2p: torch.Tensor,
+                        det: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The adjoint of det_keys_side (linear in k1 and in k2): the gradients of K1 and K2
+    [..., D] from those of its packed [..., 2, D] K1 and K2, for a keys-side backward that
+    sums dL/dK1a = sum_k dB * K2a (and the other three) in the packing's own columns
+    (kernels_tlx/simplicial/bwd_pairs.py):
+        dK1 = pi^(3-R) dK1a - pi^R (chi dK1b)      dK2 = pi^R dK2a + pi^(3-R) dK2b."""
+    chi = chunk_dims(dk1p)
+    dk1a, dk1b = dk1p.unbind(-2)
+    dk2a, dk2b = dk2p.unbind(-2)
+    r1, r2 = rotations(dk1a, det)[1], rotations(chi * dk1b, det)[0]
+    s1, s2 = rotations(dk2a, det)[0], rotations(dk2b, det)[1]
+    return r1 - r2, s1 + s2

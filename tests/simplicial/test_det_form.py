@@ -321,3 +321,20 @@ def test_triton_det_backward_columns_are_the_gradient(D, det, gen):
         dk1 = ref_mod.pi_chunks(x * qa, r) + ref_mod.pi_chunks(x * qb, 3 - r)
     assert max_err(dq, q.grad) <= 1e-14
     assert max_err(dk1, k1.grad) <= 1e-14
+
+
+@pytest.mark.parametrize("D", [64, 128, 7])
+@pytest.mark.parametrize("det", [1, -1])
+def test_keys_side_det_gradients_are_the_packings_adjoint(D, det, gen):
+    """det_keys_side_grads (how `tlx_pairs` unpacks the sums it forms in the packing's columns)
+    is the adjoint of det_keys_side: autograd's gradients of K1 and K2 through the packing, for
+    random cotangents of the packed tensors, in fp64."""
+    pytest.importorskip("triton")
+    from kernels_triton.simplicial.det import det_keys_side, det_keys_side_grads
+    k1, k2 = (torch.randn(2, 3, 2, D, generator=gen, dtype=torch.float64, requires_grad=True)
+              for _ in range(2))
+    p1, p2 = det_keys_side(k1, k2, det)
+    g1, g2 = (torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in (p1, p2))
+    ((p1 * g1).sum() + (p2 * g2).sum()).backward()
+    dk1, dk2 = det_keys_side_grads(g1, g2, det)
+    assert max_err(dk1, k1.grad) <= 1e-15 and max_err(dk2, k2.grad) <= 1e-15

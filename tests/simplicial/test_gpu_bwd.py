@@ -25,6 +25,7 @@ from altattn.simplicial import passes as bwd_launcher
 from altattn import registry
 from altattn.simplicial.reference import chunk_dims, pi_chunks, _window
 from altattn.simplicial.spec import validate, validate_shape
+from kernels_triton.simplicial.det import det_keys_side, det_keys_side_grads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
 
@@ -79,11 +80,10 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
     """The backward variants' arithmetic in fp64 with their bf16 roundings (module docstring).
     form="det": A_j = bf16(Qa * K1a + bf16(Qb * K1b)) as the forward builds it
     (tests/simplicial/test_gpu.py emulate_bf16, kernels_triton/simplicial/det.py), r = 2 when the pairs are exchanged,
-    and dQ, dK1 through the rotations of kernels_triton/simplicial/det.py, unrounded. keys_side (trilinear):
-    the pairs' products K1[j]*K2[k] and V1[j]*V2[k] rounded (kernels_tlx/simplicial/bwd_pairs.py), Q*K1[j]
-    and dO*V1[j] not."""
-    if keys_side and form != "trilinear":
-        raise ValueError("keys_side emulates the trilinear form only")
+    and dQ, dK1 through the rotations of kernels_triton/simplicial/det.py, unrounded. keys_side:
+    the pairs' products K1[j]*K2[k] (form "det": bf16(K1a*K2a + bf16(K1b*K2b)) of det_keys_side's
+    slots, their gradients unpacked by det_keys_side_grads) and V1[j]*V2[k] rounded
+    (kernels_tlx/simplicial/bwd_pairs.py), Q*K1[j] and dO*V1[j] not."""
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form)
     B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
     w1, w2, c = spec.w1, spec.w2, spec.sm_scale
@@ -97,6 +97,11 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
     q, k1, k2, v1, v2, dout = (t.double() for t in (q, k1, k2, v1, v2, dout))
     dq = torch.zeros_like(q)
     dk1, dk2, dv1, dv2 = (torch.zeros_like(k1) for _ in range(4))
+    # keys side: K1, K2 and their gradients in slots, B = sum_s K1_s[j] * K2_s[k] (the trilinear
+    # form one slot; form "det" det_keys_side's two, the gradients unpacked by its adjoint)
+    det = -1 if spec.swapped else 1
+    k1s, k2s = (det_keys_side(k1, k2, det) if form == "det" else (k1[..., None, :], k2[..., None, :]))
+    dk1s, dk2s = torch.zeros_like(k1s), torch.zeros_like(k2s)
     delta = (dout * out.double()).sum(-1).transpose(1, 2)  # [B, Hq, N]
     if dlse is not None:
         delta = delta - dlse.double()
@@ -120,17 +125,27 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
         pos2 = (torch.arange(i0, i1)[:, None] - w2 + 1 + torch.arange(w2)).clamp(min=0)
         pos1, pos2 = pos1.flatten().to(q.device), pos2.flatten().to(q.device)
         if keys_side:
-            Bp = bf16(k1w[:, :, :, None] * k2w[:, :, None])  # bcjkgd
+            ks = [(_window(k1s[..., s, :], i0, i1, w1)[0], _window(k2s[..., s, :], i0, i1, w2)[0])
+                  for s in range(k1s.shape[-2])]
+            Bp = ks[-1][0][:, :, :, None] * ks[-1][1][:, :, None]  # bcjkgd, the build's
+            for a1, a2 in reversed(ks[:-1]):  # roundings: bf16(x * row + bf16(xb * row_b))
+                Bp = a1[:, :, :, None] * a2[:, :, None] + bf16(Bp)
+            Bp = bf16(Bp)
             Cp = bf16(v1w[:, :, :, None] * v2w[:, :, None])
             s = c * torch.einsum("bcghd,bcjkgd->bcghjk", qc, Bp)
             p = torch.where(valid, torch.exp(s - l2[..., None, None]), 0.0)
             ds = p * (torch.einsum("bcghd,bcjkgd->bcghjk", do, Cp) - dl[..., None, None])
             dq[:, i0:i1] = (c * torch.einsum("bcghjk,bcjkgd->bcghd", bf16(ds),
                                              Bp)).reshape(B, C, Hq, D)
+            for s, (a1, a2) in enumerate(ks):
+                for grad, pos, part in (
+                        (dk1s[..., s, :], pos1,
+                         c * torch.einsum("bcghjk,bcghd,bckgd->bcjgd", bf16(ds), qc, a2)),
+                        (dk2s[..., s, :], pos2,
+                         c * torch.einsum("bcghjk,bcghd,bcjgd->bckgd", bf16(ds), qc, a1))):
+                    grad.index_add_(1, pos, part.flatten(1, 2))
             for grad, pos, part in (
-                    (dk1, pos1, c * torch.einsum("bcghjk,bcghd,bckgd->bcjgd", bf16(ds), qc, k2w)),
                     (dv1, pos1, torch.einsum("bcghjk,bcghd,bckgd->bcjgd", bf16(p), do, v2w)),
-                    (dk2, pos2, c * torch.einsum("bcghjk,bcghd,bcjgd->bckgd", bf16(ds), qc, k1w)),
                     (dv2, pos2, torch.einsum("bcghjk,bcghd,bcjgd->bckgd", bf16(p), do, v1w))):
                 grad.index_add_(1, pos, part.flatten(1, 2))
             continue
@@ -163,6 +178,9 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
                 (dk2, pos2, c * torch.einsum("bcghjk,bcghjd->bckgd", bf16(ds), A)),
                 (dv2, pos2, torch.einsum("bcghjk,bcghjd->bckgd", bf16(p), dOj))):
             grad.index_add_(1, pos, part.flatten(1, 2))
+    if keys_side:
+        dk1, dk2 = (det_keys_side_grads(dk1s, dk2s, det) if form == "det"
+                    else (dk1s[..., 0, :], dk2s[..., 0, :]))
     if spec.swapped:
         dk1, dv1, dk2, dv2 = dk2, dv2, dk1, dv1
     return tuple(bf16(g) for g in (dq, dk1, dk2, dv1, dv2))
@@ -218,7 +236,8 @@ def test_gradients_match_reference(variant, shape, gen, seed):
 # determinants change sign), w1 = 1.
 DET_FORM_SHAPES = ("N5_lt_w1_G128", "N7_Hq32Hk2", "w1_le_N_lt_w2_G64", "ragged_N333_G128",
                    "ragged_N300_G128_Hk2", "swap_N300_G16", "swap_N257_G128", "G1_N129_D128",
-                   "G8_N500", "G64_N700_D64", "ragged_N333_G64", "w1eq1_G64", "B3_Hq16Hk2")
+                   "G8_N500", "G64_N700_D64", "ragged_N333_G64", "w1eq1_G64", "B3_Hq16Hk2",
+                   "swap_N300_G64_D128", "G16_N257_D128")
 DET_VARIANTS = [v for v in VARIANTS if "det" in v.accepted("form")]
 
 
@@ -240,7 +259,8 @@ def test_det_gradients_match_reference(variant, shape, gen, seed):
     for name, g in zip(GRAD_NAMES, grads):
         assert torch.isfinite(g).all(), f"{shape} seed={seed}: non-finite {name}"
     check_grads(grads, x, out.detach(), lse.detach(), dout, dlse, shape,
-                f"{variant} det backward {shape} seed={seed}", form="det")
+                f"{variant} det backward {shape} seed={seed}", form="det",
+                keys_side="rounds_keys_side" in registry.get(variant, "bwd", "simplicial").traits)
     plain = bwd_launcher.backward(dout, dlse, *x, *sa.forward(*x, shape.w1, shape.w2),
                                   shape.w1, shape.w2, variant=variant)
     assert not torch.equal(grads[0], plain[0]), f"{shape}: det dq equals the trilinear one"

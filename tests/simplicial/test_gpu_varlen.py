@@ -101,20 +101,22 @@ def test_packed_training_step_against_reference(Hq, Hk, D):
             assert _rel(t.grad[a:b], rg[0]) < TOLERANCES["grad_rel"], (a, b, rg.norm())
 
 
-def test_packed_backward_matches_dense_tlx_pairs():
+@pytest.mark.parametrize("form", ["trilinear", "det"])
+def test_packed_backward_matches_dense_tlx_pairs(form):
     """The packed tlx_pairs backward against the dense tlx_pairs backward per sequence (its
     reduce-adds run in the hardware's order: equal within fp32 summation noise)."""
     cu, q, kv = _packed(LENGTHS, 128, 1, 128, seed=4)
-    out, lse = forward_varlen(q, *kv, cu, W1, W2)
+    out, lse = forward_varlen(q, *kv, cu, W1, W2, form=form)
     dout = torch.randn_like(out)
-    grads = backward_varlen(dout, None, q, *kv, out, lse, cu, W1, W2, variant="tlx_pairs")
+    grads = backward_varlen(dout, None, q, *kv, out, lse, cu, W1, W2, variant="tlx_pairs",
+                            form=form)
     c = cu.tolist()
     for a, b in zip(c, c[1:]):
         if a == b:
             continue
         dense = dense_backward(dout[a:b][None], None, q[a:b][None],
                                *(t[a:b][None] for t in kv), out[a:b][None], lse[:, a:b][None],
-                               W1, W2, variant="tlx_pairs")
+                               W1, W2, variant="tlx_pairs", form=form)
         for name, g, d in zip("q k1 k2 v1 v2".split(), grads, dense):
             assert _rel(g[a:b], d[0]) < 1e-2, (name, a, b)
 

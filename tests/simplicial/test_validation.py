@@ -250,8 +250,8 @@ def _det_variants(pass_: str = "fwd") -> list[str]:
 def test_auto_takes_a_det_kernel_on_hopper(pass_):
     """Form "det": "auto" on an sm_90 GPU takes a variant that computes it, the fastest measured:
     the forward's `tlx_pipelined_pingpong` at G = 128 and D = 128, `tlx_pipelined_kv` at G = 128
-    and D = 64 (the TLX det build, keys-side), `triton` at other G and for the backward; the
-    trilinear pick at the same shape is unchanged."""
+    and D = 64 (the TLX det build, keys-side), `triton` at other G; the backward's `tlx_pairs` at
+    G >= 16, `triton` below; the trilinear pick at the same shape is unchanged."""
     from altattn.launcher import pick
     from altattn.simplicial.spec import validate_shape
     assert "triton" in _det_variants(pass_)
@@ -261,6 +261,8 @@ def test_auto_takes_a_det_kernel_on_hopper(pass_):
         want = "triton"
         if pass_ == "fwd" and hq // hk == 128:
             want = "tlx_pipelined_pingpong" if d == 128 else "tlx_pipelined_kv"
+        if pass_ == "bwd" and hq // hk >= 16:
+            want = "tlx_pairs"
         assert pick(spec, "auto", True, pass_, family="simplicial").name == want, (hq, hk, d)
         assert pick(dataclasses.replace(spec, form="trilinear"), "auto", True, pass_,
                     family="simplicial").accepted("form")
@@ -299,7 +301,7 @@ def test_det_with_a_trilinear_backward_refused_before_any_launch(bwd_variant, mo
 
 def test_det_form_on_hopper_selects_det_kernels_both_passes(monkeypatch):
     """form="det" on (fake) Hopper tensors at G = 128: the launcher selects a TLX det forward
-    and the `triton` backward, and attention gets past both checks
+    and the `tlx_pairs` backward, and attention gets past both checks
     (FakeTensorMode runs the op's fake implementation, no kernel)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     from altattn.launcher import select
@@ -307,7 +309,7 @@ def test_det_form_on_hopper_selects_det_kernels_both_passes(monkeypatch):
     spec = validate(*x, 2, 4, form="det")
     assert select(spec, "auto", x[0].device,  # D = 128
                   family="simplicial").name == "tlx_pipelined_pingpong"
-    assert select(spec, "auto", x[0].device, "bwd", family="simplicial").name == "triton"
+    assert select(spec, "auto", x[0].device, "bwd", family="simplicial").name == "tlx_pairs"
     out, lse = simplicial_attn.attention(*x, 2, 4, form="det")
     assert out.shape == x[0].shape and lse.shape == (1, 128, 8)
 

@@ -53,11 +53,17 @@ def test_every_config_within_the_dispatchers_descriptors():
 
 def test_every_form_of_a_variant_has_configs():
     """A variant that computes form "det" compiles it too (config names end in _det, and
-    _det_swapped for the kernel of the exchanged pairs), so the resource gate covers it."""
+    _det_swapped for the kernel of the exchanged pairs where the sign is a constexpr, DET = -1;
+    `tlx_pairs` takes it in det_keys_side's packing, one kernel for both), so the resource gate
+    covers it."""
     for v in registry.all_variants(None, "simplicial"):
-        names = [c.name for c in v.compile_configs()]
+        configs = v.compile_configs()
+        names = [c.name for c in configs]
         if "det" in v.accepted("form"):
             assert any(n.endswith("_det") for n in names), (v.pass_, v.name, names)
-            assert any(n.endswith("_det_swapped") for n in names), (v.pass_, v.name, names)
+            signed = any(type(c.constexprs.get("DET")) is int and c.constexprs["DET"] == 1
+                         for c in configs)  # DET = +1 (not True): the sign is a constexpr
+            assert signed == any(n.endswith("_det_swapped") for n in names), (v.pass_, v.name,
+                                                                              names)
         else:
             assert not any("_det" in n for n in names), (v.pass_, v.name, names)

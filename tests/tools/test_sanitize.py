@@ -301,7 +301,7 @@ def test_plan_of_the_runs():
         (v.pass_, v.name, f) for v in variants for f in v.accepted("form")}
     assert {(r.pass_, r.variant) for r in runs if r.form == "det"} == {
         ("fwd", "triton"), ("bwd", "triton"), ("fwd", "tlx_pipelined_kv"),
-        ("fwd", "tlx_pipelined_pingpong")}
+        ("fwd", "tlx_pipelined_pingpong"), ("bwd", "tlx_pairs")}
     trilinear = sanitize.plan(sanitize.TOOLS, registry.PASSES, None, forms=["trilinear"],
                               family=FAM)
     assert len(trilinear) == 3 * 2 * len(variants)

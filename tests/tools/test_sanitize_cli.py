@@ -38,7 +38,7 @@ def test_dry_run_needs_no_gpu():
     assert len(lines) == 2 * sum(len(v.accepted("form"))
                                  for v in registry.all_variants("bwd", FAM))
     assert all("--tool memcheck" in line and "--worker --pass bwd" in line for line in lines)
-    assert sum(line.endswith("--form det") for line in lines) == 2  # triton's det backward
+    assert sum(line.endswith("--form det") for line in lines) == 4  # triton's, tlx_pairs's
     r = run_cli("--dry-run", "--tool", "racecheck", "--pass", "probe", "--racecheck-report",
                 "hazard", env=no_gpu_env())
     assert r.returncode == 0, r.stderr
