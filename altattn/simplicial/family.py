@@ -81,7 +81,7 @@ BWD = (
             scopes=BWD_WS_SCOPES, pipelined=True),
     Variant(name="tlx_pairs", family="simplicial", pass_="bwd", module=_TLX + "bwd_pairs",
             needs_hopper=True, rank=3,
-            supports="D = 128 with G = Hq/Hk >= 16", warps=12,
+            supports="G = Hq/Hk >= 16; D in {64, 128}", warps=12,
             scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES, deterministic=False,
             accepts={**DET, "varlen": PACKED}),
 )

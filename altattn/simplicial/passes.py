@@ -143,7 +143,7 @@ def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
     are the incoming gradients of out and lse; out [B, N, Hq, D] and lse [B, Hq, N] are what the
     forward returned for these inputs (cast to bf16 and fp32). Every argument is checked (shape
     errors first, then the device) before anything is launched. "auto" takes the fastest variant
-    that takes the shape; `tlx_pairs` (taken at G >= 16, D = 128) reduce-adds its sums in the
+    that takes the shape; `tlx_pairs` (taken at G >= 16) reduce-adds its sums in the
     hardware's order, so its gradients may differ in the last bits from run to run:
     deterministic=True takes the fastest bitwise-repeatable one (`tlx_ws` at G >= 64, `triton`
     below: neither has atomics). profile=True runs the kernels' Proton-scoped copies; profile=NAME

@@ -36,7 +36,7 @@ Warp groups:
 Form "det" (DET): B = K1a[j] * K2a + K1b[j] * K2b from det_keys_side's packed K1 and K2 (the
 sign of a pair exchange is in the packing), the end's sums taken against both slots in the
 packing's columns and unpacked on the host by its adjoint (det_keys_side_grads).
-Supports D = 128 with G = Hq/Hk >= 16 (`supports`; a token's rows are one TMA box of >= 16).
+Supports G = Hq/Hk >= 16 (`supports`; a token's rows are one TMA box of >= 16), D 64 or 128.
 Its speed against `tlx_ws` at S* is measured in docs/perf-bwd.md, form det in docs/perf-det.md.
 """
 from __future__ import annotations
@@ -278,17 +278,17 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     # the b slots (det) from the staged dB, in det_keys_side's packed columns
                     k1 = tl.load(K1 + SL * kv_row + offs_d).to(tl.float32)
                     scale_add_rows(dk, stage, k1, K2rows, SL * kv_base, k0, t_end, DK2acc, DK1acc,
-                                   SL * kv_row, cid, SL * HK, D, epilogue_rows(G))
+                                   SL * kv_row, cid, SL * HK, D, epilogue_rows(G, D))
                     if DET:  # (the slot's offset opaque: else the first pass's row offsets are
                         # kept for this one, and spill)
                         sl = opaque(tl.full([], D, tl.int32))
                         k1 = tl.load(K1 + SL * kv_row + sl + offs_d).to(tl.float32)
                         scale_add_rows(dk, stage, k1, K2rows, SL * kv_base + sl, k0, t_end,
                                        DK2acc, DK1acc, SL * kv_row + sl, cid, SL * HK, D,
-                                       epilogue_rows(G), STAGED=True)
+                                       epilogue_rows(G, D), STAGED=True)
                     v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
                     scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, t_end, DV2acc, DV1acc,
-                                   kv_row, cid, HK, D, epilogue_rows(G))
+                                   kv_row, cid, HK, D, epilogue_rows(G, D))
                 leave("epilogue", PROFILE)
 
 
@@ -305,10 +305,9 @@ FINISH_BLOCK = 2048
 
 def supports(spec: ProblemSpec) -> str | None:
     why = tiling_supports(spec)
-    if why is None and (spec.G < 16 or spec.D != 128):
-        why = (f"G = Hq/Hk = {spec.G}, D = {spec.D}: G >= 16 and D = 128 only (a tile is 64 "
-               "heads of one token or all G heads of 64 / G tokens, a TMA box of >= 16 rows per "
-               "token; each consumer takes half of dQ's 128 columns)")
+    if why is None and spec.G < 16:
+        why = (f"G = Hq/Hk = {spec.G}: G >= 16 only (a tile is 64 heads of one token or all G "
+               "heads of 64 / G tokens, a TMA box of >= 16 rows per token)")
     if why is None and spec.B * spec.N * spec.Hq >= 2 ** 31:
         why = (f"B*N*Hq = {spec.B * spec.N * spec.Hq} rows: its TMA boxes take int32 row "
                "coordinates (fewer than 2**31 rows)")

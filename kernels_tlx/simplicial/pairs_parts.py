@@ -32,8 +32,11 @@ def token_tiles(G):
 
 
 @triton.constexpr_function
-def epilogue_rows(G):
-    """Rows per chunk of the end's dB/dC pass: 16, or 8 at G < 64 (16 spills 8 bytes there)."""
+def epilogue_rows(G, D):
+    """Rows per chunk of the end's dB/dC pass: 16, or 8 at G < 64 (16 spills 8 bytes there),
+    32 at D = 64 (16 spilled 80-368 bytes)."""
+    if D == 64:
+        return 64
     return 16 if G >= 64 else 8
 
 

@@ -265,14 +265,14 @@ def test_auto_rank_order_and_hopper_filter(fake_variants):
 
 
 def test_deterministic_backward_selection():
-    """"auto" takes the reduce-adding `tlx_pairs` at G >= 16, D = 128; deterministic=True takes a
-    bitwise-repeatable variant there (`tlx_ws` at G >= 64, `triton` below), and refuses
-    `tlx_pairs` by name."""
-    for G in (16, 32, 64, 128):
-        s = spec(Hq=G, Hk=1, D=128)
+    """"auto" takes the reduce-adding `tlx_pairs` at G >= 16 (D 64 and 128); deterministic=True
+    takes a bitwise-repeatable variant there (`tlx_ws` at G >= 64 and D 128, `triton`
+    otherwise), and refuses `tlx_pairs` by name."""
+    for G, D in [(G, D) for G in (16, 32, 64, 128) for D in (64, 128)]:
+        s = spec(Hq=G, Hk=1, D=D)
         assert launcher.pick(s, "auto", True, "bwd", family=FAM).name == "tlx_pairs"
         v = launcher.pick(s, "auto", True, "bwd", deterministic=True, family=FAM)
-        assert v.deterministic and v.name == ("tlx_ws" if G >= 64 else "triton"), v.name
+        assert v.deterministic and v.name == ("tlx_ws" if G >= 64 and D == 128 else "triton")
         with pytest.raises(ValueError, match="'tlx_pairs' is not deterministic"):
             launcher.pick(s, "tlx_pairs", True, "bwd", deterministic=True, family=FAM)
     assert [v.name for v in registry.all_variants("bwd", FAM)
