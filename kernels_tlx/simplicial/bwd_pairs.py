@@ -364,9 +364,10 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     Proton-scoped copy), then the bf16 gradients (dQ, dK1, dK2 scaled by sm_scale) by
     `_finish_kernel` and `_sum_parts_kernel` (prepare_sum_parts). Form "det": K1 and K2 packed
     per call (det_keys_side), B built from both slots, dK1 and dK2 summed in the packing's
-    columns and unpacked by its adjoint (det_keys_side_grads, four small torch passes). Scratch: fp32 copies of the
-    five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and [B, N, Hq] copies of LSE (log2)
-    and Delta (two small passes per call: `_delta_kernel` writes [B, Hq, N]).
+    columns and unpacked by its adjoint (det_keys_side_grads, four small torch passes).
+    Scratch: fp32 copies of the five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*) and
+    [B, N, Hq] copies of LSE (log2) and Delta (two small passes per call: `_delta_kernel` writes
+    [B, Hq, N]).
     packed=True (spec.varlen): run takes `bounds=` too, each token's sequence start and end
     (altattn/simplicial/varlen.py's Packed.bounds, per call), `_pairs_kernel`'s keyword
     argument `Seq`."""

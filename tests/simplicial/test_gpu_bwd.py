@@ -100,7 +100,8 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
     # keys side: K1, K2 and their gradients in slots, B = sum_s K1_s[j] * K2_s[k] (the trilinear
     # form one slot; form "det" det_keys_side's two, the gradients unpacked by its adjoint)
     det = -1 if spec.swapped else 1
-    k1s, k2s = (det_keys_side(k1, k2, det) if form == "det" else (k1[..., None, :], k2[..., None, :]))
+    k1s, k2s = (det_keys_side(k1, k2, det) if form == "det"
+                else (k1[..., None, :], k2[..., None, :]))
     dk1s, dk2s = torch.zeros_like(k1s), torch.zeros_like(k2s)
     delta = (dout * out.double()).sum(-1).transpose(1, 2)  # [B, Hq, N]
     if dlse is not None:
