@@ -293,3 +293,33 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     return torch.equal(a.detach().contiguous().flatten().view(torch.uint8),
                        b.detach().contiguous().flatten().view(torch.uint8))
+
+
+# ------------------------------------------------------------------------------------------------
+# Context parallelism on the CPU: one test's ranks as spawned processes joined by gloo.
+
+def run_gloo_world(body, world: int, *args) -> None:
+    """body(rank, world, *args) in `world` spawned processes joined by gloo (a file rendezvous,
+    removed after): a failure on any rank fails the caller with that rank's traceback. body must
+    be a module-level function (spawn pickles it by name)."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+    with tempfile.NamedTemporaryFile() as f:
+        mp.start_processes(_gloo_rank, args=(body, world, f.name + ".store", args),
+                           nprocs=world, start_method="spawn")
+
+
+def _gloo_rank(rank: int, body, world: int, path: str, args: tuple) -> None:
+    """One rank: one thread, the group, body, the group destroyed; a rank that succeeded leaves by
+    os._exit(0). Without it, gloo's threads at interpreter shutdown aborted a process ("terminate
+    called without an active exception", SIGABRT) in about one run of two (torch 2.13, CPU build);
+    an exception still reaches the parent through torch.multiprocessing's error file."""
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    try:
+        body(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)

@@ -10,13 +10,11 @@ import itertools
 import random
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import ROOT, no_gpu_env
+from conftest import ROOT, no_gpu_env, run_gloo_world
 
 from altattn.simplicial import SimplicialAttention, attention, context_parallel_attention
 from altattn.simplicial.context_parallel import halo_plan
@@ -146,20 +144,15 @@ def _error_cases(rank):
             torch.randn(4, 16), cu_seqlens=torch.tensor([0, 4], dtype=torch.int32))
 
 
-def _worker(rank, world, path, seed):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
-    try:
-        for i, case in enumerate(CASES[world]):
-            _check_case(rank, *case, seed=seed + i)
-        if world == 3:
-            _error_cases(rank)
-        if world == 2:
-            _compiled_layer_case(rank, seed)
-        if world == 4:
-            _layer_case(rank, seed)
-    finally:
-        dist.destroy_process_group()
+def _rank(rank, world, seed):
+    for i, case in enumerate(CASES[world]):
+        _check_case(rank, *case, seed=seed + i)
+    if world == 3:
+        _error_cases(rank)
+    if world == 2:
+        _compiled_layer_case(rank, seed)
+    if world == 4:
+        _layer_case(rank, seed)
 
 
 @pytest.mark.parametrize("world", sorted(CASES))
@@ -167,9 +160,7 @@ def test_shards_equal_one_process(world, seed):
     """Every case of CASES[world], then the compiled layer (P = 2), the errors (P = 3), the
     layer under FSDP2 and DDP (P = 4): a failure on any rank fails the test with that rank's
     traceback."""
-    with tempfile.NamedTemporaryFile() as f:  # gloo's rendezvous; removed after the run
-        mp.start_processes(_worker, args=(world, f.name + ".store", seed), nprocs=world,
-                           start_method="spawn")
+    run_gloo_world(_rank, world, seed)
 
 
 def test_halo_plan_covers_exactly_the_window_before_each_shard():

@@ -10,13 +10,11 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import ROOT, no_gpu_env
+from conftest import ROOT, no_gpu_env, run_gloo_world
 
 from altattn.spherical import SphericalAttention, attention, context_parallel_attention
 from altattn.spherical.context_parallel import (
@@ -154,27 +152,20 @@ def _error_cases(rank):
         cp(q, k, v, group="world")
 
 
-def _worker(rank, world, path, seed):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
-    try:
-        for i, case in enumerate(CASES[world]):
-            _check_case(rank, world, *case, seed=seed + i)
-        if world == 3:
-            _error_cases(rank)
-        if world in (2, 4):
-            _layer_case(rank, world, seed)
-    finally:
-        dist.destroy_process_group()
+def _rank(rank, world, seed):
+    for i, case in enumerate(CASES[world]):
+        _check_case(rank, world, *case, seed=seed + i)
+    if world == 3:
+        _error_cases(rank)
+    if world in (2, 4):
+        _layer_case(rank, world, seed)
 
 
 @pytest.mark.parametrize("world", sorted(CASES))
 def test_shards_equal_one_process(world, seed):
     """Every case of CASES[world], then the errors (P = 3) and the layer (P = 2, 4): a failure
     on any rank fails the test with that rank's traceback."""
-    with tempfile.NamedTemporaryFile() as f:  # gloo's rendezvous; removed after the run
-        mp.start_processes(_worker, args=(world, f.name + ".store", seed), nprocs=world,
-                           start_method="spawn")
+    run_gloo_world(_rank, world, seed)
 
 
 def test_zigzag_helpers_and_balance():

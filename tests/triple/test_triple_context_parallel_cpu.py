@@ -6,12 +6,10 @@ Dq != Dv, scale None (1/N of the whole sequence) and given, an initial state, de
 the layer's `cp_group` (outputs, state and weight gradients); errors raised on every rank."""
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import run_gloo_world
 
 from altattn.triple import TripleAttention, attention, context_parallel_attention
 from altattn.triple import spec as triple_spec
@@ -185,27 +183,20 @@ def _error_cases(rank):
     assert out.shape == (1, 4, 2, 64)
 
 
-def _worker(rank, world, path, seed):
-    torch.set_num_threads(1)
+def _rank(rank, world, seed):
     triple_spec.SUPPORTED_DIMS = (*triple_spec.SUPPORTED_DIMS, 2, 3)  # cheap shapes, as tiny_dims
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
-    try:
-        for i, case in enumerate(CASES[world]):
-            _check_case(rank, world, *case, seed=seed + i)
-        _layer_case(rank, world, seed)
-        if world == 3:
-            _error_cases(rank)
-    finally:
-        dist.destroy_process_group()
+    for i, case in enumerate(CASES[world]):
+        _check_case(rank, world, *case, seed=seed + i)
+    _layer_case(rank, world, seed)
+    if world == 3:
+        _error_cases(rank)
 
 
 @pytest.mark.parametrize("world", sorted(CASES))
 def test_shards_equal_one_process(world, seed):
     """Every case of CASES[world], then the layer, and (P = 3) the errors: a failure on any rank
     fails the test with that rank's traceback."""
-    with tempfile.NamedTemporaryFile() as f:  # gloo's rendezvous; removed after the run
-        mp.start_processes(_worker, args=(world, f.name + ".store", seed), nprocs=world,
-                           start_method="spawn")
+    run_gloo_world(_rank, world, seed)
 
 
 def test_needs_an_initialized_process_group():
