@@ -34,7 +34,8 @@ row) takes; the rest is the projections.
 variant is timed in each asked form it computes (its check in that form), a named variant that
 lacks one is refused before any GPU work, and a det row carries its TFLOPS over the same variant's
 trilinear row ("x trilinear"). The useful FLOPs of det are the plain form's; a det call's time
-includes the packing of K1's rotations the `triton` backward does on the host (det_keys).
+includes the host's packing (`triton`: K1's rotations, det_keys; `tlx_pairs`: K1's and K2's,
+det_keys_side, and the unpacking of dK1, dK2).
 
 Exit status: 0 done; 1 a correctness check failed; 2 bad arguments or no CUDA GPU.
 """

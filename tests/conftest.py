@@ -315,11 +315,17 @@ def _gloo_rank(rank: int, body, world: int, path: str, args: tuple) -> None:
     os._exit(0). Without it, gloo's threads at interpreter shutdown aborted a process ("terminate
     called without an active exception", SIGABRT) in about one run of two (torch 2.13, CPU build);
     an exception still reaches the parent through torch.multiprocessing's error file."""
+    import datetime
+
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    # a rank waiting for a peer that died raises after 5 minutes instead of hanging the test
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=5))
     try:
         body(rank, world, *args)
     finally:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)

@@ -9,8 +9,10 @@ On CUDA tensors (bf16) the kernels run: the forward variant `variant`, the backw
 `bwd_variant` ("auto": the fastest registered backward that takes the shape). On CPU tensors
 (bf16, fp16, fp32 or fp64) the plain-PyTorch reference in fp64 and its closed-form backward
 (`reference_backward`): slow, exact, so CI can check gradients, opcheck and compile without a
-GPU. Form "det" runs the `triton` forward and backward on CUDA (the only variants that compute
-it: "auto" takes them, a named TLX variant refuses the form with ValueError).
+GPU. Form "det" on CUDA: the variants whose record accepts it (the `triton` forward and
+backward, the forwards `tlx_pipelined_kv` and `tlx_pipelined_pingpong` at G = 128, the backward
+`tlx_pairs` at G >= 16: "auto" takes the fastest of them; a named variant without it refuses the
+form with ValueError).
 
 Saved for backward: q, k1, k2, v1, v2, out and lse (as FlashAttention saves q, k, v, out, lse).
 """
@@ -71,8 +73,8 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
     `variant` / `bwd_variant` name the forward / backward kernels ("auto": the fastest that takes
     the shape). form="det": logits from 3x3 determinants over the 3-chunks of D, the D mod 3
     leftover dims trilinear, sm_scale again defaulting to 1/sqrt(D) (`altattn.simplicial.reference`
-    states the form; on CUDA the `triton` variants and, forward only, `tlx_pipelined_kv` and
-    `tlx_pipelined_pingpong` at G = 128 compute it). Bad input raises TypeError /
+    states the form; on CUDA the `triton` variants, the forwards `tlx_pipelined_kv` and
+    `tlx_pipelined_pingpong` at G = 128 and the backward `tlx_pairs` at G >= 16 compute it). Bad input raises TypeError /
     ValueError naming the argument before anything is launched; a wrong-shape or complex
     incoming gradient is refused by torch's autograd, which casts one of another real dtype to
     the output's. deterministic=True: the backward takes only bitwise-repeatable variants

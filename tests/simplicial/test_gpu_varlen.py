@@ -78,8 +78,9 @@ def test_packed_forward_equals_dense_per_sequence(variant, form, swap):
 
 @pytest.mark.parametrize("Hq,Hk,D", [(128, 1, 128), (64, 1, 128), (128, 2, 64)])
 def test_packed_training_step_against_reference(Hq, Hk, D):
-    """attention_varlen forward and backward (packed kernels at G = 128 D = 128, sequence by
-    sequence elsewhere) against the fp64 reference of each sequence."""
+    """attention_varlen forward and backward (the packed forward at G = 128, the packed
+    `tlx_pairs` backward at G >= 16; sequence by sequence elsewhere) against the fp64 reference
+    of each sequence."""
     cu, q, kv = _packed(LENGTHS, Hq, Hk, D, seed=2)
     x = [t.clone().requires_grad_() for t in (q, *kv)]
     out, lse = attention_varlen(*x, cu, max(LENGTHS), W1, W2)
