@@ -25,7 +25,6 @@ from altattn.simplicial import passes as bwd_launcher
 from altattn import registry
 from altattn.simplicial.reference import chunk_dims, pi_chunks, _window
 from altattn.simplicial.spec import validate, validate_shape
-from kernels_triton.simplicial.det import det_keys_side, det_keys_side_grads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmul")]
 
@@ -81,8 +80,9 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
     form="det": A_j = bf16(Qa * K1a + bf16(Qb * K1b)) as the forward builds it
     (tests/simplicial/test_gpu.py emulate_bf16, kernels_triton/simplicial/det.py), r = 2 when the pairs are exchanged,
     and dQ, dK1 through the rotations of kernels_triton/simplicial/det.py, unrounded. keys_side:
-    the pairs' products K1[j]*K2[k] (form "det": bf16(K1a*K2a + bf16(K1b*K2b)) of det_keys_side's
-    slots, their gradients unpacked by det_keys_side_grads) and V1[j]*V2[k] rounded
+    the pairs' products K1[j]*K2[k] (form "det": bf16(K1a*K2a + bf16(K1b*K2b)) of the keys-side
+    packing's slots, written here from its formulas, not imported from the kernels' det.py) and
+    V1[j]*V2[k] rounded
     (kernels_tlx/simplicial/bwd_pairs.py), Q*K1[j] and dO*V1[j] not."""
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form)
     B, N, Hq, Hk, D, G = spec.B, spec.N, spec.Hq, spec.Hk, spec.D, spec.G
@@ -98,10 +98,13 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
     dq = torch.zeros_like(q)
     dk1, dk2, dv1, dv2 = (torch.zeros_like(k1) for _ in range(4))
     # keys side: K1, K2 and their gradients in slots, B = sum_s K1_s[j] * K2_s[k] (the trilinear
-    # form one slot; form "det" det_keys_side's two, the gradients unpacked by its adjoint)
-    det = -1 if spec.swapped else 1
-    k1s, k2s = (det_keys_side(k1, k2, det) if form == "det"
-                else (k1[..., None, :], k2[..., None, :]))
+    # form one slot; form "det" two: K1a = pi^r K1, K1b = -chi pi^(3-r) K1, K2a = pi^(3-r) K2,
+    # K2b = pi^r K2, so that sum_s K1_s * K2_s = K1 x3 K2, negated on the chunk dims for r = 2)
+    if form == "det":
+        k1s = torch.stack((pi_chunks(k1, r), -(chunk_dims(k1) * pi_chunks(k1, 3 - r))), dim=-2)
+        k2s = torch.stack((pi_chunks(k2, 3 - r), pi_chunks(k2, r)), dim=-2)
+    else:
+        k1s, k2s = k1[..., None, :], k2[..., None, :]
     dk1s, dk2s = torch.zeros_like(k1s), torch.zeros_like(k2s)
     delta = (dout * out.double()).sum(-1).transpose(1, 2)  # [B, Hq, N]
     if dlse is not None:
@@ -180,8 +183,12 @@ def emulate_bwd_bf16(q, k1, k2, v1, v2, w1, w2, out, lse, dout, dlse, sm_scale,
                 (dv2, pos2, torch.einsum("bcghjk,bcghjd->bckgd", bf16(p), dOj))):
             grad.index_add_(1, pos, part.flatten(1, 2))
     if keys_side:
-        dk1, dk2 = (det_keys_side_grads(dk1s, dk2s, det) if form == "det"
-                    else (dk1s[..., 0, :], dk2s[..., 0, :]))
+        if form == "det":  # the slots' gradients through the packing's transpose
+            dk1 = (pi_chunks(dk1s[..., 0, :], 3 - r)
+                   - pi_chunks(chunk_dims(k1) * dk1s[..., 1, :], r))
+            dk2 = pi_chunks(dk2s[..., 0, :], r) + pi_chunks(dk2s[..., 1, :], 3 - r)
+        else:
+            dk1, dk2 = dk1s[..., 0, :], dk2s[..., 0, :]
     if spec.swapped:
         dk1, dv1, dk2, dv2 = dk2, dv2, dk1, dv1
     return tuple(bf16(g) for g in (dq, dk1, dk2, dv1, dv2))
