@@ -32,7 +32,9 @@ Warp groups:
   the token does not see skips the tile's GEMMs (and writes a zero dS). dQ needs dS over both
   consumers' keys: each stores its dS^T (bf16) in a ring of two slots (`ds_fulls`, `ds_empties`,
   both consumers' warps), then each computes half of dQ's columns from both, stages it in fp32
-  and reduce-adds it by TMA (a box per token of the tile that sees j).
+  and reduce-adds it by TMA (a box per token of the tile that sees j). Tile u - 1's dQ GEMMs
+  are issued right behind tile u's dC and dB and waited with them (`pair_step`): one wait a
+  step for the three, not two.
 Form "det" (DET): B = K1a[j] * K2a + K1b[j] * K2b from det_keys_side's packed K1 and K2 (the
 sign of a pair exchange is in the packing), the end's sums taken against both slots in the
 packing's columns and unpacked on the host by its adjoint (det_keys_side_grads).
@@ -60,6 +62,7 @@ from kernels_tlx.simplicial.pairs_parts import (
     active_tiles,
     add_dq,
     box_rows,
+    dq_issue,
     dq_share,
     epilogue_rows,
     first_token,
@@ -112,6 +115,64 @@ def build_keys_values(K1, V1, k2_tiles, v2_tiles, k2b_tiles, b_tiles, c_tiles, k
                   MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
             build(v1, tlx.local_view(v2_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
                   MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+
+
+@triton.jit
+def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles, do_tiles,
+              ds_tiles, b_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, ds_fulls,
+              ds_empties, dq_stage, DQacc, b, g, j, i_end, kpos, qk_scale, w2, N, cid: tl.constexpr,
+              NUM_Q: tl.constexpr, G: tl.constexpr, HQ: tl.constexpr, DH: tl.constexpr,
+              PROFILE: tl.constexpr):
+    """One consumer's tile u: its GEMMs where `active` (its keys seen by a token of the tile),
+    its dS^T into ring slot u % 2, then (HAS_PREV) tile u - 1's dQ share issued behind dC and dB
+    and waited with them, and reduce-added."""
+    s = u % NUM_Q
+    d = u % 2
+    i0, _ = first_token(j, u, G)
+    tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(u, NUM_Q))
+    q_tile = tlx.local_view(q_tiles, s)
+    do_tile = tlx.local_view(do_tiles, s)
+    ds_tile = tlx.local_view(ds_tiles, d * NUM_CONSUMERS + cid)
+    tlx.barrier_wait(tlx.local_view(ds_empties, d), empty_phase(u, 2))
+    if active:
+        enter("qk_gemm", PROFILE)
+        st = tlx.async_dot(b_tile, tlx.local_trans(q_tile))
+        dpt = tlx.async_dot(c_tile, tlx.local_trans(do_tile))
+        lse2 = row_values(lse_tiles, s, G)  # [1, ROWS], log2 units
+        st = tlx.async_dot_wait(1, st)  # dP^T still in flight under the exp2
+        leave("qk_gemm", PROFILE)
+        enter("softmax", PROFILE)
+        pt = probabilities(st, lse2, qk_scale, kpos, i0, i_end, w2, G)
+        delta = row_values(delta_tiles, s, G)
+        dpt = tlx.async_dot_wait(0, dpt)
+        dst = (pt * (dpt - delta)).to(tl.bfloat16)
+        leave("softmax", PROFILE)
+        enter("pv_gemm", PROFILE)
+        dv = tlx.async_dot(pt.to(tl.bfloat16), do_tile, dv)
+        dk = tlx.async_dot(dst, q_tile, dk)
+        tlx.local_store(ds_tile, dst)
+        if HAS_PREV:
+            dq = dq_issue(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
+            dq = tlx.async_dot_wait(0, dq)
+        dv = tlx.async_dot_wait(0, dv)
+        dk = tlx.async_dot_wait(0, dk)
+        leave("pv_gemm", PROFILE)
+    else:
+        tlx.local_store(ds_tile, tl.zeros([64, ROWS], tl.bfloat16))
+        if HAS_PREV:
+            dq = dq_issue(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
+            dq = tlx.async_dot_wait(0, dq)
+    # dS^T announced only after this tile's dC and dB are done: past the last tile's ds_full the
+    # other consumer writes its end's staging tiles, which are the Q and dO rings' bytes
+    tlx.fence_async_shared()
+    tlx.barrier_arrive(tlx.local_view(ds_fulls, d), 1)
+    tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
+    if HAS_PREV:
+        enter("epilogue", PROFILE)
+        tlx.barrier_arrive(tlx.local_view(ds_empties, 1 - d), 1)
+        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
+        leave("epilogue", PROFILE)
+    return dk, dv
 
 
 @triton.jit
@@ -215,48 +276,20 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 dk = tl.zeros([64, D], tl.float32)
                 dv = tl.zeros([64, D], tl.float32)
                 tlx.barrier_wait(bc_full, 0)
-                # tile u's GEMMs, then tile u - 1's dQ: the two consumers meet at the dS of the
-                # tile before, not of this one, so either may run up to a tile ahead
-                for u in range(0, n_tiles):
-                    s = u % NUM_Q
-                    d = u % 2
-                    i0, _ = first_token(j, u, G)
-                    tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(u, NUM_Q))
-                    q_tile = tlx.local_view(q_tiles, s)
-                    do_tile = tlx.local_view(do_tiles, s)
-                    ds_tile = tlx.local_view(ds_tiles, d * NUM_CONSUMERS + cid)
-                    tlx.barrier_wait(tlx.local_view(ds_empties, d), empty_phase(u, 2))
-                    if (u >= u_lo) & (u < u_hi):
-                        enter("qk_gemm", PROFILE)
-                        st = tlx.async_dot(b_tile, tlx.local_trans(q_tile))
-                        dpt = tlx.async_dot(c_tile, tlx.local_trans(do_tile))
-                        lse2 = row_values(lse_tiles, s, G)  # [1, ROWS], log2 units
-                        st = tlx.async_dot_wait(1, st)  # dP^T still in flight under the exp2
-                        leave("qk_gemm", PROFILE)
-                        enter("softmax", PROFILE)
-                        pt = probabilities(st, lse2, qk_scale, kpos, i0, i_end, w2, G)
-                        delta = row_values(delta_tiles, s, G)
-                        dpt = tlx.async_dot_wait(0, dpt)
-                        dst = (pt * (dpt - delta)).to(tl.bfloat16)
-                        leave("softmax", PROFILE)
-                        enter("pv_gemm", PROFILE)
-                        dv = tlx.async_dot(pt.to(tl.bfloat16), do_tile, dv)
-                        dk = tlx.async_dot(dst, q_tile, dk)
-                        tlx.local_store(ds_tile, dst)
-                        dv = tlx.async_dot_wait(0, dv)
-                        dk = tlx.async_dot_wait(0, dk)
-                        leave("pv_gemm", PROFILE)
-                    else:
-                        tlx.local_store(ds_tile, tl.zeros([64, ROWS], tl.bfloat16))
-                    tlx.fence_async_shared()
-                    tlx.barrier_arrive(tlx.local_view(ds_fulls, d), 1)
-                    tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
-                    if u > 0:
-                        enter("epilogue", PROFILE)
-                        dq = dq_share(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
-                        tlx.barrier_arrive(tlx.local_view(ds_empties, 1 - d), 1)
-                        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
-                        leave("epilogue", PROFILE)
+                # tile u's GEMMs, then tile u - 1's dQ issued behind its dC/dB and waited with
+                # them: the consumers meet at the dS of the tile before, so either may run a tile
+                # ahead (the first tile has no dQ before it: peeled)
+                dk, dv = pair_step(0, dk, dv, (0 >= u_lo) & (0 < u_hi), False, b_tile, c_tile,
+                                   q_tiles, do_tiles, ds_tiles, b_tiles, lse_tiles, delta_tiles,
+                                   q_fulls, q_empties, ds_fulls, ds_empties, dq_stage, DQacc, b,
+                                   g, j, i_end, kpos, qk_scale, w2, N, cid, NUM_Q, G, HQ, DH,
+                                   PROFILE)
+                for u in range(1, n_tiles):
+                    dk, dv = pair_step(u, dk, dv, (u >= u_lo) & (u < u_hi), True, b_tile, c_tile,
+                                       q_tiles, do_tiles, ds_tiles, b_tiles, lse_tiles,
+                                       delta_tiles, q_fulls, q_empties, ds_fulls, ds_empties,
+                                       dq_stage, DQacc, b, g, j, i_end, kpos, qk_scale, w2, N, cid,
+                                       NUM_Q, G, HQ, DH, PROFILE)
                 # the coordinates again, from an opaque program id (held over the loop they spill)
                 b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
                     opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)

@@ -1,8 +1,8 @@
 """The device pieces of the `tlx_pairs` backward (kernels_tlx/simplicial/bwd_pairs.py, whose
 docstring states the algorithm): a program's coordinates (`pair_program`, `active_tiles`,
 `first_token`), the producer's row loads (`load_rows`), the consumers' probabilities and row
-values, the dQ share and its reduce-add (`dq_share`, `add_dq`), and the end's dK/dV sums
-(`scale_add_rows`). The kernel and its host side are in bwd_pairs.py."""
+values, the dQ share and its reduce-add (`dq_issue`, `dq_share`, `add_dq`), and the end's dK/dV
+sums (`scale_add_rows`). The kernel and its host side are in bwd_pairs.py."""
 from __future__ import annotations
 
 import triton
@@ -148,28 +148,35 @@ def probabilities(st, lse2, qk_scale, kpos, i0, i_end, w2, G: tl.constexpr):
 
 
 @triton.jit
-def dq_columns(ds_tiles, b_tiles, d, COL: tl.constexpr, DH: tl.constexpr):
+def dq_issue(ds_tiles, b_tiles, ds_fulls, u, cid: tl.constexpr, DH: tl.constexpr):
+    """`dq_share`'s GEMMs issued, not waited for (the caller's wait takes them with the wgmma
+    before them)."""
+    d = u % 2
+    tlx.barrier_wait(tlx.local_view(ds_fulls, d), full_phase(u, 2))
+    if cid == 0:
+        dq = dq_columns_issued(ds_tiles, b_tiles, d, 0, DH)
+    else:
+        dq = dq_columns_issued(ds_tiles, b_tiles, d, DH, DH)
+    return dq
+
+
+@triton.jit
+def dq_columns_issued(ds_tiles, b_tiles, d, COL: tl.constexpr, DH: tl.constexpr):
     """Columns COL .. COL + DH - 1 of a tile's dQ share, dS B over both consumers' keys: the
     dS^T of ds ring slot d (one [64 keys, ROWS] tile per consumer) against the same columns of
-    each consumer's B tile. Waits for every wgmma of the warp group."""
+    each consumer's B tile; the GEMMs issued, not waited for."""
     dq = tl.zeros([ROWS, DH], tl.float32)
     for c in tl.static_range(NUM_CONSUMERS):
         dq = tlx.async_dot(tlx.local_trans(tlx.local_view(ds_tiles, d * NUM_CONSUMERS + c)),
                            tlx.local_slice(tlx.local_view(b_tiles, c), [0, COL], [64, DH]), dq)
-    return tlx.async_dot_wait(0, dq)
+    return dq
 
 
 @triton.jit
-def dq_share(ds_tiles, b_tiles, ds_fulls, u, cid, DH: tl.constexpr):
+def dq_share(ds_tiles, b_tiles, ds_fulls, u, cid: tl.constexpr, DH: tl.constexpr):
     """Consumer cid's columns of tile u's dQ share, once both consumers' dS^T of u are in ring
     slot u % 2."""
-    d = u % 2
-    tlx.barrier_wait(tlx.local_view(ds_fulls, d), full_phase(u, 2))
-    if cid == 0:
-        dq = dq_columns(ds_tiles, b_tiles, d, 0, DH)
-    else:
-        dq = dq_columns(ds_tiles, b_tiles, d, DH, DH)
-    return dq
+    return tlx.async_dot_wait(0, dq_issue(ds_tiles, b_tiles, ds_fulls, u, cid, DH))
 
 
 @triton.jit
