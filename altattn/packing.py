@@ -16,8 +16,9 @@ import torch
 Tensor = torch.Tensor
 
 # the columns of a tile map row (tile_map): the sequence's first query row and first key row (in
-# the packed tensors), its query and key lengths, the tile's first row (or key) in the sequence
-MAP_COLUMNS = ("q_start", "k_start", "len_q", "len_k", "first")
+# the packed tensors), its query and key lengths, the tile's first row (or key) in the sequence,
+# the head the tile's program computes
+MAP_COLUMNS = ("q_start", "k_start", "len_q", "len_k", "first", "head")
 
 
 class PackedSeqs(NamedTuple):
@@ -92,20 +93,24 @@ def max_tiles(T: int, n: int, block: int) -> int:
     return -(-T // block) + n if n else 0
 
 
-def tile_map(cu_q: Tensor, cu_k: Tensor, block: int, n_tiles: int, *, causal: bool = False,
-             keys: bool = False) -> Tensor:
-    """int32 [n_tiles, 5] (MAP_COLUMNS): one row per tile of `block` query rows (keys=True: of
-    `block` keys) of each sequence, built on the device from the offsets alone (no host read:
-    a torch.compile graph or a CUDA graph may hold it). n_tiles: max_tiles(...) of the packed
-    rows (or keys). Rows are sorted by the tile's work, largest first (the long tiles start
-    first and the short ones fill the end of the launch); rows past the real tiles have lengths
-    0 (a kernel does nothing for them). Work: a query tile's visible keys (causal: up to its
-    last row), a key tile's visible rows (causal: from its first key)."""
+def tile_map(cu_q: Tensor, cu_k: Tensor, block: int, n_tiles: int, *, heads: int = 1,
+             causal: bool = False, keys: bool = False) -> Tensor:
+    """int32 [heads * n_tiles, 6] (MAP_COLUMNS): one row per head and tile of `block` query rows
+    (keys=True: of `block` keys) of each sequence, built on the device from the offsets alone (no
+    host read: a torch.compile graph or a CUDA graph may hold it); a launch runs one program (or
+    one turn of a persistent program) per row. n_tiles: max_tiles(...) of the packed rows (or
+    keys). Order: the sequences by their largest tile's work, largest first (the long tiles start
+    first and the short ones fill the end of the launch); within a sequence head by head, and a
+    head's tiles by their work, largest first (ties in the sequence's order). So the programs
+    running at once read one head's rows and keys, as a batch's (b, head)-major grid does, and
+    those stay in L2 while the head's tiles pass over them. Rows past the real tiles come last,
+    with lengths 0 (a kernel does nothing for them). Work: a query tile's visible keys (causal:
+    up to its last row), a key tile's visible rows (causal: from its first key)."""
     dev = cu_q.device
     cq, ck = cu_q.long(), cu_k.long()
     n = cq.numel() - 1
     if n_tiles == 0 or n == 0:
-        return torch.zeros(n_tiles, 5, dtype=torch.int32, device=dev)
+        return torch.zeros(heads * n_tiles, len(MAP_COLUMNS), dtype=torch.int32, device=dev)
     len_q, len_k = cq[1:] - cq[:-1], ck[1:] - ck[:-1]
     per = ((len_k if keys else len_q) + block - 1) // block  # tiles of each sequence
     end = per.cumsum(0)
@@ -120,6 +125,16 @@ def tile_map(cu_q: Tensor, cu_k: Tensor, block: int, n_tiles: int, *, causal: bo
         work = (lq - first).clamp(min=0) if causal else lq
     else:
         work = torch.minimum(lk, first + block) if causal else lk
-    order = torch.argsort(torch.where(real, work, -1), descending=True, stable=True)
+    work = torch.where(real, work, 0)
+    # sort key: the sequence's rank (largest tile first; unreal tiles after every sequence), the
+    # head, the tile's work (largest first); every length is below n_tiles * block
+    top = torch.zeros(n, dtype=torch.long, device=dev).scatter_reduce(0, s, work, "amax")
+    rank = torch.empty_like(top).scatter_(
+        0, torch.argsort(top, descending=True, stable=True), torch.arange(n, device=dev))
+    span = n_tiles * block + 1
+    seq_key = torch.where(real, rank[s], n)[:, None] * heads + torch.arange(heads, device=dev)
+    key = seq_key * span + (span - 1 - work)[:, None]  # [n_tiles, heads]
+    order = torch.argsort(key.flatten(), stable=True)
     rows = torch.stack((cq[s], ck[s], lq, lk, torch.where(real, first, 0)), 1)
-    return rows[order].to(torch.int32).contiguous()
+    tile, head = order // heads, order % heads
+    return torch.cat((rows[tile], head[:, None]), 1).to(torch.int32).contiguous()

@@ -23,8 +23,9 @@ Warp groups:
 Masks: keys >= Lk and (causal) x > y give P = dS = 0; rows >= Lq have A = Bt = 0 (row_coeffs) and
 rows >= N read A = Bt = 0 and zero Q/dO (TMA). Causal programs start at their diagonal query block;
 key blocks at or past Lk run no mainloop and write zero dK, dV.
-PACKED (packed sequences, kernels_triton/spherical/host.py): programs are KV heads x the rows of a
-key-tile map (blocks of 128 keys of one sequence, sorted by work); coordinates local to the
+PACKED (packed sequences, kernels_triton/spherical/host.py): a program per row of a key-tile map
+(a KV head's block of 128 keys of one sequence; a sequence's blocks head by head, the sequences by
+work, largest first: altattn.packing.tile_map); coordinates local to the
 sequence, offset by its first row and key at each TMA load. A and R are read by the consumers
 (masked loads, issued under the QK wgmma; Ad, Rd are then pointers): a sequence's rows start
 anywhere, and a 1-D bulk copy from an unaligned start is an illegal instruction (seen on the
@@ -44,7 +45,7 @@ from kernels_tlx.ring import empty_phase, full_phase
 from kernels_triton.launch import Desc, Kernel, compile_configs
 from kernels_triton.proton import BF16_BYTES, enter, leave
 from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows
-from kernels_triton.spherical.host import PerGrid, meta_args, packed_map, packed_tile
+from kernels_triton.spherical.host import MAP_WIDTH, PerGrid, meta_args, packed_map, packed_tile
 
 BLOCK_N = 128         # keys per program (64 per consumer)
 BLOCK_M = 64          # query rows per streamed tile
@@ -72,8 +73,7 @@ def key_program(N, Nk, Seqlens, HK: tl.constexpr, G: tl.constexpr, CAUSAL: tl.co
     Computed in each warp group (nothing crosses the partitions in registers)."""
     pid = tl.program_id(0)
     if PACKED:
-        g = pid % HK
-        q_base, k_base, Lq, Lk, kb = packed_tile(Seqlens, pid // HK)
+        g, q_base, k_base, Lq, Lk, kb = packed_tile(Seqlens, pid)
         kb = kb & -128  # the map's first key is a multiple of 128: said to the compiler
         b = 0
     else:
@@ -301,7 +301,7 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
             kpos = k_first + tl.arange(0, HALF)
             if PACKED:  # the sequence's own keys (its first key read again: not held in the loop)
                 live = (kpos < Lk)[:, None]
-                k_base = tl.load(Seqlens + (tl.program_id(0) // HK) * 5 + 1)
+                k_base = tl.load(Seqlens + tl.program_id(0) * MAP_WIDTH + 1)
             else:
                 live = (kpos < Nk)[:, None]
                 k_base = 0
@@ -364,11 +364,11 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
     opts = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=D, CAUSAL=spec.causal,
                 VARLEN=spec.varlen or spec.packed, WITH_DQ=with_dq, PROFILE=profile, **cfg)
     N, Nk = spec.N, spec.Nk
-    if spec.packed:  # KV heads x key-tile map rows
+    if spec.packed:  # a program per key-tile map row (KV heads x key tiles)
         per_grid = PerGrid(_dkv_kernel, lambda n: (spec.Hk * n,), PACKED=True, **opts)
 
         def run_packed(q, k, v, dout, A, R, seqs, dk, dv, dq_acc) -> None:
-            tiles, n = packed_map(seqs, Nk, BLOCK_N, spec.causal, keys=True)
+            tiles, n = packed_map(seqs, Nk, BLOCK_N, spec.causal, spec.Hk, keys=True)
             if n:
                 per_grid(n)(rows(q), keys(k), keys(v), rows(dout), A, R, tiles, dk, dv,
                             dq_rows(dq_acc) if with_dq else A, N, Nk)

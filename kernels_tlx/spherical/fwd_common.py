@@ -38,8 +38,9 @@ then the G query heads of the kv head (they read the same K/V blocks at the same
 Masks: causal and varlen tiles mask only blocks past the first `n_full` (the diagonal block, the
 block holding Lk); key blocks past Lk (or past the diagonal) are never loaded; a tile with no row
 below Lq runs no mainloop and writes zeros.
-PACKED (packed sequences, kernels_triton/spherical/host.py): tiles are heads x the rows of a tile
-map (sorted by work, largest first; persistent programs walk them in that order), coordinates
+PACKED (packed sequences, kernels_triton/spherical/host.py): tiles are the rows of a tile map
+(a head's tile of one sequence; a sequence's tiles head by head, the sequences by work, largest
+first; persistent programs walk them in that order), coordinates
 local to the tile's sequence and offset by its first row at each TMA load; out and r leave by
 masked stores of the sequence's own rows (no o_tiles staging: a TMA store of a tile that runs
 past its sequence would overwrite the next one's rows).
@@ -326,7 +327,7 @@ def spherical_fwd_kernel(Qd, Kd, Vd, Od, R, Seqlens, B, N, NK, sm_scale, eps,
                          PIPELINE: tl.constexpr,
                          PINGPONG: tl.constexpr, PERSISTENT: tl.constexpr,
                          PACKED: tl.constexpr = False, PROFILE: tl.constexpr = False):
-    # PACKED: Seqlens is the tile map and B its row count; Od a pointer (module docstring)
+    # PACKED: Seqlens is the tile map and B its rows per head; Od a pointer (module docstring)
     tl.static_assert(BLOCK_M == NUM_CONSUMERS * ROWS, "two consumers of 64 rows")
     n_m = tl.cdiv(N, BLOCK_M)
     if PACKED:
@@ -410,7 +411,7 @@ def supports(spec: SphericalSpec) -> str | None:
 
 def grid(spec: SphericalSpec, cfg: dict, map_rows: int | None = None) -> tuple[int]:
     """One program per tile, or min(#SMs of the current GPU, tiles) programs walking tiles
-    (PERSISTENT); packed: the tiles are heads x map_rows."""
+    (PERSISTENT); packed: the tiles are the map's rows, heads x map_rows."""
     tiles = spec.B * spec.Hq * triton.cdiv(spec.N, cfg["BLOCK_M"])
     if map_rows is not None:
         tiles = spec.Hq * map_rows
@@ -436,7 +437,7 @@ def prepare_with(cfg: dict, spec: SphericalSpec, profile: bool = False):
                            **opts)
 
         def run_packed(q, k, v, seqs, out, r) -> None:
-            tiles, n = packed_map(seqs, N, bm, spec.causal)
+            tiles, n = packed_map(seqs, N, bm, spec.causal, spec.Hq)
             if n:
                 per_grid(n)(rows(q), keys(k), keys(v), out, r, tiles, n, N, Nk, scale, eps)
 

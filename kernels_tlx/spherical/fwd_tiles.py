@@ -49,11 +49,10 @@ def tile_info(tile, n_m, Seqlens, N, NK, HQ: tl.constexpr, G: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
               VARLEN: tl.constexpr, PACKED: tl.constexpr):
     """(b, h, g, m0, q0, k0, Lq, Lk, n_blocks) of tile `tile`: the rows m0 .. of (b, h) and its
-    key blocks, rows and keys counted from q0 and k0 (PACKED: Seqlens is the tile map, the heads
-    of one map row adjacent; else 0, tile_coords and tile_keys)."""
+    key blocks, rows and keys counted from q0 and k0 (PACKED: Seqlens is the tile map, `tile` its
+    row; else 0, tile_coords and tile_keys)."""
     if PACKED:
-        h = tile % HQ
-        q0, k0, Lq, Lk, m0 = packed_tile(Seqlens, tile // HQ)
+        h, q0, k0, Lq, Lk, m0 = packed_tile(Seqlens, tile)
         hi = Lk
         if CAUSAL:
             hi = tl.minimum(hi, m0 + BLOCK_M)

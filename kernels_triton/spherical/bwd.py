@@ -98,7 +98,7 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, A, Bt, Seqlens, N, Nk,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr = False,
                  PROFILE: tl.constexpr = False):
     if PACKED:  # Seqlens is the key-tile map, DK and DV pointers; rows past Lq read A = Bt = 0
-        g, q0, k0, Lq, Lk, x0 = packed_row_tile(Seqlens, HK)
+        g, q0, k0, Lq, Lk, x0 = packed_row_tile(Seqlens)
         b = 0
         n_rows = Lq
     else:
@@ -175,7 +175,7 @@ def _dq_kernel(Q, K, V, DO, DQ, A, Bt, Seqlens, N, Nk,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr = False,
                PROFILE: tl.constexpr = False):
     if PACKED:  # Seqlens is the row-tile map, DQ a pointer
-        h, q0, k0, Lq, Lk, m0 = packed_row_tile(Seqlens, HQ)
+        h, q0, k0, Lq, Lk, m0 = packed_row_tile(Seqlens)
         g = h // G
         b = 0
         n_rows = Lq
@@ -256,7 +256,7 @@ def prepare(spec: SphericalSpec, profile: bool | str = False, cfg: dict | None =
                        layout(spec.B, spec.Nk, spec.Hk, spec.D, bn))
         opts = dict(common, PROFILE=profiled(profile, name, KERNELS), num_warps=c["num_warps"],
                     num_stages=c["num_stages"], **constexprs(c))
-        if spec.packed:  # heads x map rows (host.packed_map)
+        if spec.packed:  # a program per map row: heads x tiles (host.packed_map)
             heads = spec.Hk if name == "dkdv" else spec.Hq
             kernels[name] = PerGrid(fn, lambda n, h=heads: (h * n,), PACKED=True, **opts)
         else:
@@ -266,12 +266,13 @@ def prepare(spec: SphericalSpec, profile: bool | str = False, cfg: dict | None =
         def run_packed(q, k, v, out, r, dout, dr, seqs, dq, dk, dv) -> None:
             A, Bt = coeffs(out, dout, r, dr, None)
             rows, keys = descs["dkdv"]
-            tiles, n = packed_map(seqs, Nk, cfg["dkdv"]["BLOCK_N"], spec.causal, keys=True)
+            tiles, n = packed_map(seqs, Nk, cfg["dkdv"]["BLOCK_N"], spec.causal, spec.Hk,
+                                  keys=True)
             if n:
                 kernels["dkdv"](n)(rows(q), keys(k), keys(v), rows(dout), dk, dv, A, Bt, tiles,
                                    N, Nk)
             rows, keys = descs["dq"]
-            tiles, n = packed_map(seqs, N, cfg["dq"]["BLOCK_M"], spec.causal)
+            tiles, n = packed_map(seqs, N, cfg["dq"]["BLOCK_M"], spec.causal, spec.Hq)
             if n:
                 kernels["dq"](n)(rows(q), keys(k), keys(v), rows(dout), dq, A, Bt, tiles, N, Nk)
 

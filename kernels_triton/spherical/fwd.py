@@ -15,7 +15,7 @@ past Lk are skipped and tiles past Lq visit none (they only write zeros).
 Warps: num_warps (8) of one group, no warp specialization (Triton's pipeliner does the overlap);
 the TLX siblings (kernels_tlx/spherical) add a TMA producer warp group and consumer groups.
 Supports every shape host.supports takes: any B, N, Nk, G; D 64 and 128; causal; seqlens; packed
-sequences (PACKED: a grid over heads x the tile map, out and r by masked stores: host.py).
+sequences (PACKED: a program per tile-map row, out and r by masked stores: host.py).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def spherical_fwd_kernel(Q, K, V, Out, R, Seqlens, N, Nk, sm_scale, eps,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          PACKED: tl.constexpr = False, PROFILE: tl.constexpr = False):
     if PACKED:  # Seqlens is the tile map, Out a pointer; rows and keys from q0, k0
-        h, q0, k0, Lq, Lk, m0 = packed_row_tile(Seqlens, HQ)
+        h, q0, k0, Lq, Lk, m0 = packed_row_tile(Seqlens)
         g = h // G
         b = 0
     else:
@@ -133,7 +133,7 @@ def prepare(spec: SphericalSpec, profile: bool = False, cfg: dict | None = None)
         per_grid = PerGrid(spherical_fwd_kernel, lambda n: (spec.Hq * n,), PACKED=True, **opts)
 
         def run_packed(q, k, v, seqs, out, r) -> None:
-            tiles, n = packed_map(seqs, N, bm, spec.causal)
+            tiles, n = packed_map(seqs, N, bm, spec.causal, spec.Hq)
             if n:
                 per_grid(n)(rows(q), keys(k), keys(v), out, r, tiles, N, Nk, scale, eps)
 

@@ -14,8 +14,8 @@ tiles fill the end of the launch. A key-block kernel (dK/dV) has key blocks fast
 Packed sequences (spec.packed, altattn/spherical/varlen.py): B = 1 over the packed tokens, and in
 place of `seqlens` a launch gets altattn.packing.PackedSeqs (the offsets). Its run builds a tile
 map on the device (altattn.packing.tile_map: per tile the sequence's first query and key row,
-both lengths and the tile's first row or key; sorted by work, largest first) and launches a grid
-of heads x map rows, the heads of one tile fastest (`packed_row_tile`). A program's coordinates are local
+both lengths, the tile's first row or key and its head; a sequence's tiles head by head, the
+sequences by work, largest first) and launches a program per map row (`packed_row_tile`). A program's coordinates are local
 to its sequence (masks, causal diagonal, key blocks as a batch element's), offset by the
 sequence's first row at each load; a tile that runs past its sequence reads the next one's rows,
 masked in the scores (exactly 0 for finite values), and stores only its own rows (masked stores,
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from altattn.packing import PackedSeqs, max_tiles, tile_map
+from altattn.packing import MAP_COLUMNS, PackedSeqs, max_tiles, tile_map
 from altattn.registry import CompileConfig
 from kernels_triton.launch import Desc, Kernel, compile_configs, meta
 from altattn.spherical.spec import SphericalSpec
@@ -131,12 +131,12 @@ def query_blocks(x0, Lq, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_
 
 # ---- packed sequences ---------------------------------------------------------------------
 
-def packed_map(seqs: PackedSeqs, T: int, block: int, causal: bool,
+def packed_map(seqs: PackedSeqs, T: int, block: int, causal: bool, heads: int,
                keys: bool = False) -> tuple[torch.Tensor, int]:
-    """(tile map, its rows) of the packed launch over T rows (keys=True: T keys) in tiles of
-    `block` (module docstring); no host read of the offsets."""
+    """(tile map, its tiles per head) of the packed launch of `heads` heads over T rows
+    (keys=True: T keys) in tiles of `block` (module docstring); no host read of the offsets."""
     n = max_tiles(T, seqs.cu_q.numel() - 1, block)
-    return tile_map(seqs.cu_q, seqs.cu_k, block, n, causal=causal, keys=keys), n
+    return tile_map(seqs.cu_q, seqs.cu_k, block, n, heads=heads, causal=causal, keys=keys), n
 
 
 class PerGrid:
@@ -154,21 +154,23 @@ class PerGrid:
         return k
 
 
+MAP_WIDTH: tl.constexpr = tl.constexpr(len(MAP_COLUMNS))
+
+
 @triton.jit
 def packed_tile(Map, ti):
-    """(q_start, k_start, Lq, Lk, first) of tile-map row ti: the sequence's first query row and
-    first key row in the packed tensors, its lengths, the tile's first row (or key) in it."""
-    row = Map + ti * 5
-    return tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3), tl.load(row + 4)
+    """(head, q_start, k_start, Lq, Lk, first) of tile-map row ti: its head, the sequence's first
+    query row and first key row in the packed tensors, its lengths, the tile's first row (or key)
+    in it (altattn.packing.MAP_COLUMNS)."""
+    row = Map + ti * MAP_WIDTH
+    return (tl.load(row + 5), tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3),
+            tl.load(row + 4))
 
 
 @triton.jit
-def packed_row_tile(Map, H: tl.constexpr):
-    """(head, q_start, k_start, Lq, Lk, first) of this program of a packed grid of H heads x map
-    rows (the heads of one tile adjacent)."""
-    pid = tl.program_id(0)
-    q0, k0, lq, lk, first = packed_tile(Map, pid // H)
-    return pid % H, q0, k0, lq, lk, first
+def packed_row_tile(Map):
+    """packed_tile of this program's map row (a packed grid: one program per row)."""
+    return packed_tile(Map, tl.program_id(0))
 
 
 @triton.jit

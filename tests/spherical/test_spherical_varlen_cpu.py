@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from altattn import SphericalAttention, launcher
-from altattn.packing import max_tiles, tile_map
+from altattn.packing import MAP_COLUMNS, max_tiles, tile_map
 from altattn.spherical import attention, attention_varlen
 from altattn.spherical.varlen import validate_packed
 
@@ -119,18 +119,31 @@ def test_the_layer_takes_packed_sequences():
         layer(x, torch.tensor([10], dtype=torch.int32), cu_seqlens=cu)
 
 
-def test_the_tile_map_covers_every_tile_once_longest_first():
-    lens, block = [1, 0, 130, 333, 7, 257, 128, 64], 128
+def test_the_tile_map_covers_every_head_and_tile_once_a_sequence_at_a_time():
+    lens, block, heads = [1, 0, 130, 333, 7, 257, 128, 64], 128, 3
     cu = _cu(lens)
     for causal in (False, True):
         n = max_tiles(sum(lens), len(lens), block)
-        m = tile_map(cu, cu, block, n, causal=causal)
+        m = tile_map(cu, cu, block, n, heads=heads, causal=causal)
+        assert m.shape == (heads * n, len(MAP_COLUMNS))
         real = m[m[:, 2] > 0]
-        want = {(a, f) for a, ln in zip(cu.tolist(), lens) for f in range(0, ln, block)}
-        assert sorted((int(r[0]), int(r[4])) for r in real) == sorted(want)
+        want = {(a, f, h) for a, ln in zip(cu.tolist(), lens) for f in range(0, ln, block)
+                for h in range(heads)}
+        assert sorted((int(r[0]), int(r[4]), int(r[5])) for r in real) == sorted(want)
         assert len(real) == len(want) and (m[len(real):, 2:4] == 0).all()
-        work = torch.minimum(real[:, 3], real[:, 4] + block) if causal else real[:, 3]
-        assert (work[:-1] >= work[1:]).all()
+        work = (torch.minimum(real[:, 3], real[:, 4] + block) if causal else real[:, 3]).tolist()
+        runs = []  # (sequence start, head) in the order the map visits them, with their works
+        for r, w in zip(real.tolist(), work):
+            if not runs or runs[-1][0] != (r[0], r[5]):
+                runs.append(((r[0], r[5]), []))
+            runs[-1][1].append(w)
+        assert len(runs) == len({key for key, _ in runs})  # each (sequence, head) in one run
+        seqs = [key[0] for key, _ in runs]
+        assert all(seqs[i:i + heads] == [seqs[i]] * heads for i in range(0, len(seqs), heads))
+        assert [key[1] for key, _ in runs] == list(range(heads)) * (len(runs) // heads)
+        tops = [max(w) for _, w in runs]
+        assert tops == sorted(tops, reverse=True)  # sequences by their largest tile
+        assert all(w == sorted(w, reverse=True) for _, w in runs)  # a head's tiles likewise
     keys = tile_map(cu, cu, 64, max_tiles(sum(lens), len(lens), 64), keys=True)
     assert int((keys[:, 3] > 0).sum()) == sum(-(-ln // 64) for ln in lens)
 
