@@ -18,7 +18,7 @@ Tensor = torch.Tensor
 # the columns of a tile map row (tile_map): the sequence's first query row and first key row (in
 # the packed tensors), its query and key lengths, the tile's first row (or key) in the sequence,
 # the head the tile's program computes
-MAP_COLUMNS = ("q_start", "k_start", "len_q", "len_k", "first", "head")
+MAP_COLUMNS = ("q_start", "k_start", "len_q", "len_k", "first", "head", "seq")
 
 
 class PackedSeqs(NamedTuple):
@@ -137,4 +137,4 @@ def tile_map(cu_q: Tensor, cu_k: Tensor, block: int, n_tiles: int, *, heads: int
     order = torch.argsort(key.flatten(), stable=True)
     rows = torch.stack((cq[s], ck[s], lq, lk, torch.where(real, first, 0)), 1)
     tile, head = order // heads, order % heads
-    return torch.cat((rows[tile], head[:, None]), 1).to(torch.int32).contiguous()
+    return torch.cat((rows[tile], head[:, None], s[tile, None]), 1).to(torch.int32).contiguous()

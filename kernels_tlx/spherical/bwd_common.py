@@ -25,12 +25,14 @@ rows >= N read A = Bt = 0 and zero Q/dO (TMA). Causal programs start at their di
 key blocks at or past Lk run no mainloop and write zero dK, dV.
 PACKED (packed sequences, kernels_triton/spherical/host.py): a program per row of a key-tile map
 (a KV head's block of 128 keys of one sequence; a sequence's blocks head by head, the sequences by
-work, largest first: altattn.packing.tile_map); coordinates local to the
-sequence, offset by its first row and key at each TMA load. A and R are read by the consumers
-(masked loads, issued under the QK wgmma; Ad, Rd are then pointers): a sequence's rows start
-anywhere, and a 1-D bulk copy from an unaligned start is an illegal instruction (seen on the
-H200). They are 0 on the rows past the sequence's end (the next sequence's), so those rows add
-nothing and their dQ reduce-adds add exact zeros; dK, dV stores are masked to the sequence's
+work, largest first: altattn.packing.tile_map): the programs running at once read one head's
+Q and dO, which stay in L2 while its key blocks pass over them. Coordinates are local to the
+sequence, offset by its first row and key at each TMA load. A and R come by the producer's TMA
+as in a batch, from row_coeffs' slots layout (kernels_triton/spherical/bwd_common.py: each
+sequence's rows from a 64-row-aligned slot on, zeros to its last tile's end; a 1-D bulk copy
+from a sequence's own, unaligned, first row is an illegal instruction, seen on the H200). So the
+rows past a sequence's end that a tile reads (the next sequence's Q and dO) meet A = R = 0: they
+add nothing and their dQ reduce-adds add exact zeros; dK, dV stores are masked to the sequence's
 keys.
 """
 from __future__ import annotations
@@ -44,7 +46,7 @@ from altattn.registry import CompileConfig
 from kernels_tlx.ring import empty_phase, full_phase
 from kernels_triton.launch import Desc, Kernel, compile_configs
 from kernels_triton.proton import BF16_BYTES, enter, leave
-from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows
+from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows, slot_row0
 from kernels_triton.spherical.host import MAP_WIDTH, PerGrid, meta_args, packed_map, packed_tile
 
 BLOCK_N = 128         # keys per program (64 per consumer)
@@ -142,7 +144,7 @@ def reduce_dq(DQd, stage, dq, b, q0, col, cid, PROFILE: tl.constexpr):
 
 
 @triton.jit
-def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.constexpr,
+def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, NA, DK, DV, DQd, N, Nk, HQ: tl.constexpr,
                 HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
                 VARLEN: tl.constexpr, WITH_DQ: tl.constexpr, NUM_STAGES: tl.constexpr,
                 CONSUMER_REGS: tl.constexpr, PACKED: tl.constexpr = False,
@@ -179,6 +181,9 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                                               [b, k_base + kb + c * HALF, g * D], kv_full)
                 leave("load_kv", PROFILE)
             q_first = q_base + m_lo * 64  # the first query block's row in q (one register)
+            if PACKED:  # the first query block's slot in A and R (row_coeffs' slots layout)
+                seq = tl.load(Seqlens + tl.program_id(0) * MAP_WIDTH + 6)
+                a_first = slot_row0(q_base, seq) + m_lo * 64
             for it in range(n_tiles):
                 s = it % NUM_STAGES
                 h = g * G + it // n_m
@@ -186,19 +191,19 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                 enter("load_kv", PROFILE)
                 tlx.barrier_wait(tlx.local_view(q_empties, s), empty_phase(it, NUM_STAGES))
                 full = tlx.local_view(q_fulls, s)
-                if PACKED:  # A, R: the consumers read them (a sequence's rows start anywhere)
-                    tlx.barrier_expect_bytes(full, 2 * 64 * D * BF16_BYTES)
-                else:
-                    tlx.barrier_expect_bytes(full, 2 * 64 * D * BF16_BYTES + 2 * 64 * 4)
+                tlx.barrier_expect_bytes(full, 2 * 64 * D * BF16_BYTES + 2 * 64 * 4)
                 tlx.async_descriptor_load(Qd, tlx.local_view(q_tiles, s), [b, q0, h * D], full)
                 tlx.async_descriptor_load(DOd, tlx.local_view(do_tiles, s), [b, q0, h * D], full)
-                if not PACKED:
-                    # A, R as flat runs of rows padded to 16 bytes (zeros past N; past NP the
-                    # next head's values, met by zero Q, dO rows): a run's start is 16-byte
-                    # aligned, as the 1-D bulk copy needs
+                # A, R as flat runs of rows padded to 16 bytes (zeros past N; past NP the next
+                # head's values, met by zero Q, dO rows): a run's start is 16-byte aligned, as
+                # the 1-D bulk copy needs. Packed: [Hq, NA] slots, zeros past a sequence's end
+                # (the next sequence's Q, dO rows that a tile reads meet A = R = 0)
+                if PACKED:
+                    row = (h * NA + a_first + (it % n_m) * 64).to(tl.int32)
+                else:
                     row = coeff_row0(b, h, N, HQ).to(tl.int32) + q0
-                    tlx.async_descriptor_load(Ad, tlx.local_view(a_tiles, s), [row], full)
-                    tlx.async_descriptor_load(Rd, tlx.local_view(r_tiles, s), [row], full)
+                tlx.async_descriptor_load(Ad, tlx.local_view(a_tiles, s), [row], full)
+                tlx.async_descriptor_load(Rd, tlx.local_view(r_tiles, s), [row], full)
                 leave("load_kv", PROFILE)
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
@@ -218,11 +223,6 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                 s = it % NUM_STAGES
                 h = g * G + it // n_m
                 q0 = (m_lo + it % n_m) * 64
-                if PACKED:  # A, R of the tile's rows, loaded under QK; 0 past the sequence's end
-                    ab = coeff_row0(b, h, N, HQ) + q_base + q0
-                    live = tl.arange(0, 64) < Lq - q0
-                    a_in = tl.load(Ad + ab + tl.arange(0, 64), mask=live, other=0.0)
-                    r_in = tl.load(Rd + ab + tl.arange(0, 64), mask=live, other=0.0)
                 enter("wait_kv", PROFILE)
                 tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(it, NUM_STAGES))
                 leave("wait_kv", PROFILE)
@@ -233,19 +233,13 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, DK, DV, DQd, N, Nk, HQ: tl.con
                 st = tlx.async_dot_wait(0, st)
                 leave("qk_gemm", PROFILE)
                 enter("square", PROFILE)
-                if PACKED:
-                    a = a_in
-                else:
-                    a = tlx.local_load(tlx.local_view(a_tiles, s))
+                a = tlx.local_load(tlx.local_view(a_tiles, s))
                 # packed: S^T's causal select on every tile (its branch: 44 spill bytes, D 128)
                 st = masked(st, k_first, q0, Lk, CAUSAL, VARLEN, EVERY_TILE=PACKED)
                 pt = (st * a[None, :]).to(tl.bfloat16)
                 # dP^T accumulates onto R S^T (R = Bt / A): dS^T = A (dP^T + R S^T), and S^T's
                 # registers are the accumulator's (S^T and dP^T are never live apart)
-                if PACKED:
-                    st = st * r_in[None, :]
-                else:
-                    st = st * tlx.local_load(tlx.local_view(r_tiles, s))[None, :]
+                st = st * tlx.local_load(tlx.local_view(r_tiles, s))[None, :]
                 leave("square", PROFILE)
                 enter("qk_gemm", PROFILE)
                 dpt = tlx.async_dot(v_tile, tlx.local_trans(do_tile), st)
@@ -370,7 +364,10 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
         def run_packed(q, k, v, dout, A, R, seqs, dk, dv, dq_acc) -> None:
             tiles, n = packed_map(seqs, Nk, BLOCK_N, spec.causal, spec.Hk, keys=True)
             if n:
-                per_grid(n)(rows(q), keys(k), keys(v), rows(dout), A, R, tiles, dk, dv,
+                NA = A.shape[-1]  # A, R [Hq, NA]: row_coeffs(..., slots=True)
+                flat = Desc([spec.Hq * NA], [1], [BLOCK_M])
+                per_grid(n)(rows(q), keys(k), keys(v), rows(dout), flat(A.view(-1)),
+                            flat(R.view(-1)), tiles, NA, dk, dv,
                             dq_rows(dq_acc) if with_dq else A, N, Nk)
 
         return run_packed
@@ -378,8 +375,8 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
 
     def run(q, k, v, dout, A, R, seqlens, dk, dv, dq_acc) -> None:
         kernel(rows(q), keys(k), keys(v), rows(dout), coeffs(A.view(-1)), coeffs(R.view(-1)),
-               A if seqlens is None else seqlens, dk, dv, dq_rows(dq_acc) if with_dq else A,
-               N, Nk)
+               A if seqlens is None else seqlens, 0, dk, dv,
+               dq_rows(dq_acc) if with_dq else A, N, Nk)
 
     return run
 

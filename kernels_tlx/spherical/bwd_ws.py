@@ -43,14 +43,14 @@ def prepare(spec, profile: bool | str = False):
     """row_coeffs (A and R = Bt / A), `_dkv_kernel` (dk, dv, dQ into a zeroed fp32 scratch),
     convert to dq: run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv). profile: True or "dkv"
     scopes the key-block kernel."""
-    coeffs = prepare_row_coeffs(spec, ratio=True, zero_dq=True)
+    coeffs = prepare_row_coeffs(spec, ratio=True, zero_dq=True, slots=spec.packed)
     dkv = prepare_dkv(spec, True, profiled(profile, "dkv", ("dkv",)))
     convert = prepare_convert(spec.B * spec.N * spec.Hq * spec.D)
 
     def run(q, k, v, out, r, dout, dr, seqlens, dq, dk, dv) -> None:
         dq_acc = torch.empty(dq.shape, dtype=torch.float32, device=dq.device)
-        # zeroes dq_acc too; packed: every row is a real one (seqlens holds the offsets)
-        A, R = coeffs(out, dout, r, dr, None if spec.packed else seqlens, dq_acc)
+        # zeroes dq_acc too; packed: A, R in 64-row slots per sequence (seqlens: the offsets)
+        A, R = coeffs(out, dout, r, dr, seqlens.cu_q if spec.packed else seqlens, dq_acc)
         dkv(q, k, v, dout, A, R, seqlens, dk, dv, dq_acc)
         convert(dq_acc, dq)
 

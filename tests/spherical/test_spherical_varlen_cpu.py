@@ -1,12 +1,17 @@
 """Spherical attention over packed sequences on the CPU (the fp64 reference path, CI): each
 sequence's results those of the op on it alone (out, r and the gradients of q, k, v, with a
 gradient into r too), causal and not, empty and length-1 sequences, GQA, cross-attention; the
-ops under opcheck and torch.compile(fullgraph=True); the layer; the tile map packed launches read;
-which variants take packed input; and bad input refused naming the argument."""
+ops under opcheck and torch.compile(fullgraph=True); the layer; the tile map packed launches read
+and the row coefficients' slots layout (in Triton's interpreter); which variants take packed
+input; and bad input refused naming the argument."""
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import ROOT
 
 from altattn import SphericalAttention, launcher
 from altattn.packing import MAP_COLUMNS, max_tiles, tile_map
@@ -146,6 +151,50 @@ def test_the_tile_map_covers_every_head_and_tile_once_a_sequence_at_a_time():
         assert all(w == sorted(w, reverse=True) for _, w in runs)  # a head's tiles likewise
     keys = tile_map(cu, cu, 64, max_tiles(sum(lens), len(lens), 64), keys=True)
     assert int((keys[:, 3] > 0).sum()) == sum(-(-ln // 64) for ln in lens)
+
+
+SLOTS_PROBE = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, {root!r})
+from types import SimpleNamespace
+import torch
+from kernels_triton import launch
+launch.Kernel.__call__ = lambda self, *a, **k: self.fn[self.grid](*a, **k, **self.options)
+from kernels_triton.spherical.bwd_common import prepare_row_coeffs, slot_rows
+lens, H, D = {lens!r}, 3, 16
+T, n = sum(lens), len(lens)
+cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+spec = SimpleNamespace(B=1, N=T, Hq=H, D=D, sm_scale=0.3, eps=1e-6, varlen=False)
+out, dout = (torch.randn(1, T, H, D).bfloat16() for _ in range(2))
+r, dr = torch.rand(1, H, T) + 0.5, torch.randn(1, H, T)
+r[0, :, 1] = 0.0  # a zero row norm: Bt and R are 0 there
+A, R = prepare_row_coeffs(spec, ratio=True)(out, dout, r, dr, None)
+SA, SR = prepare_row_coeffs(spec, ratio=True, slots=True)(out, dout, r, dr, cu)
+assert SA.shape == SR.shape == (H, slot_rows(T, n))
+taken = torch.zeros(SA.shape[1], dtype=torch.int32)
+for s in range(n):
+    a, ln = int(cu[s]), lens[s]
+    s0, end = 64 * (a // 64 + s), 64 * (a // 64 + s) + -(-ln // 64) * 64
+    assert s0 % 4 == 0 and end <= SA.shape[1]
+    taken[s0:end] += 1
+    for got, want in ((SA, A), (SR, R)):
+        assert torch.equal(got[:, s0:s0 + ln], want[0, :, a:a + ln])
+        assert (got[:, s0 + ln:end] == 0).all()
+assert int(taken.max()) <= 1  # no two sequences share a slot
+print("ok")
+"""
+
+
+def test_row_coefficients_slots_layout_in_the_interpreter():
+    """The TLX backward's A and R of packed rows (row_coeffs(..., slots=True)): each sequence's
+    rows bitwise the plain layout's, from 64 * (first row // 64 + sequence) on, zeros to its last
+    64-row tile's end, no slot shared; empty, length-1 and 64-multiple sequences, runs of rows
+    whose binary search crosses several sequences."""
+    for lens in ([1, 0, 130, 333, 7, 257, 128, 64], [64], [0, 5, 0, 0, 200], [3] * 70):
+        p = subprocess.run([sys.executable, "-c", SLOTS_PROBE.format(root=str(ROOT), lens=lens)],
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0 and p.stdout.strip().endswith("ok"), (lens, p.stderr[-3000:])
 
 
 def test_auto_takes_only_variants_that_take_packed_input():
