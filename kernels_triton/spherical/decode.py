@@ -139,11 +139,13 @@ def merge_kernel(PartU, PartZ, Out, Rn, T, n_split, n_rows, sm_scale, eps, HQ: t
 
 def config(G: int, T: int, D: int) -> dict:
     """Tile: BLOCK_M = the G * T rows as a power of two in [16, 128] (more rows: row tiles);
-    BLOCK_N keys of 16 KiB per tensor (64 at D 128, 128 at D 64); 3 stages (two tiles of K and V
-    in flight while one is used: 64 KiB, two CTAs an SM); 4 warps (8 at 128 rows)."""
+    BLOCK_N keys of 16 KiB per tensor (64 at D 128, 128 at D 64); 4 stages (three tiles of K and
+    V buffered, two in flight while one is used: 102 KiB of shared memory at 16 rows, two CTAs an
+    SM; 3 stages read the cache ~9% slower at B 64, 4,096 cached: docs/perf-spherical.md); 4 warps
+    (8 at 128 rows)."""
     bm = min(128, max(16, triton.next_power_of_2(G * T)))
     return {"BLOCK_M": bm, "BLOCK_N": 8192 // D, "num_warps": 8 if bm == 128 else 4,
-            "num_stages": 3}
+            "num_stages": 4}
 
 
 def n_split(tiles: int, R: int, sms: int) -> int:
