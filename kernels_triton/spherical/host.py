@@ -14,9 +14,10 @@ tiles fill the end of the launch. A key-block kernel (dK/dV) has key blocks fast
 Packed sequences (spec.packed, altattn/spherical/varlen.py): B = 1 over the packed tokens, and in
 place of `seqlens` a launch gets altattn.packing.PackedSeqs (the offsets). Its run builds a tile
 map on the device (altattn.packing.tile_map: per tile the sequence's first query and key row,
-both lengths, the tile's first row or key and its head; a sequence's tiles head by head, the
-sequences by work, largest first) and launches a program per map row (`packed_row_tile`). A program's coordinates are local
-to its sequence (masks, causal diagonal, key blocks as a batch element's), offset by the
+both lengths, the tile's first row or key, its head and its sequence; a sequence's tiles head
+by head, the sequences by work, largest first) and launches a program per map row
+(`packed_row_tile`). A program's coordinates are local to its sequence (masks, causal
+diagonal, key blocks as a batch element's), offset by the
 sequence's first row at each load; a tile that runs past its sequence reads the next one's rows,
 masked in the scores (exactly 0 for finite values), and stores only its own rows (masked stores,
 not TMA: a TMA store of such a tile would overwrite the next sequence's rows).
