@@ -17,7 +17,7 @@ Tensor = torch.Tensor
 
 # the columns of a tile map row (tile_map): the sequence's first query row and first key row (in
 # the packed tensors), its query and key lengths, the tile's first row (or key) in the sequence,
-# the head the tile's program computes
+# the head the tile's program computes, the sequence's index
 MAP_COLUMNS = ("q_start", "k_start", "len_q", "len_k", "first", "head", "seq")
 
 
@@ -95,7 +95,7 @@ def max_tiles(T: int, n: int, block: int) -> int:
 
 def tile_map(cu_q: Tensor, cu_k: Tensor, block: int, n_tiles: int, *, heads: int = 1,
              causal: bool = False, keys: bool = False) -> Tensor:
-    """int32 [heads * n_tiles, 6] (MAP_COLUMNS): one row per head and tile of `block` query rows
+    """int32 [heads * n_tiles, 7] (MAP_COLUMNS): one row per head and tile of `block` query rows
     (keys=True: of `block` keys) of each sequence, built on the device from the offsets alone (no
     host read: a torch.compile graph or a CUDA graph may hold it); a launch runs one program (or
     one turn of a persistent program) per row. n_tiles: max_tiles(...) of the packed rows (or
@@ -127,11 +127,11 @@ def tile_map(cu_q: Tensor, cu_k: Tensor, block: int, n_tiles: int, *, heads: int
         work = torch.minimum(lk, first + block) if causal else lk
     work = torch.where(real, work, 0)
     # sort key: the sequence's rank (largest tile first; unreal tiles after every sequence), the
-    # head, the tile's work (largest first); every length is below n_tiles * block
+    # head, the tile's work (largest first); span (a device scalar: no host read) bounds a work
     top = torch.zeros(n, dtype=torch.long, device=dev).scatter_reduce(0, s, work, "amax")
     rank = torch.empty_like(top).scatter_(
         0, torch.argsort(top, descending=True, stable=True), torch.arange(n, device=dev))
-    span = n_tiles * block + 1
+    span = top.max() + 1
     seq_key = torch.where(real, rank[s], n)[:, None] * heads + torch.arange(heads, device=dev)
     key = seq_key * span + (span - 1 - work)[:, None]  # [n_tiles, heads]
     order = torch.argsort(key.flatten(), stable=True)

@@ -346,7 +346,8 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
     """The key-block kernel's launch of `spec`, made once: run(q, k, v, dout, A, R, seqlens, dk,
     dv, dq_acc) writes dk, dv (and, with_dq, reduce-adds dQ into the fp32 [B, N, Hq, D] dq_acc,
     zeroed); A and R = Bt / A fp32 [B, Hq, NP] (row_coeffs(..., ratio=True): rows padded to 16
-    bytes); seqlens int32 [B] or None (spec.packed: altattn.packing.PackedSeqs, B = 1)."""
+    bytes; spec.packed: [Hq, NA], row_coeffs(..., slots=True)); seqlens int32 [B] or None
+    (spec.packed: altattn.packing.PackedSeqs, B = 1)."""
     cfg = config(spec, with_dq)
     D = spec.D
     rows = rows_layout(spec.B, spec.N, spec.Hq * D, BLOCK_M, D)
@@ -365,6 +366,10 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
             tiles, n = packed_map(seqs, Nk, BLOCK_N, spec.causal, spec.Hk, keys=True)
             if n:
                 NA = A.shape[-1]  # A, R [Hq, NA]: row_coeffs(..., slots=True)
+                if spec.Hq * NA >= 2 ** 31:  # the TMA coordinate h * NA + row is an int32
+                    raise ValueError(f"cu_seqlens_q: {seqs.cu_q.numel() - 1} sequences of {N} "
+                                     f"rows at Hq = {spec.Hq} make more coefficient rows than "
+                                     f"int32 indexes (the tlx_ws backward's slots layout)")
                 flat = Desc([spec.Hq * NA], [1], [BLOCK_M])
                 per_grid(n)(rows(q), keys(k), keys(v), rows(dout), flat(A.view(-1)),
                             flat(R.view(-1)), tiles, NA, dk, dv,

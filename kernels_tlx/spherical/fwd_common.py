@@ -409,12 +409,12 @@ def supports(spec: SphericalSpec) -> str | None:
     return host_supports(spec)
 
 
-def grid(spec: SphericalSpec, cfg: dict, map_rows: int | None = None) -> tuple[int]:
+def grid(spec: SphericalSpec, cfg: dict, per_head: int | None = None) -> tuple[int]:
     """One program per tile, or min(#SMs of the current GPU, tiles) programs walking tiles
-    (PERSISTENT); packed: the tiles are the map's rows, heads x map_rows."""
+    (PERSISTENT); packed: the tiles are the map's rows, heads x per_head (its tiles a head)."""
     tiles = spec.B * spec.Hq * triton.cdiv(spec.N, cfg["BLOCK_M"])
-    if map_rows is not None:
-        tiles = spec.Hq * map_rows
+    if per_head is not None:
+        tiles = spec.Hq * per_head
     if cfg["PERSISTENT"]:
         return (min(tiles, sm_count()),)
     return (tiles,)

@@ -38,7 +38,7 @@ import triton.language as tl
 from kernels_triton.launch import Kernel, sm_count
 
 MIN_SPLIT_KEYS = 256   # keys a split reads at least (the cache's rows R over this caps the split)
-CTAS_PER_SM = 2        # what one SM holds of decode_kernel (shared memory: stages * tile bytes)
+CTAS_PER_SM = 2        # what one SM holds of decode_kernel up to 64 rows (config; 128 rows: one)
 MERGE_ROWS = 16        # rows of a merge program
 
 
@@ -139,13 +139,14 @@ def merge_kernel(PartU, PartZ, Out, Rn, T, n_split, n_rows, sm_scale, eps, HQ: t
 
 def config(G: int, T: int, D: int) -> dict:
     """Tile: BLOCK_M = the G * T rows as a power of two in [16, 128] (more rows: row tiles);
-    BLOCK_N keys of 16 KiB per tensor (64 at D 128, 128 at D 64); 4 stages (three tiles of K and
-    V buffered, two in flight while one is used: 102 KiB of shared memory at 16 rows, two CTAs an
-    SM; 3 stages read the cache ~9% slower at B 64, 4,096 cached: docs/perf-spherical.md); 4 warps
-    (8 at 128 rows)."""
+    BLOCK_N keys of 16 KiB per tensor (64 at D 128, 128 at D 64); up to 32 rows 4 stages (three
+    tiles of K and V buffered, two in flight while one is used: 102-108 KiB of shared memory, two
+    CTAs an SM; 3 stages read the cache ~9% slower at 16 rows, B 64, 4,096 cached:
+    docs/perf-spherical.md), else 3 (4 would take 136-160 KiB: one CTA an SM at 64 rows, where
+    3 stages keep two; not measured at 4); 4 warps (8 at 128 rows)."""
     bm = min(128, max(16, triton.next_power_of_2(G * T)))
     return {"BLOCK_M": bm, "BLOCK_N": 8192 // D, "num_warps": 8 if bm == 128 else 4,
-            "num_stages": 4}
+            "num_stages": 4 if bm <= 32 else 3}
 
 
 def n_split(tiles: int, R: int, sms: int) -> int:

@@ -151,6 +151,12 @@ def test_the_tile_map_covers_every_head_and_tile_once_a_sequence_at_a_time():
         assert all(w == sorted(w, reverse=True) for _, w in runs)  # a head's tiles likewise
     keys = tile_map(cu, cu, 64, max_tiles(sum(lens), len(lens), 64), keys=True)
     assert int((keys[:, 3] > 0).sum()) == sum(-(-ln // 64) for ln in lens)
+    # cross-attention: a query tile's work is its sequence's key count, past n_tiles * block
+    lk = [9000, 1, 5, 700, 3, 0, 64, 1]
+    m = tile_map(cu, _cu(lk), block, max_tiles(sum(lens), len(lens), block), heads=2)
+    real = m[m[:, 2] > 0]
+    assert len(real) == 2 * sum(-(-ln // block) for ln in lens)
+    assert real[:, 3].tolist() == sorted(real[:, 3].tolist(), reverse=True)
 
 
 SLOTS_PROBE = """
