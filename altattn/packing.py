@@ -121,16 +121,16 @@ def tile_map(cu_q: Tensor, cu_k: Tensor, block: int, n_tiles: int, *, heads: int
     first = (i - (end[s] - per[s])) * block
     lq = torch.where(real, len_q[s], 0)
     lk = torch.where(real, len_k[s], 0)
-    if keys:
+    if keys:  # (0 on the rows past the real tiles, whose lengths are 0)
         work = (lq - first).clamp(min=0) if causal else lq
     else:
         work = torch.minimum(lk, first + block) if causal else lk
-    work = torch.where(real, work, 0)
-    # sort key: the sequence's rank (largest tile first; unreal tiles after every sequence), the
-    # head, the tile's work (largest first); span (a device scalar: no host read) bounds a work
-    top = torch.zeros(n, dtype=torch.long, device=dev).scatter_reduce(0, s, work, "amax")
-    rank = torch.empty_like(top).scatter_(
-        0, torch.argsort(top, descending=True, stable=True), torch.arange(n, device=dev))
+    # sort key: the sequence's rank by its largest tile's work (its query count for key tiles,
+    # its key count for query tiles, causal too: causal sequences have both equal), largest
+    # first, unreal tiles after every sequence; the head; the tile's work, largest first. span
+    # (a device scalar: no host read) bounds a work
+    top = len_q if keys else len_k
+    rank = torch.argsort(torch.argsort(top, descending=True, stable=True))
     span = top.max() + 1
     seq_key = torch.where(real, rank[s], n)[:, None] * heads + torch.arange(heads, device=dev)
     key = seq_key * span + (span - 1 - work)[:, None]  # [n_tiles, heads]
