@@ -1,5 +1,6 @@
 """What a call costs the host: microseconds per call of every family's op, pass (`forward`) and
-op forward + backward, and of a decoding step, beside PyTorch's SDPA in the same run.
+op forward + backward (2-simplicial also in form "det" and at D 64, spherical also over packed
+sequences), and of a decoding step, beside PyTorch's SDPA in the same run.
 
     python -m bench.overhead [--calls 300] [--rounds 6] [--json PATH] [--profile 20]
 
@@ -141,6 +142,24 @@ def family_calls(gen) -> dict[str, dict[str, Callable]]:
         "op fwd": lambda: altattn.simplicial_attention(q5, *kv, 32, 256),
         "forward": lambda: simplicial.forward(q5, *kv, 32, 256),
         "op fwd+bwd": lambda: altattn.simplicial_attention(q5g, *kvg, 32, 256)[0].backward(do5)}
+    calls["simplicial det"] = {  # form "det": the per-call packing of K1, K2 (and dK1, dK2)
+        "op fwd": lambda: altattn.simplicial_attention(q5, *kv, 32, 256, form="det"),
+        "op fwd+bwd": lambda: altattn.simplicial_attention(q5g, *kvg, 32, 256,
+                                                           form="det")[0].backward(do5)}
+    q6 = _bf16(1, N, 64, 64, gen=gen)
+    kv6 = [_bf16(1, N, 1, 64, gen=gen) for _ in range(4)]
+    q6g, kv6g = q6.clone().requires_grad_(), [t.clone().requires_grad_() for t in kv6]
+    do6 = torch.randn_like(q6)
+    calls["simplicial D 64"] = {
+        "op fwd": lambda: altattn.simplicial_attention(q6, *kv6, 32, 256),
+        "op fwd+bwd": lambda: altattn.simplicial_attention(q6g, *kv6g, 32, 256)[0].backward(do6)}
+    # packed: two sequences of N / 2 tokens, [T, H, D] (the map and the offsets' checks per call)
+    cu = torch.tensor([0, N // 2, N], dtype=torch.int32, device=q.device)
+    pq, pk, pv, pqg, pkg, pvg, pdo = (t[0] for t in (q, k, v, qg, kg, vg, do))
+    calls["spherical packed"] = {
+        "op fwd": lambda: spherical.attention_varlen(pq, pk, pv, cu, cu, N // 2, N // 2),
+        "op fwd+bwd": lambda: spherical.attention_varlen(pqg, pkg, pvg, cu, cu, N // 2,
+                                                         N // 2)[0].backward(pdo)}
     x = [_bf16(1, N, 2, 64, gen=gen) for _ in range(5)]
     xg = [t.clone().requires_grad_() for t in x]
     dy = torch.randn_like(x[4])
