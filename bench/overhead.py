@@ -119,10 +119,29 @@ def _bf16(*shape: int, grad: bool = False, gen=None) -> torch.Tensor:
     return t.requires_grad_(grad)
 
 
+def _simplicial_calls(D: int, form: str, gen, with_pass: bool = False) -> dict[str, Callable]:
+    """2-simplicial attention's op (and, with_pass, `forward`) at Hq 64, Hk 1, head dim D, w 32 x
+    256, in the logits' `form`."""
+    import altattn
+    from altattn import simplicial
+
+    q = _bf16(1, N, 64, D, gen=gen)
+    kv = [_bf16(1, N, 1, D, gen=gen) for _ in range(4)]
+    qg, kvg = q.clone().requires_grad_(), [t.clone().requires_grad_() for t in kv]
+    do = torch.randn_like(q)
+    kw = {} if form == "trilinear" else {"form": form}  # the plain row's call as it always was
+    calls = {"op fwd": lambda: altattn.simplicial_attention(q, *kv, 32, 256, **kw)}
+    if with_pass:
+        calls["forward"] = lambda: simplicial.forward(q, *kv, 32, 256, **kw)
+    calls["op fwd+bwd"] = lambda: altattn.simplicial_attention(qg, *kvg, 32, 256,
+                                                               **kw)[0].backward(do)
+    return calls
+
+
 def family_calls(gen) -> dict[str, dict[str, Callable]]:
     """{family: {call: fn}}: the op without grad, the pass, the op forward + backward."""
     import altattn
-    from altattn import simplicial, spherical, triple
+    from altattn import spherical, triple
 
     calls = {}
     q, k, v = (_bf16(1, N, 2, 64, gen=gen) for _ in range(3))
@@ -134,25 +153,10 @@ def family_calls(gen) -> dict[str, dict[str, Callable]]:
         "op fwd": lambda: altattn.spherical_attention(q, k, v),
         "forward": lambda: spherical.forward(q, k, v),
         "op fwd+bwd": lambda: altattn.spherical_attention(qg, kg, vg)[0].backward(do)}
-    q5 = _bf16(1, N, 64, 128, gen=gen)
-    kv = [_bf16(1, N, 1, 128, gen=gen) for _ in range(4)]
-    q5g, kvg = q5.clone().requires_grad_(), [t.clone().requires_grad_() for t in kv]
-    do5 = torch.randn_like(q5)
-    calls["simplicial"] = {
-        "op fwd": lambda: altattn.simplicial_attention(q5, *kv, 32, 256),
-        "forward": lambda: simplicial.forward(q5, *kv, 32, 256),
-        "op fwd+bwd": lambda: altattn.simplicial_attention(q5g, *kvg, 32, 256)[0].backward(do5)}
-    calls["simplicial det"] = {  # form "det": the per-call packing of K1, K2 (and dK1, dK2)
-        "op fwd": lambda: altattn.simplicial_attention(q5, *kv, 32, 256, form="det"),
-        "op fwd+bwd": lambda: altattn.simplicial_attention(q5g, *kvg, 32, 256,
-                                                           form="det")[0].backward(do5)}
-    q6 = _bf16(1, N, 64, 64, gen=gen)
-    kv6 = [_bf16(1, N, 1, 64, gen=gen) for _ in range(4)]
-    q6g, kv6g = q6.clone().requires_grad_(), [t.clone().requires_grad_() for t in kv6]
-    do6 = torch.randn_like(q6)
-    calls["simplicial D 64"] = {
-        "op fwd": lambda: altattn.simplicial_attention(q6, *kv6, 32, 256),
-        "op fwd+bwd": lambda: altattn.simplicial_attention(q6g, *kv6g, 32, 256)[0].backward(do6)}
+    calls["simplicial"] = _simplicial_calls(128, "trilinear", gen, with_pass=True)
+    # form "det": the per-call packing of K1, K2 (and dK1, dK2); D 64: tlx_pairs' launches
+    calls["simplicial det"] = _simplicial_calls(128, "det", gen)
+    calls["simplicial D 64"] = _simplicial_calls(64, "trilinear", gen)
     # packed: two sequences of N / 2 tokens, [T, H, D] (the map and the offsets' checks per call)
     cu = torch.tensor([0, N // 2, N], dtype=torch.int32, device=q.device)
     pq, pk, pv, pqg, pkg, pvg, pdo = (t[0] for t in (q, k, v, qg, kg, vg, do))
