@@ -37,6 +37,8 @@ keys.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -362,6 +364,10 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
     if spec.packed:  # a program per key-tile map row (KV heads x key tiles)
         per_grid = PerGrid(_dkv_kernel, lambda n: (spec.Hk * n,), PACKED=True, **opts)
 
+        @functools.cache  # NA (a function of T and the number of sequences) -> A, R's layout
+        def flat(NA: int) -> Desc:
+            return Desc([spec.Hq * NA], [1], [BLOCK_M])
+
         def run_packed(q, k, v, dout, A, R, seqs, dk, dv, dq_acc) -> None:
             tiles, n = packed_map(seqs, Nk, BLOCK_N, spec.causal, spec.Hk, keys=True)
             if n:
@@ -370,9 +376,8 @@ def prepare_dkv(spec, with_dq: bool, profile: bool = False):
                     raise ValueError(f"cu_seqlens_q: {seqs.cu_q.numel() - 1} sequences of {N} "
                                      f"rows at Hq = {spec.Hq} make more coefficient rows than "
                                      f"int32 indexes (the tlx_ws backward's slots layout)")
-                flat = Desc([spec.Hq * NA], [1], [BLOCK_M])
-                per_grid(n)(rows(q), keys(k), keys(v), rows(dout), flat(A.view(-1)),
-                            flat(R.view(-1)), tiles, NA, dk, dv,
+                per_grid(n)(rows(q), keys(k), keys(v), rows(dout), flat(NA)(A.view(-1)),
+                            flat(NA)(R.view(-1)), tiles, NA, dk, dv,
                             dq_rows(dq_acc) if with_dq else A, N, Nk)
 
         return run_packed

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from altattn.packing import max_tiles
 from kernels_triton.launch import Kernel
 
 ROWS = 64  # rows of one program
@@ -41,7 +42,7 @@ def coeff_row0(b, h, N, HQ: tl.constexpr):
 def slot_rows(T: int, n: int) -> int:
     """NA: the row length of the slots layout of n packed sequences of T rows (module docstring):
     each sequence's slots start past the previous one's last 64-row tile."""
-    return 64 * (-(-T // 64) + n)
+    return 64 * max_tiles(T, n, 64)
 
 
 @triton.jit
