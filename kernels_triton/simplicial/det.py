@@ -22,12 +22,13 @@ Each sum is formed on unpermuted columns and the rotation applied when it is rea
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from altattn.simplicial.reference import chunk_dims, pi_chunks
+from altattn.simplicial.reference import pi_chunks
 from altattn.simplicial.spec import ProblemSpec
 
 
@@ -106,13 +107,67 @@ def k1_rows(K1, kv_base, j, offs_d, HK: tl.constexpr, D: tl.constexpr, DET: tl.c
     return tl.load(row + offs_d), tl.load(row + D + offs_d)
 
 
+class _Tables(NamedTuple):
+    """The packings of this module as gathers along the last dim, for one (D, DET, device, dtype).
+    With pR, pS the columns of pi^R and pi^(3-R) (x[..., pR] = pi^R x; det_cols' cols_a, cols_b)
+    and chi the chunk columns, each index is [2, D] (x[..., index] is [..., 2, D] directly):
+        keys     (pS, pR)            det_keys' K1, and det_keys_side's K2
+        side     (pR, pS)            det_keys_side's K1 ...
+        side_mul (1, -chi)           ... times this (-0.0 on the leftover columns: -(chi * x))
+        grads1   (pS, D + pR)        det_keys_side_grads' dK1 from the flattened [..., 2D] packing,
+        grads1_mul -chi [D]          dK1 = dK1a[pS] + dK1b[pR] * (-chi)  (chi[pR] = chi)
+        grads2   (pR, D + pS)        dK2 = dK2a[pR] + dK2b[pS]
+    Multiplying by +-1 and +-0 is exact, and x + y * (-1) = x - y, x + y * (-0.0) = x - y * 0,
+    so the gathers give the rotations' results bit for bit."""
+    keys: torch.Tensor
+    side: torch.Tensor
+    side_mul: torch.Tensor
+    grads1: torch.Tensor
+    grads1_mul: torch.Tensor
+    grads2: torch.Tensor
+
+
+def _build_tables(D: int, det: int, device: torch.device, dtype: torch.dtype) -> _Tables:
+    """_Tables from plain constructors and elementwise ops on `device` (no host copies, so it
+    may also run while a CUDA graph is being captured)."""
+    r = 1 if det > 0 else 2
+    d = torch.arange(D, device=device)
+    chi = d < D // 3 * 3
+    p_r, p_s = (torch.where(chi, d - d % 3 + (d % 3 + k) % 3, d) for k in (r, 3 - r))
+    minus_chi = torch.where(chi, -1.0, -0.0).to(dtype)
+    return _Tables(keys=torch.stack((p_s, p_r)), side=torch.stack((p_r, p_s)),
+                   side_mul=torch.stack((torch.ones_like(minus_chi), minus_chi)),
+                   grads1=torch.stack((p_s, D + p_r)), grads1_mul=minus_chi,
+                   grads2=torch.stack((p_r, D + p_s)))
+
+
+_TABLES: dict[tuple, _Tables] = {}
+
+
+def _tables(x: torch.Tensor, det: int) -> _Tables:
+    """The _Tables for x's last dim, device and dtype at DET = det, built on the first call and
+    kept (a few KB each, never freed, so a CUDA graph may read them at every replay). The rule
+    for CUDA graphs: a first call under capture (torch.cuda.is_current_stream_capturing()) builds
+    them inside the graph, as the uncached code did, and does not keep them (their memory is the
+    graph's, written only by a replay); the next call outside capture keeps its own. Built with
+    inference mode off, so autograd may save them (an inference tensor can't be saved)."""
+    key = (x.shape[-1], det, x.device, x.dtype)
+    tables = _TABLES.get(key)
+    if tables is None:
+        with torch.inference_mode(False):
+            tables = _build_tables(*key)
+        if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _TABLES[key] = tables
+    return tables
+
+
 def det_keys(k1: torch.Tensor, det: int) -> torch.Tensor:
     """The K1 a kernel reads with DET = det: [B, N, Hk, 2, D] (contiguous), slot 0 = K1a =
     pi^(3-R) K1, slot 1 = K1b = pi^R K1 (module docstring); the leftover columns in place. Two
     contiguous rows per j keep the kernels' K1 loads as cheap as the trilinear ones (permuted-
-    column loads of K1[j] in the j loop spilled at D = 64). 2x K1's size: Hk/Hq of Q's."""
-    k1b, k1a = rotations(k1, det)
-    return torch.stack((k1a, k1b), dim=3)
+    column loads of K1[j] in the j loop spilled at D = 64). 2x K1's size: Hk/Hq of Q's. One
+    gather of K1's columns (_Tables.keys); any K1 [..., D] gives [..., 2, D]."""
+    return k1[..., _tables(k1, det).keys].contiguous()
 
 
 def det_keys_side(k1: torch.Tensor, k2: torch.Tensor,
@@ -123,11 +178,10 @@ def det_keys_side(k1: torch.Tensor, k2: torch.Tensor,
         K1a = pi^R K1,  K1b = -chi pi^(3-R) K1,  K2a = pi^(3-R) K2,  K2b = pi^R K2
     in slots 0 and 1. For R = 1 that is (pi k1)(pi^2 k2) - (pi^2 k1)(pi k2) = k1 x3 k2, and
     q . (k1 x3 k2) is the determinant; R = 2 negates it on the chunk columns. The leftover
-    columns keep k1 * k2 (K1b is 0 there). 2x the size of K1 and of K2."""
-    k1r, k1s = rotations(k1, det)
-    k2r, k2s = rotations(k2, det)
-    return (torch.stack((k1r, -(chunk_dims(k1) * k1s)), dim=3),
-            torch.stack((k2s, k2r), dim=3))
+    columns keep k1 * k2 (K1b is 0 there). 2x the size of K1 and of K2. A gather each (K1's
+    times its signs), _Tables.side and .keys; any [..., D] gives [..., 2, D]."""
+    t1, t2 = _tables(k1, det), _tables(k2, det)
+    return (k1[..., t1.side] * t1.side_mul).contiguous(), k2[..., t2.keys].contiguous()
 
 
 def det_keys_side_grads(dk1p: torch.Tensor, dk2p: torch.Tensor,
@@ -136,10 +190,9 @@ def det_keys_side_grads(dk1p: torch.Tensor, dk2p: torch.Tensor,
     [..., D] from those of its packed [..., 2, D] K1 and K2, for a keys-side backward that
     sums dL/dK1a = sum_k dB * K2a (and the other three) in the packing's own columns
     (kernels_tlx/simplicial/bwd_pairs.py):
-        dK1 = pi^(3-R) dK1a - pi^R (chi dK1b)      dK2 = pi^R dK2a + pi^(3-R) dK2b."""
-    chi = chunk_dims(dk1p)
-    dk1a, dk1b = dk1p.unbind(-2)
-    dk2a, dk2b = dk2p.unbind(-2)
-    r1, r2 = rotations(dk1a, det)[1], rotations(chi * dk1b, det)[0]
-    s1, s2 = rotations(dk2a, det)[0], rotations(dk2b, det)[1]
-    return r1 - r2, s1 + s2
+        dK1 = pi^(3-R) dK1a - pi^R (chi dK1b)      dK2 = pi^R dK2a + pi^(3-R) dK2b.
+    Each a gather of both slots' columns (_Tables.grads1, .grads2) and one addcmul or add."""
+    t1, t2 = _tables(dk1p, det), _tables(dk2p, det)
+    a1, b1 = dk1p.flatten(-2)[..., t1.grads1].unbind(-2)
+    a2, b2 = dk2p.flatten(-2)[..., t2.grads2].unbind(-2)
+    return torch.addcmul(a1, b1, t1.grads1_mul), a2 + b2
