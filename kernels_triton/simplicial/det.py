@@ -28,7 +28,6 @@ import torch
 import triton
 import triton.language as tl
 
-from altattn.simplicial.reference import pi_chunks
 from altattn.simplicial.spec import ProblemSpec
 
 
@@ -52,14 +51,6 @@ def form_suffix(spec: ProblemSpec) -> str:
     if spec.form == "trilinear":
         return ""
     return f"_{spec.form}" + ("_swapped" if spec.swapped else "")
-
-
-def rotations(x: torch.Tensor, det: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Host (and test) side: (pi^R x, pi^(3-R) x) for DET = det (R = 1 or 2), pi rotating each
-    3-chunk of the last dim as altattn.simplicial.reference.pi_chunks does. Qa is the first for q;
-    Qb minus the second with the leftover dims zeroed; K1a, K1b the second and first for k1."""
-    r = 1 if det > 0 else 2
-    return pi_chunks(x, r), pi_chunks(x, 3 - r)
 
 
 @triton.jit
@@ -118,7 +109,7 @@ class _Tables(NamedTuple):
         grads1_mul -chi [D]          dK1 = dK1a[pS] + dK1b[pR] * (-chi)  (chi[pR] = chi)
         grads2   (pR, D + pS)        dK2 = dK2a[pR] + dK2b[pS]
     Multiplying by +-1 and +-0 is exact, and x + y * (-1) = x - y, x + y * (-0.0) = x - y * 0,
-    so the gathers give the rotations' results bit for bit."""
+    so the gathers give the pi_chunks rotations' results bit for bit."""
     keys: torch.Tensor
     side: torch.Tensor
     side_mul: torch.Tensor
