@@ -74,12 +74,12 @@ def attention(q, k1, k2, v1, v2, w1, w2, *, sm_scale=None, variant: str = "auto"
     the shape). form="det": logits from 3x3 determinants over the 3-chunks of D, the D mod 3
     leftover dims trilinear, sm_scale again defaulting to 1/sqrt(D) (`altattn.simplicial.reference`
     states the form; on CUDA the `triton` variants, the forwards `tlx_pipelined_kv` and
-    `tlx_pipelined_pingpong` at G = 128 and the backward `tlx_pairs` at G >= 16 compute it). Bad input raises TypeError /
-    ValueError naming the argument before anything is launched; a wrong-shape or complex
-    incoming gradient is refused by torch's autograd, which casts one of another real dtype to
-    the output's. deterministic=True: the backward takes only bitwise-repeatable variants
-    (`altattn.simplicial.backward`; "auto" otherwise takes `tlx_pairs` where it is fastest,
-    whose reduce-adds run in the hardware's order).
+    `tlx_pipelined_pingpong` at G = 128 and the backward `tlx_pairs` at G >= 16 compute it).
+    Bad input raises TypeError / ValueError naming the argument before anything is launched; a
+    wrong-shape or complex incoming gradient is refused by torch's autograd, which casts one of
+    another real dtype to the output's. deterministic=True: the backward takes only
+    bitwise-repeatable variants (`altattn.simplicial.backward`; "auto" otherwise takes
+    `tlx_pairs` where it is fastest, whose reduce-adds run in the hardware's order).
     """
     check_variant_names(variant, bwd_variant, deterministic)
     spec = validate(q, k1, k2, v1, v2, w1, w2, sm_scale, form=form, cpu_reference=True)

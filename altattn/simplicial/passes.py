@@ -146,7 +146,8 @@ def backward(dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, *, sm_scale=None,
     that takes the shape; `tlx_pairs` (taken at G >= 16) reduce-adds its sums in the
     hardware's order, so its gradients may differ in the last bits from run to run:
     deterministic=True takes the fastest bitwise-repeatable one (`tlx_ws` at G >= 64 and
-    D = 128, `triton` otherwise: neither has atomics). profile=True runs the kernels' Proton-scoped copies; profile=NAME
-    only that kernel's (a key of the variant's `profiled_kernels`). form: as `forward`'s."""
+    D = 128, `triton` otherwise: neither has atomics). profile=True runs the kernels'
+    Proton-scoped copies; profile=NAME only that kernel's (a key of the variant's
+    `profiled_kernels`). form: as `forward`'s."""
     return launcher.run(FAMILY, "bwd", dout, dlse, q, k1, k2, v1, v2, out, lse, w1, w2, sm_scale,
                         form, variant=variant, profile=profile, deterministic=deterministic)
