@@ -49,7 +49,8 @@ from kernels_tlx.ring import empty_phase, full_phase
 from kernels_triton.launch import Desc, Kernel, compile_configs
 from kernels_triton.proton import BF16_BYTES, enter, leave
 from kernels_triton.spherical.bwd_common import coeff_row0, padded_rows, slot_row0
-from kernels_triton.spherical.host import MAP_WIDTH, PerGrid, meta_args, packed_map, packed_tile
+from kernels_triton.spherical.host import (MAP_K_START, MAP_SEQ, PerGrid, map_field, meta_args,
+                                          packed_map, packed_tile)
 
 BLOCK_N = 128         # keys per program (64 per consumer)
 BLOCK_M = 64          # query rows per streamed tile
@@ -184,7 +185,7 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, NA, DK, DV, DQd, N, Nk, HQ: tl
                 leave("load_kv", PROFILE)
             q_first = q_base + m_lo * 64  # the first query block's row in q (one register)
             if PACKED:  # the first query block's slot in A and R (row_coeffs' slots layout)
-                seq = tl.load(Seqlens + tl.program_id(0) * MAP_WIDTH + 6)
+                seq = map_field(Seqlens, tl.program_id(0), MAP_SEQ)
                 a_first = slot_row0(q_base, seq) + m_lo * 64
             for it in range(n_tiles):
                 s = it % NUM_STAGES
@@ -297,7 +298,7 @@ def _dkv_kernel(Qd, Kd, Vd, DOd, Ad, Rd, Seqlens, NA, DK, DV, DQd, N, Nk, HQ: tl
             kpos = k_first + tl.arange(0, HALF)
             if PACKED:  # the sequence's own keys (its first key read again: not held in the loop)
                 live = (kpos < Lk)[:, None]
-                k_base = tl.load(Seqlens + tl.program_id(0) * MAP_WIDTH + 1)
+                k_base = map_field(Seqlens, tl.program_id(0), MAP_K_START)
             else:
                 live = (kpos < Nk)[:, None]
                 k_base = 0

@@ -156,6 +156,16 @@ class PerGrid:
 
 
 MAP_WIDTH: tl.constexpr = tl.constexpr(len(MAP_COLUMNS))
+# the kernels' column indexes of a tile-map row, by name (altattn.packing.MAP_COLUMNS)
+(MAP_Q_START, MAP_K_START, MAP_LEN_Q, MAP_LEN_K, MAP_FIRST, MAP_HEAD, MAP_SEQ) = (
+    tl.constexpr(MAP_COLUMNS.index(c)) for c in ("q_start", "k_start", "len_q", "len_k", "first",
+                                                 "head", "seq"))
+
+
+@triton.jit
+def map_field(Map, ti, COL: tl.constexpr):
+    """Column COL (MAP_*) of tile-map row ti."""
+    return tl.load(Map + ti * MAP_WIDTH + COL)
 
 
 @triton.jit
@@ -163,9 +173,9 @@ def packed_tile(Map, ti):
     """(head, q_start, k_start, Lq, Lk, first) of tile-map row ti: its head, the sequence's first
     query row and first key row in the packed tensors, its lengths, the tile's first row (or key)
     in it (altattn.packing.MAP_COLUMNS)."""
-    row = Map + ti * MAP_WIDTH
-    return (tl.load(row + 5), tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3),
-            tl.load(row + 4))
+    return (map_field(Map, ti, MAP_HEAD), map_field(Map, ti, MAP_Q_START),
+            map_field(Map, ti, MAP_K_START), map_field(Map, ti, MAP_LEN_Q),
+            map_field(Map, ti, MAP_LEN_K), map_field(Map, ti, MAP_FIRST))
 
 
 @triton.jit
