@@ -69,11 +69,17 @@ from kernels_tlx.simplicial.pairs_parts import (
     load_rows,
     pair_program,
     probabilities,
+    remainder_program,
+    remainder_rows,
+    remainder_tiles,
     row_values,
     row_width,
     scale_add_rows,
+    slot_rows,
     tile_tokens,
 )
+from kernels_tlx.simplicial.pairs_remainder import (build_remainder, load_remainder_kv,
+                                                    remainder_end)
 from kernels_triton.launch import Desc, Kernel, meta
 from kernels_triton.proton import profiled
 from kernels_triton.simplicial.bwd_common import (
@@ -120,9 +126,9 @@ def build_keys_values(K1, V1, k2_tiles, v2_tiles, k2b_tiles, b_tiles, c_tiles, k
 @triton.jit
 def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles, do_tiles,
               ds_tiles, b_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, ds_fulls,
-              ds_empties, dq_stage, DQacc, b, g, j, i_end, kpos, qk_scale, w2, N, cid: tl.constexpr,
+              ds_empties, dq_stage, DQacc, b, g, j, i_end, keys, qk_scale, w2, N, cid: tl.constexpr,
               NUM_Q: tl.constexpr, G: tl.constexpr, HQ: tl.constexpr, DH: tl.constexpr,
-              PROFILE: tl.constexpr):
+              PROFILE: tl.constexpr, PACKED: tl.constexpr = False):
     """One consumer's tile u: its GEMMs where `active` (its keys seen by a token of the tile),
     its dS^T into ring slot u % 2, then (HAS_PREV) tile u - 1's dQ share issued behind dC and dB
     and waited with them, and reduce-added."""
@@ -142,7 +148,7 @@ def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles
         st = tlx.async_dot_wait(1, st)  # dP^T still in flight under the exp2
         leave("qk_gemm", PROFILE)
         enter("softmax", PROFILE)
-        pt = probabilities(st, lse2, qk_scale, kpos, i0, i_end, w2, G)
+        pt = probabilities(st, lse2, qk_scale, keys, i0, i_end, j, w2, G, PACKED)
         delta = row_values(delta_tiles, s, G)
         dpt = tlx.async_dot_wait(0, dpt)
         dst = (pt * (dpt - delta)).to(tl.bfloat16)
@@ -180,7 +186,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                   DV1acc, DV2acc, N, w1, w2, n_kb, qk_scale, HQ: tl.constexpr,
                   HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_Q: tl.constexpr,
                   CH: tl.constexpr, CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False,
-                  Seq=None, VARLEN: tl.constexpr = False, DET: tl.constexpr = False):
+                  Seq=None, VARLEN: tl.constexpr = False, DET: tl.constexpr = False,
+                  PACK: tl.constexpr = 0):
     R: tl.constexpr = box_rows(G)  # rows of one token in a tile
     # form "det": K1 and K2 (and their fp32 gradients) in det_keys_side's packing, SL = 2 rows of
     # D per token and head; B = K1a[j] * K2a + K1b[j] * K2b
@@ -218,29 +225,42 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: K2/V2 -> B, C; then Q, dO per tile
-            b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(
-                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
+            if PACK:
+                b, g, j, kv_base, n_tiles, t_end = remainder_program(
+                    tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
+                live = j < N  # (not n_tiles > 0: the loop below then spills)
+            else:
+                b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(
+                    tl.program_id(0), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
             if live:
                 # K2 and V2 (64 keys per consumer) land in the row ring, free until the first
                 # tile's rows; B and C are built from there
                 enter("load_kv", PROFILE)
                 tlx.barrier_expect_bytes(kv_full, (1 + SL) * NUM_CONSUMERS * 64 * D * BF16_BYTES)
-                for c in tl.static_range(NUM_CONSUMERS):
-                    tlx.async_descriptor_load(K2, tlx.local_view(q_tiles, c),
-                                              [b, kb + c * 64, SL * g * D], kv_full)
-                    if DET:
-                        tlx.async_descriptor_load(K2, tlx.local_view(k2b_tiles, c),
-                                                  [b, kb + c * 64, (2 * g + 1) * D], kv_full)
-                    tlx.async_descriptor_load(V2, tlx.local_view(do_tiles, c),
-                                              [b, kb + c * 64, g * D], kv_full)
+                if PACK:
+                    load_remainder_kv(K2, V2, q_tiles, do_tiles, kv_full, b, g, j, N, w1, w2,
+                                      n_kb, D, PACK, Seq, VARLEN)
+                else:
+                    for c in tl.static_range(NUM_CONSUMERS):
+                        tlx.async_descriptor_load(K2, tlx.local_view(q_tiles, c),
+                                                  [b, kb + c * 64, SL * g * D], kv_full)
+                        if DET:
+                            tlx.async_descriptor_load(K2, tlx.local_view(k2b_tiles, c),
+                                                      [b, kb + c * 64, (2 * g + 1) * D], kv_full)
+                        tlx.async_descriptor_load(V2, tlx.local_view(do_tiles, c),
+                                                  [b, kb + c * 64, g * D], kv_full)
                 tlx.barrier_wait(kv_full, 0)
                 leave("load_kv", PROFILE)
                 enter("build_a", PROFILE)
-                kv_row = kv_base + j.to(tl.int64) * (HK * D)
-                # (packed: the keys from the next sequence's on build as zeros)
-                n_rows = tl.minimum(j + w1, t_end) - kb
-                build_keys_values(K1, V1, q_tiles, do_tiles, k2b_tiles, b_tiles, c_tiles, kv_row,
-                                  n_rows, D, CH, DET, VARLEN)
+                if PACK:
+                    build_remainder(K1, V1, q_tiles, do_tiles, b_tiles, c_tiles, kv_base, j, N,
+                                    w1, w2, n_kb, HK, D, CH, PACK, Seq, VARLEN)
+                else:
+                    kv_row = kv_base + j.to(tl.int64) * (HK * D)
+                    # (packed: the keys from the next sequence's on build as zeros)
+                    n_rows = tl.minimum(j + w1, t_end) - kb
+                    build_keys_values(K1, V1, q_tiles, do_tiles, k2b_tiles, b_tiles, c_tiles,
+                                      kv_row, n_rows, D, CH, DET, VARLEN)
                 if DET:  # the coordinates again (held over the det build, one spilled)
                     b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
                         opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
@@ -264,64 +284,92 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
-            b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(
-                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
+            if PACK:
+                b, g, j, kv_base, n_tiles, t_end = remainder_program(
+                    tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
+                live = j < N  # (not n_tiles > 0: the loop below then spills)
+            else:
+                b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(
+                    tl.program_id(0), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
             if live:
-                k0 = kb + cid * 64
-                u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
-                i_end = tl.minimum(j + w1, t_end)  # the tokens past it do not see j
+                if PACK:  # each row its own pair (j, k); every tile computed (masks)
+                    keys = remainder_rows(j, cid, N, w1, w2, n_kb, PACK, Seq, VARLEN)
+                    u_lo, u_hi = remainder_tiles(j, cid, n_tiles, w1, t_end, G, PACK)
+                    i_end = t_end
+                else:
+                    k0 = kb + cid * 64
+                    u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
+                    i_end = tl.minimum(j + w1, t_end)  # the tokens past it do not see j
+                    keys = k0 + tl.arange(0, 64)
                 b_tile = tlx.local_view(b_tiles, cid)
                 c_tile = tlx.local_view(c_tiles, cid)
-                kpos = k0 + tl.arange(0, 64)
                 dk = tl.zeros([64, D], tl.float32)
                 dv = tl.zeros([64, D], tl.float32)
                 tlx.barrier_wait(bc_full, 0)
                 # tile u's GEMMs, then tile u - 1's dQ issued behind its dC/dB and waited with
                 # them: the consumers meet at the dS of the tile before, so either may run a tile
                 # ahead (the first tile has no dQ before it: peeled)
-                dk, dv = pair_step(0, dk, dv, (0 >= u_lo) & (0 < u_hi), False, b_tile, c_tile,
+                dk, dv = pair_step(0, dk, dv, (0 >= u_lo) & (0 < u_hi), False,
+                                   b_tile, c_tile,
                                    q_tiles, do_tiles, ds_tiles, b_tiles, lse_tiles, delta_tiles,
                                    q_fulls, q_empties, ds_fulls, ds_empties, dq_stage, DQacc, b,
-                                   g, j, i_end, kpos, qk_scale, w2, N, cid, NUM_Q, G, HQ, DH,
-                                   PROFILE)
+                                   g, j, i_end, keys, qk_scale, w2, N, cid, NUM_Q, G, HQ, DH,
+                                   PROFILE, PACK > 0)
                 for u in range(1, n_tiles):
-                    dk, dv = pair_step(u, dk, dv, (u >= u_lo) & (u < u_hi), True, b_tile, c_tile,
-                                       q_tiles, do_tiles, ds_tiles, b_tiles, lse_tiles,
+                    dk, dv = pair_step(u, dk, dv, (u >= u_lo) & (u < u_hi),
+                                       True, b_tile, c_tile, q_tiles, do_tiles, ds_tiles, b_tiles,
+                                       lse_tiles,
                                        delta_tiles, q_fulls, q_empties, ds_fulls, ds_empties,
-                                       dq_stage, DQacc, b, g, j, i_end, kpos, qk_scale, w2, N, cid,
-                                       NUM_Q, G, HQ, DH, PROFILE)
+                                       dq_stage, DQacc, b, g, j, i_end, keys, qk_scale, w2, N,
+                                       cid, NUM_Q, G, HQ, DH, PROFILE, PACK > 0)
                 # the coordinates again, from an opaque program id (held over the loop they spill)
-                b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
-                    opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
-                k0 = kb + cid * 64
-                u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
+                if PACK:  # (N opaque too: N - 1 held over the loop spilled)
+                    n_end = opaque(N)
+                    b, g, j, kv_base, n_tiles, t_end = remainder_program(
+                        opaque(tl.program_id(0)), n_end, w1, w2, n_kb, HK, D, G, PACK, Seq,
+                        VARLEN)
+                    i_end = t_end
+                    any_keys = True
+                else:
+                    b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
+                        opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
+                    k0 = kb + cid * 64
+                    u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
+                    i_end = tl.minimum(j + w1, t_end)
+                    any_keys = u_lo < u_hi
                 enter("epilogue", PROFILE)
                 dq = dq_share(ds_tiles, b_tiles, ds_fulls, n_tiles - 1, cid, DH)
-                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, tl.minimum(j + w1, t_end),
-                       cid, HQ, G, DH)
+                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, i_end, cid, HQ, G, DH)
                 tlx.async_descriptor_store_wait(0)
-                if u_lo < u_hi:  # dB and dC are zero otherwise
+                if any_keys:  # dB and dC are zero otherwise
                     if cid == 0:
                         stage = tlx.local_view(stage_q, 0)
                     else:
                         stage = tlx.local_view(stage_do, 0)
-                    kv_row = kv_base + j.to(tl.int64) * (HK * D)
-                    offs_d = tl.arange(0, D)
-                    # dK1a[j] += sum_k K2a[k] * dB[k], dK2a[k] += K1a[j] * dB[k], and the same of
-                    # the b slots (det) from the staged dB, in det_keys_side's packed columns
-                    k1 = tl.load(K1 + SL * kv_row + offs_d).to(tl.float32)
-                    scale_add_rows(dk, stage, k1, K2rows, SL * kv_base, k0, t_end, DK2acc, DK1acc,
-                                   SL * kv_row, cid, SL * HK, D, epilogue_rows(G, D))
-                    if DET:  # (the slot's offset opaque: else the first pass's row offsets are
-                        # kept for this one, and spill)
-                        sl = opaque(tl.full([], D, tl.int32))
-                        k1 = tl.load(K1 + SL * kv_row + sl + offs_d).to(tl.float32)
-                        scale_add_rows(dk, stage, k1, K2rows, SL * kv_base + sl, k0, t_end,
-                                       DK2acc, DK1acc, SL * kv_row + sl, cid, SL * HK, D,
-                                       epilogue_rows(G, D), STAGED=True)
-                    v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
-                    scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, t_end, DV2acc, DV1acc,
-                                   kv_row, cid, HK, D, epilogue_rows(G, D))
+                    if PACK:
+                        remainder_end(dk, stage, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid, n_end,
+                                      w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK, Seq, VARLEN)
+                        remainder_end(dv, stage, V1, V2rows, DV2acc, DV1acc, j, kv_base, cid, n_end,
+                                      w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK, Seq, VARLEN)
+                    else:
+                        kv_row = kv_base + j.to(tl.int64) * (HK * D)
+                        offs_d = tl.arange(0, D)
+                        # dK1a[j] += sum_k K2a[k] * dB[k], dK2a[k] += K1a[j] * dB[k], and the
+                        # same of the b slots (det) from the staged dB, in det_keys_side's packed
+                        # columns
+                        k1 = tl.load(K1 + SL * kv_row + offs_d).to(tl.float32)
+                        scale_add_rows(dk, stage, k1, K2rows, SL * kv_base, k0, t_end, DK2acc,
+                                       DK1acc, SL * kv_row, cid, SL * HK, D, epilogue_rows(G, D))
+                        if DET:  # (the slot's offset opaque: else the first pass's row offsets
+                            # are kept for this one, and spill)
+                            sl = opaque(tl.full([], D, tl.int32))
+                            k1 = tl.load(K1 + SL * kv_row + sl + offs_d).to(tl.float32)
+                            scale_add_rows(dk, stage, k1, K2rows, SL * kv_base + sl, k0, t_end,
+                                           DK2acc, DK1acc, SL * kv_row + sl, cid, SL * HK, D,
+                                           epilogue_rows(G, D), STAGED=True)
+                        v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
+                        scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, t_end, DV2acc, DV1acc,
+                                       kv_row, cid, HK, D, epilogue_rows(G, D))
                 leave("epilogue", PROFILE)
 
 
@@ -353,8 +401,19 @@ def config(spec: ProblemSpec) -> dict:
 
 
 def key_blocks(spec: ProblemSpec) -> int:
-    """Key blocks (programs) per j: j's keys span w1 + w2 - 1 tokens."""
+    """Key blocks per j: j's keys span w1 + w2 - 1 tokens."""
     return triton.cdiv(spec.w1 + spec.w2 - 1, BLOCK_N)
+
+
+def remainder_pack(spec: ProblemSpec) -> int:
+    """How many j's last key blocks a remainder program packs (kernels_tlx/simplicial/
+    pairs_remainder.py): 4 when that block holds at most 32 keys (31 at S*), 2 at most 64, else 0:
+    each key block its own program. Also 0 in form det (not written), at G = 32 (its remainder
+    kernel spills 16 bytes) and for w1 >= 2**15 - 4 (remainder_rows' packed token bounds)."""
+    last = spec.w1 + spec.w2 - 1 - BLOCK_N * (key_blocks(spec) - 1)
+    if det_of(spec) or spec.G == 32 or spec.w1 + 4 >= 2 ** 15:
+        return 0
+    return 4 if last <= 32 else 2 if last <= 64 else 0
 
 
 def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False):
@@ -380,18 +439,23 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     det = det_of(spec)
     keys = kv_layout(spec, KEYS, (spec.B, spec.N, spec.Hk, 2, spec.D) if det else None)
     values = kv_layout(spec, KEYS)
+    pack = remainder_pack(spec)
+    slot_keys = kv_layout(spec, slot_rows(pack)) if pack else None  # a slot's K2 or V2 rows
+    n_full = key_blocks(spec) - (pack > 0)  # the key blocks of a program of one j
     dq_halves = Desc([rows, spec.D], [spec.D, 1], [r, spec.D // 2])  # the fp32 dQ scratch
-    grid = (spec.B * spec.Hk * spec.N * key_blocks(spec),)
     options = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile),
-                   **config(spec))
-    pairs = Kernel(_pairs_kernel, grid, **options, **({"VARLEN": True} if packed else {}),
+                   **config(spec), **({"VARLEN": True} if packed else {}),
                    **({"DET": True} if det else {}))
+    pairs = (Kernel(_pairs_kernel, (spec.B * spec.Hk * spec.N * n_full,), **options)
+             if n_full else None)
+    remainders = (Kernel(_pairs_kernel, (spec.B * spec.Hk * triton.cdiv(spec.N, pack),),
+                         **options, PACK=pack) if pack else None)
     n_dq = rows * spec.D
     finish = Kernel(_finish_kernel, (triton.cdiv(n_dq, FINISH_BLOCK),), BLOCK=FINISH_BLOCK,
                     num_warps=4)
     # dK = sm_scale * its sum, dV its sum, in bf16: the k-owner's sum of one part
     sum_parts = prepare_sum_parts(spec.B * spec.N * spec.Hk * spec.D, spec.sm_scale, 1)
-    args = (spec.N, spec.w1, spec.w2, key_blocks(spec), spec.sm_scale * LOG2E)
+    args = (spec.N, spec.w1, spec.w2, n_full, spec.sm_scale * LOG2E)
     sm_scale = spec.sm_scale
 
     def run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2, bounds=None
@@ -406,9 +470,14 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
         else:
             dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros(
                 (4, *dk1.shape), dtype=torch.float32, device=q.device)
-        pairs(heads(q), k1, keys(k2), v1, values(v2), heads(dout), row_values(lse2),
-              row_values(delta), k2, v2, dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc, dv2_acc,
-              *args, **({"Seq": bounds} if packed else {}))
+        seq = {"Seq": bounds} if packed else {}
+        grads = (dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc, dv2_acc)
+        if pairs is not None:
+            pairs(heads(q), k1, keys(k2), v1, values(v2), heads(dout), row_values(lse2),
+                  row_values(delta), k2, v2, *grads, *args, **seq)
+        if remainders is not None:
+            remainders(heads(q), k1, slot_keys(k2), v1, slot_keys(v2), heads(dout),
+                       row_values(lse2), row_values(delta), k2, v2, *grads, *args, **seq)
         finish(dq_acc, dq, n_dq, sm_scale)
         if det:
             dk1_acc, dk2_acc = det_keys_side_grads(dk1_acc, dk2_acc, det)
@@ -439,8 +508,9 @@ def profiled_kernels(spec: ProblemSpec) -> dict[str, int]:
 
 def compile_configs() -> list[CompileConfig]:
     """The kernel at every compile shape it supports, and packed (VARLEN) at the first."""
-    kernels = {_pairs_kernel: lambda launch: "pairs_packed" if launch.constexprs.get("VARLEN")
-               else "pairs"}
+    kernels = {_pairs_kernel: lambda launch: (
+        ("pairs_remainder" if launch.constexprs.get("PACK") else "pairs")
+        + ("_packed" if launch.constexprs.get("VARLEN") else ""))}
     specs = [s for s in compile_specs() if supports(s) is None]
     # form "det" at each (one kernel for both signs: the sign is in det_keys_side's packing)
     out = build_compile_configs(prepare, kernels, specs + [replace(s, form="det") for s in specs])

@@ -48,45 +48,49 @@ def fma_bf16x2(x, y, z):
 
 @triton.jit
 def build_chunks(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CH: tl.constexpr, DET: tl.constexpr, row_b, src_b, MASK: tl.constexpr, n_rows):
+                 CH: tl.constexpr, DET: tl.constexpr, row_b, src_b, MASK: tl.constexpr, n_rows,
+                 ROW0: tl.constexpr = 0):
     """`build`'s loop; MASK: rows n_rows .. BLOCK_N - 1 of dst are zeros, whatever src holds."""
     for ch in tl.static_range(BLOCK_N // CH):
         if DET and MASK:  # bf16(row_b * src_b) through dst first: fewer registers at once
-            dst = tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D])
-            xb = tlx.local_load(tlx.local_slice(src_b, [ch * CH, 0], [CH, D]))
+            dst = tlx.local_slice(dst_tile, [ROW0 + ch * CH, 0], [CH, D])
+            xb = tlx.local_load(tlx.local_slice(src_b, [ROW0 + ch * CH, 0], [CH, D]))
             tlx.local_store(dst, mul_bf16x2(xb, row_b))
-            x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
+            x = tlx.local_load(tlx.local_slice(src_tile, [ROW0 + ch * CH, 0], [CH, D]))
             y = fma_bf16x2(x, row, tlx.local_load(dst))
         elif DET:
-            x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
-            xb = tlx.local_load(tlx.local_slice(src_b, [ch * CH, 0], [CH, D]))
+            x = tlx.local_load(tlx.local_slice(src_tile, [ROW0 + ch * CH, 0], [CH, D]))
+            xb = tlx.local_load(tlx.local_slice(src_b, [ROW0 + ch * CH, 0], [CH, D]))
             y = fma_bf16x2(x, row, mul_bf16x2(xb, row_b))
         else:
-            x = tlx.local_load(tlx.local_slice(src_tile, [ch * CH, 0], [CH, D]))
+            x = tlx.local_load(tlx.local_slice(src_tile, [ROW0 + ch * CH, 0], [CH, D]))
             y = mul_bf16x2(x, row)
         if MASK:
             y = tl.where((ch * CH + tl.arange(0, CH) < n_rows)[:, None], y, tl.zeros_like(y))
-        tlx.local_store(tlx.local_slice(dst_tile, [ch * CH, 0], [CH, D]), y)
+        tlx.local_store(tlx.local_slice(dst_tile, [ROW0 + ch * CH, 0], [CH, D]), y)
 
 
 @triton.jit
 def build(row, src_tile, dst_tile, D: tl.constexpr, BLOCK_N: tl.constexpr, CH: tl.constexpr,
           DET: tl.constexpr = 0, row_b=None, src_b=None, MASK_ROWS: tl.constexpr = False,
-          n_rows=0):
+          n_rows=0, ROW0: tl.constexpr = 0):
     """Producer: dst = row * src (a [BLOCK_N, D] block scaled by one row), CH rows at a time, then
     the proxy fence that makes it visible to the consumers' wgmma. DET (form "det", K1[j]'s and
     K2's rotations, kernels_triton/simplicial/det.py: det_keys_side): dst = bf16(row * src + bf16(row_b *
     src_b)), one more block scaled by one more row. MASK_ROWS (packed sequences): rows n_rows
     on are zeros, so that a key block that runs into the next sequence carries none of its
-    values (not even inf or NaN, which a zero softmax weight would not cancel) into a wgmma."""
+    values (not even inf or NaN, which a zero softmax weight would not cancel) into a wgmma.
+    ROW0: the block is rows ROW0 .. ROW0 + BLOCK_N - 1 of src and dst (tlx_pairs' remainder
+    slots)."""
     if MASK_ROWS:
         if n_rows < BLOCK_N:
             build_chunks(row, src_tile, dst_tile, D, BLOCK_N, CH, DET, row_b, src_b, True,
-                         n_rows)
+                         n_rows, ROW0)
         else:
-            build_chunks(row, src_tile, dst_tile, D, BLOCK_N, CH, DET, row_b, src_b, False, 0)
+            build_chunks(row, src_tile, dst_tile, D, BLOCK_N, CH, DET, row_b, src_b, False, 0,
+                         ROW0)
     else:
-        build_chunks(row, src_tile, dst_tile, D, BLOCK_N, CH, DET, row_b, src_b, False, 0)
+        build_chunks(row, src_tile, dst_tile, D, BLOCK_N, CH, DET, row_b, src_b, False, 0, ROW0)
     tlx.fence_async_shared()
 
 

@@ -84,6 +84,63 @@ def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.
 
 
 @triton.jit
+def remainder_keys(j, N, w1, w2, n_kb, Seq=None, VARLEN: tl.constexpr = False):
+    """j's last key block, the keys after its n_kb full blocks of 128 (`pair_program`'s, one of
+    a remainder program's slots; j a scalar or a vector): j clamped below N, the block's first
+    key, its key count (<= 0: none; 0 for j >= N) and the end of j's tokens, min(j + w1, the
+    end of j's sequence)."""
+    jc = tl.minimum(j, N - 1)
+    if VARLEN:
+        t_end = tl.load(Seq + 2 * jc + 1)
+        k_lo = tl.maximum(jc - w2 + 1, tl.load(Seq + 2 * jc))
+    else:
+        t_end = N
+        k_lo = tl.maximum(jc + 1, w2) - w2
+    k_first = k_lo + n_kb * (NUM_CONSUMERS * 64)
+    i_end = tl.minimum(jc + w1, t_end)
+    return jc, k_first, tl.where(j < N, i_end - k_first, 0), i_end
+
+
+@triton.constexpr_function
+def slot_rows(PACK):
+    """Rows (pairs) per slot of a remainder program that packs PACK j's last key blocks."""
+    return BLOCK_N // PACK
+
+
+@triton.jit
+def remainder_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr,
+                      G: tl.constexpr, PACK: tl.constexpr, Seq=None, VARLEN: tl.constexpr = False):
+    """A remainder program (grid: groups of PACK consecutive j fastest, then B * HK): the last
+    key blocks of j0 .. j0 + PACK - 1, BLOCK_N / PACK rows (pairs) each, over the tokens j0 ..
+    tok_end - 1 that see any of them. Its batch b, KV head g, j0, kv_base (`pair_program`'s),
+    tile count and tok_end (the last j's token end: they do not decrease with j)."""
+    n_groups = tl.cdiv(N, PACK)
+    j0 = (pid % n_groups) * PACK
+    b = pid // n_groups // HK
+    g = pid // n_groups % HK
+    _, _, _, tok_end = remainder_keys(tl.minimum(j0 + PACK - 1, N - 1), N, w1, w2, n_kb, Seq,
+                                      VARLEN)
+    n_tiles = tl.cdiv(tok_end - j0, tile_tokens(G)) * token_tiles(G)
+    return b, g, j0, b.to(tl.int64) * N * (HK * D) + g * D, n_tiles, tok_end
+
+
+@triton.jit
+def remainder_rows(j0, cid, N, w1, w2, n_kb, PACK: tl.constexpr, Seq=None,
+                   VARLEN: tl.constexpr = False):
+    """Consumer cid's 64 rows of a remainder program: for each row's pair (j, k), the tokens
+    [lo, hi) that see it (j <= i < j + w1, k <= i < k + w2, inside j's sequence; empty where
+    the row holds no pair), packed as `probabilities` takes them: (lo - j0) | (hi - j0) << 16
+    (`remainder_pack` keeps w1 + PACK below 2**15)."""
+    r = tl.arange(0, 64)
+    j = j0 + cid * (64 // slot_rows(PACK)) + r // slot_rows(PACK)
+    _, k_first, count, i_end = remainder_keys(j, N, w1, w2, n_kb, Seq, VARLEN)
+    k = k_first + r % slot_rows(PACK)
+    lo = tl.maximum(k, j)
+    hi = tl.where(r % slot_rows(PACK) < count, tl.minimum(k + w2, i_end), lo)
+    return (lo - j0) | ((hi - j0) << 16)
+
+
+@triton.jit
 def active_tiles(j, k0, n_tiles, w2, G: tl.constexpr):
     """The tiles u_lo .. u_hi - 1 (`first_token`) one of whose tokens sees one of keys
     k0 .. k0 + 63: tokens from k0 to k0 + 62 + w2."""
@@ -91,6 +148,16 @@ def active_tiles(j, k0, n_tiles, w2, G: tl.constexpr):
     u_lo = tl.minimum(tl.cdiv(tl.maximum(k0 - T + 1 - j, 0), T) * token_tiles(G), n_tiles)
     u_hi = tl.minimum(tl.cdiv(tl.maximum(k0 + 63 + w2 - j, 0), T) * token_tiles(G), n_tiles)
     return u_lo, u_hi
+
+
+@triton.jit
+def remainder_tiles(j0, cid, n_tiles, w1, t_end, G: tl.constexpr, PACK: tl.constexpr):
+    """`active_tiles` of a remainder program's consumer: the tiles with a token from its first
+    slot's j to its last slot's j + w1 - 1 (below t_end; the rows' masks do the rest)."""
+    T: tl.constexpr = tile_tokens(G)
+    first = cid * (64 // slot_rows(PACK))  # j - j0 of its first slot
+    last = tl.minimum(j0 + first + 64 // slot_rows(PACK) - 1 + w1, t_end) - j0
+    return first // T * token_tiles(G), tl.minimum(tl.cdiv(last, T) * token_tiles(G), n_tiles)
 
 
 @triton.jit
@@ -133,18 +200,42 @@ def row_values(tiles, s, G: tl.constexpr):
 
 
 @triton.jit
-def probabilities(st, lse2, qk_scale, kpos, i0, i_end, w2, G: tl.constexpr):
-    """P^T = exp2(S^T c log2e - LSE log2e) [64 keys, ROWS] where key kpos is in the w2 window of
-    the row's token, else 0; the row's token is one of the tile's from i0 below i_end (at G >= 64
-    one token, i0 < i_end)."""
+def probabilities(st, lse2, qk_scale, keys, i0, i_end, j, w2, G: tl.constexpr,
+                  PACKED: tl.constexpr = False):
+    """P^T = exp2(S^T c log2e - LSE log2e) [64 keys, ROWS] where the row's token sees the key's
+    row, else 0: keys is each row's key (kpos; the token sees it if kpos is in its w2 window),
+    or, PACKED (a remainder program's rows, `remainder_rows`), each row's token bounds packed
+    relative to j. The row's token is one of the tile's from i0 below i_end (at G >= 64 one
+    token, i0 < i_end)."""
     if tile_tokens(G) == 1:
-        ok = ((kpos <= i0) & (kpos > i0 - w2))[:, None]
+        if PACKED:
+            ok = (in_bounds(keys, (i0 - j) + 0 * keys) != 0)[:, None]
+        else:
+            ok = ((keys <= i0) & (keys > i0 - w2))[:, None]
         return tl.where(ok, tl.math.exp2(st * qk_scale - lse2), 0.0)
     else:
         tok = i0 + tl.arange(0, ROWS) // G
-        ok = ((kpos[:, None] <= tok[None, :]) & (kpos[:, None] > tok[None, :] - w2)
-              & (tok < i_end)[None, :])
+        if PACKED:  # each of the tile's tokens against the rows' bounds, then spread
+            ok = tl.zeros([64, ROWS], tl.int1)
+            for t in tl.static_range(tile_tokens(G)):
+                seen = in_bounds(keys, (i0 + t - j) + 0 * keys) != 0
+                ok = ok | (seen[:, None] & (tl.arange(0, ROWS) // G == t)[None, :])
+            ok = ok & (tok < i_end)[None, :]
+        else:
+            ok = ((keys[:, None] <= tok[None, :]) & (keys[:, None] > tok[None, :] - w2)
+                  & (tok < i_end)[None, :])
         return tl.where(ok, tl.math.exp2(st * qk_scale - lse2), 0.0)
+
+
+@triton.jit
+def in_bounds(bounds, t):
+    """lo <= t < hi for bounds = lo | hi << 16 (0 <= lo <= hi < 2**16; int32 tensors of one
+    shape), as 0 or -1, in one inline asm: the compiler cannot hoist the unpacked lo and hi out
+    of the tile loop and hold them (4 registers a consumer thread more: spills)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .u32 lo, n, d; and.b32 lo, $1, 65535; shr.u32 n, $1, 16; sub.u32 n, n, lo; "
+        "sub.u32 d, $2, lo; set.lt.u32.u32 $0, d, n; }",
+        "=r,r,r", [bounds, t], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -206,17 +297,19 @@ def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: 
 @triton.jit
 def scale_add_rows(acc, stage, row, X, kv_base, k0, N, DST, DSUM, j_off, cid,
                    HK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
-                   STAGED: tl.constexpr = False):
-    """One consumer's end: DST[k] += row * acc[k] for its keys k0 .. k0 + 63 (< N), and
-    DSUM[j] += sum_k X[k] * acc[k] (fp32 atomics), acc ([64, D] fp32) passing through `stage` to
-    meet X's rows in a coalesced layout, CHUNK rows at a time. STAGED: acc is already in
-    `stage` (a second pass over it: form "det"'s second slot), and not read."""
+                   STAGED: tl.constexpr = False, ROW0: tl.constexpr = 0,
+                   N_ROWS: tl.constexpr = 64):
+    """One consumer's end: DST[k] += row * acc[k] for its keys k0 .. k0 + N_ROWS - 1 (< N), rows
+    ROW0 .. of acc, and DSUM[j] += sum_k X[k] * acc[k] (fp32 atomics), acc ([64, D] fp32)
+    passing through `stage` to meet X's rows in a coalesced layout, CHUNK rows at a time.
+    STAGED: acc is already in `stage` (a second pass over it: form "det"'s second slot, a
+    remainder program's slots), and not read."""
     if not STAGED:
         tlx.local_store(stage, acc)
         tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     col = tl.zeros([D], tl.float32)
-    for c in tl.static_range(64 // CHUNK):
-        x = tlx.local_load(tlx.local_slice(stage, [c * CHUNK, 0], [CHUNK, D]))
+    for c in tl.static_range(N_ROWS // CHUNK):
+        x = tlx.local_load(tlx.local_slice(stage, [ROW0 + c * CHUNK, 0], [CHUNK, D]))
         kpos = k0 + c * CHUNK + tl.arange(0, CHUNK)
         offs = kv_rows(kv_base, kpos, HK, D)
         ok = (kpos < N)[:, None]

@@ -371,8 +371,9 @@ def seed_from(gen) -> int:
     return int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
 
 
-# N = 333 is ragged for every tile and key block; the first shape each variant takes
-POISON_SHAPES = {"G16": Shape(2, 333, 16, 1, 64, 32, 96),
+# N = 333 is ragged for every tile and key block; the first shape each variant takes (w 32 x 128:
+# `tlx_pairs` packs j's last key blocks, 31 keys, four j to a program)
+POISON_SHAPES = {"G16": Shape(2, 333, 16, 1, 64, 32, 128),
                  "G16_D128": Shape(2, 333, 16, 1, 128, 32, 96),
                  "G64_D128": Shape(2, 333, 64, 1, 128, 32, 96)}
 POISON_CASES = [next(c for c in cases(POISON_SHAPES) if c.values[0] == v.name) for v in VARIANTS]
