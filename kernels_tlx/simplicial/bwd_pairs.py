@@ -35,6 +35,10 @@ Warp groups:
   and reduce-adds it by TMA (a box per token of the tile that sees j). Tile u - 1's dQ GEMMs
   are issued right behind tile u's dC and dB and waited with them (`pair_step`): one wait a
   step for the three, not two.
+Remainder programs (PACK, a second launch; kernels_tlx/simplicial/pairs_remainder.py): j's keys
+span w1 + w2 - 1 tokens, so its last key block is short (31 keys at S*) and as a program of its
+own cost two thirds of a full one; where it holds at most 32 (64) keys, `remainder_pack` packs
+the last blocks of 4 (2) consecutive j into one program, each row a pair (j, k) with its own j.
 Form "det" (DET): B = K1a[j] * K2a + K1b[j] * K2b from det_keys_side's packed K1 and K2 (the
 sign of a pair exchange is in the packing), the end's sums taken against both slots in the
 packing's columns and unpacked on the host by its adjoint (det_keys_side_grads).
@@ -54,7 +58,6 @@ import triton.language.extra.tlx as tlx
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
 from kernels_tlx.simplicial.common import NUM_CONSUMERS, opaque
-from kernels_tlx.simplicial.hadamard import build, row_tile
 from kernels_tlx.simplicial.pairs_parts import (
     BLOCK_N,
     KEYS,
@@ -62,17 +65,16 @@ from kernels_tlx.simplicial.pairs_parts import (
     active_tiles,
     add_dq,
     box_rows,
-    dq_issue,
+    build_keys_values,
     dq_share,
     epilogue_rows,
     first_token,
     load_rows,
     pair_program,
-    probabilities,
+    pair_step,
     remainder_program,
     remainder_rows,
     remainder_tiles,
-    row_values,
     row_width,
     scale_add_rows,
     slot_rows,
@@ -92,93 +94,7 @@ from kernels_triton.simplicial.det import det_keys_side, det_keys_side_grads, de
 from kernels_triton.simplicial.host import kv_layout, q_layout
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, enter, leave
 from kernels_triton.simplicial.tiling import supports as tiling_supports
-from kernels_tlx.ring import empty_phase, full_phase
-
-
-@triton.jit
-def build_keys_values(K1, V1, k2_tiles, v2_tiles, k2b_tiles, b_tiles, c_tiles, kv_row, n_rows,
-                      D: tl.constexpr, CH: tl.constexpr, DET: tl.constexpr,
-                      VARLEN: tl.constexpr):
-    """Producer: each consumer's B = K1[j] * K2 and C = V1[j] * V2 from the K2 and V2 halves in
-    k2_tiles and v2_tiles (form "det": B = K1a[j] * K2a + K1b[j] * K2b, K2b's halves in
-    k2b_tiles, K1 packed); kv_row is j's row offset in V1 (K1's times 2 when packed); rows
-    from n_rows on (of the 128) build as zeros (VARLEN)."""
-    if DET:  # B for both consumers, then C: two K1 rows held, not three (they spilled)
-        k1 = row_tile(K1, 2 * kv_row, D, CH)
-        k1b = row_tile(K1, 2 * kv_row + D, D, CH)
-        for c in tl.static_range(NUM_CONSUMERS):
-            build(k1, tlx.local_view(k2_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH, DET,
-                  k1b, tlx.local_view(k2b_tiles, c), MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
-        v1 = row_tile(V1, kv_row, D, CH)
-        for c in tl.static_range(NUM_CONSUMERS):
-            build(v1, tlx.local_view(v2_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
-                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
-    else:
-        k1 = row_tile(K1, kv_row, D, CH)
-        v1 = row_tile(V1, kv_row, D, CH)
-        for c in tl.static_range(NUM_CONSUMERS):
-            build(k1, tlx.local_view(k2_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH,
-                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
-            build(v1, tlx.local_view(v2_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
-                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
-
-
-@triton.jit
-def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles, do_tiles,
-              ds_tiles, b_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, ds_fulls,
-              ds_empties, dq_stage, DQacc, b, g, j, i_end, keys, qk_scale, w2, N, cid: tl.constexpr,
-              NUM_Q: tl.constexpr, G: tl.constexpr, HQ: tl.constexpr, DH: tl.constexpr,
-              PROFILE: tl.constexpr, PACKED: tl.constexpr = False):
-    """One consumer's tile u: its GEMMs where `active` (its keys seen by a token of the tile),
-    its dS^T into ring slot u % 2, then (HAS_PREV) tile u - 1's dQ share issued behind dC and dB
-    and waited with them, and reduce-added."""
-    s = u % NUM_Q
-    d = u % 2
-    i0, _ = first_token(j, u, G)
-    tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(u, NUM_Q))
-    q_tile = tlx.local_view(q_tiles, s)
-    do_tile = tlx.local_view(do_tiles, s)
-    ds_tile = tlx.local_view(ds_tiles, d * NUM_CONSUMERS + cid)
-    tlx.barrier_wait(tlx.local_view(ds_empties, d), empty_phase(u, 2))
-    if active:
-        enter("qk_gemm", PROFILE)
-        st = tlx.async_dot(b_tile, tlx.local_trans(q_tile))
-        dpt = tlx.async_dot(c_tile, tlx.local_trans(do_tile))
-        lse2 = row_values(lse_tiles, s, G)  # [1, ROWS], log2 units
-        st = tlx.async_dot_wait(1, st)  # dP^T still in flight under the exp2
-        leave("qk_gemm", PROFILE)
-        enter("softmax", PROFILE)
-        pt = probabilities(st, lse2, qk_scale, keys, i0, i_end, j, w2, G, PACKED)
-        delta = row_values(delta_tiles, s, G)
-        dpt = tlx.async_dot_wait(0, dpt)
-        dst = (pt * (dpt - delta)).to(tl.bfloat16)
-        leave("softmax", PROFILE)
-        enter("pv_gemm", PROFILE)
-        dv = tlx.async_dot(pt.to(tl.bfloat16), do_tile, dv)
-        dk = tlx.async_dot(dst, q_tile, dk)
-        tlx.local_store(ds_tile, dst)
-        if HAS_PREV:
-            dq = dq_issue(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
-            dq = tlx.async_dot_wait(0, dq)
-        dv = tlx.async_dot_wait(0, dv)
-        dk = tlx.async_dot_wait(0, dk)
-        leave("pv_gemm", PROFILE)
-    else:
-        tlx.local_store(ds_tile, tl.zeros([64, ROWS], tl.bfloat16))
-        if HAS_PREV:
-            dq = dq_issue(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
-            dq = tlx.async_dot_wait(0, dq)
-    # dS^T announced only after this tile's dC and dB are done: past the last tile's ds_full the
-    # other consumer writes its end's staging tiles, which are the Q and dO rings' bytes
-    tlx.fence_async_shared()
-    tlx.barrier_arrive(tlx.local_view(ds_fulls, d), 1)
-    tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
-    if HAS_PREV:
-        enter("epilogue", PROFILE)
-        tlx.barrier_arrive(tlx.local_view(ds_empties, 1 - d), 1)
-        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
-        leave("epilogue", PROFILE)
-    return dk, dv
+from kernels_tlx.ring import empty_phase
 
 
 @triton.jit
@@ -238,8 +154,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 enter("load_kv", PROFILE)
                 tlx.barrier_expect_bytes(kv_full, (1 + SL) * NUM_CONSUMERS * 64 * D * BF16_BYTES)
                 if PACK:
-                    load_remainder_kv(K2, V2, q_tiles, do_tiles, kv_full, b, g, j, N, w1, w2,
-                                      n_kb, D, PACK, Seq, VARLEN)
+                    load_remainder_kv(K2, V2, q_tiles, do_tiles, k2b_tiles, kv_full, b, g, j, N,
+                                      w1, w2, n_kb, D, PACK, DET, Seq, VARLEN)
                 else:
                     for c in tl.static_range(NUM_CONSUMERS):
                         tlx.async_descriptor_load(K2, tlx.local_view(q_tiles, c),
@@ -253,15 +169,20 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 leave("load_kv", PROFILE)
                 enter("build_a", PROFILE)
                 if PACK:
-                    build_remainder(K1, V1, q_tiles, do_tiles, b_tiles, c_tiles, kv_base, j, N,
-                                    w1, w2, n_kb, HK, D, CH, PACK, Seq, VARLEN)
+                    build_remainder(K1, V1, q_tiles, do_tiles, k2b_tiles, b_tiles, c_tiles,
+                                    kv_base, j, N, w1, w2, n_kb, HK, D, CH, PACK, DET, Seq,
+                                    VARLEN)
                 else:
                     kv_row = kv_base + j.to(tl.int64) * (HK * D)
                     # (packed: the keys from the next sequence's on build as zeros)
                     n_rows = tl.minimum(j + w1, t_end) - kb
                     build_keys_values(K1, V1, q_tiles, do_tiles, k2b_tiles, b_tiles, c_tiles,
                                       kv_row, n_rows, D, CH, DET, VARLEN)
-                if DET:  # the coordinates again (held over the det build, one spilled)
+                if DET and PACK:  # the coordinates again (held over the det build, they spill)
+                    b, g, j, kv_base, n_tiles, t_end = remainder_program(
+                        opaque(tl.program_id(0)), opaque(N), w1, w2, n_kb, HK, D, G, PACK, Seq,
+                        VARLEN)
+                elif DET:
                     b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
                         opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
                 tlx.barrier_arrive(bc_full, 1)
@@ -347,8 +268,14 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     else:
                         stage = tlx.local_view(stage_do, 0)
                     if PACK:
-                        remainder_end(dk, stage, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid, n_end,
-                                      w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK, Seq, VARLEN)
+                        remainder_end(dk, stage, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid,
+                                      n_end, w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK, Seq,
+                                      VARLEN, SL)
+                        if DET:  # the b slot's columns, from the staged dB
+                            remainder_end(dk, stage, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid,
+                                          n_end, w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK,
+                                          Seq, VARLEN, SL, opaque(tl.full([], D, tl.int32)),
+                                          STAGED=True)
                         remainder_end(dv, stage, V1, V2rows, DV2acc, DV1acc, j, kv_base, cid, n_end,
                                       w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK, Seq, VARLEN)
                     else:
@@ -408,10 +335,12 @@ def key_blocks(spec: ProblemSpec) -> int:
 def remainder_pack(spec: ProblemSpec) -> int:
     """How many j's last key blocks a remainder program packs (kernels_tlx/simplicial/
     pairs_remainder.py): 4 when that block holds at most 32 keys (31 at S*), 2 at most 64, else 0:
-    each key block its own program. Also 0 in form det (not written), at G = 32 (its remainder
-    kernel spills 16 bytes) and for w1 >= 2**15 - 4 (remainder_rows' packed token bounds)."""
+    each key block its own program. Also 0 where its remainder kernel spills (sm_90a, fbtriton
+    3.7.4: 16 bytes at G = 32; form det 4-40 bytes at G < 64 or D = 64) and for w1 >= 2**15 - 4
+    (remainder_rows' packed token bounds)."""
     last = spec.w1 + spec.w2 - 1 - BLOCK_N * (key_blocks(spec) - 1)
-    if det_of(spec) or spec.G == 32 or spec.w1 + 4 >= 2 ** 15:
+    spills = spec.G == 32 or (det_of(spec) and (spec.G < 64 or spec.D == 64))
+    if spills or spec.w1 + 4 >= 2 ** 15:
         return 0
     return 4 if last <= 32 else 2 if last <= 64 else 0
 
@@ -440,7 +369,9 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     keys = kv_layout(spec, KEYS, (spec.B, spec.N, spec.Hk, 2, spec.D) if det else None)
     values = kv_layout(spec, KEYS)
     pack = remainder_pack(spec)
-    slot_keys = kv_layout(spec, slot_rows(pack)) if pack else None  # a slot's K2 or V2 rows
+    slot_keys = kv_layout(spec, slot_rows(pack), (spec.B, spec.N, spec.Hk, 2, spec.D) if det
+                          else None) if pack else None  # a slot's K2 rows
+    slot_values = kv_layout(spec, slot_rows(pack)) if pack else None
     n_full = key_blocks(spec) - (pack > 0)  # the key blocks of a program of one j
     dq_halves = Desc([rows, spec.D], [spec.D, 1], [r, spec.D // 2])  # the fp32 dQ scratch
     options = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile),
@@ -476,7 +407,7 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
             pairs(heads(q), k1, keys(k2), v1, values(v2), heads(dout), row_values(lse2),
                   row_values(delta), k2, v2, *grads, *args, **seq)
         if remainders is not None:
-            remainders(heads(q), k1, slot_keys(k2), v1, slot_keys(v2), heads(dout),
+            remainders(heads(q), k1, slot_keys(k2), v1, slot_values(v2), heads(dout),
                        row_values(lse2), row_values(delta), k2, v2, *grads, *args, **seq)
         finish(dq_acc, dq, n_dq, sm_scale)
         if det:

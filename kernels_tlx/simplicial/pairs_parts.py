@@ -1,8 +1,10 @@
 """The device pieces of the `tlx_pairs` backward (kernels_tlx/simplicial/bwd_pairs.py, whose
 docstring states the algorithm): a program's coordinates (`pair_program`, `active_tiles`,
-`first_token`), the producer's row loads (`load_rows`), the consumers' probabilities and row
-values, the dQ share and its reduce-add (`dq_issue`, `dq_share`, `add_dq`), and the end's dK/dV
-sums (`scale_add_rows`). The kernel and its host side are in bwd_pairs.py."""
+`first_token`; a remainder program's, `remainder_keys`, `remainder_program`, `remainder_rows`,
+`remainder_tiles`), the producer's build and row loads (`build_keys_values`, `load_rows`), a
+consumer's tile (`pair_step`): its probabilities and row values, the dQ share and its reduce-add
+(`dq_issue`, `dq_share`, `add_dq`), and the end's dK/dV sums (`scale_add_rows`). The kernel and
+its host side are in bwd_pairs.py; a remainder program's own steps in pairs_remainder.py."""
 from __future__ import annotations
 
 import triton
@@ -10,8 +12,10 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS
+from kernels_tlx.simplicial.hadamard import build, row_tile
 from kernels_triton.simplicial.bwd_common import kv_rows
-from kernels_tlx.ring import full_phase
+from kernels_triton.simplicial.tiling import enter, leave
+from kernels_tlx.ring import empty_phase, full_phase
 
 ROWS = tl.constexpr(64)  # rows per tile (64 heads of one token, or all G heads of 64 / G tokens)
 KEYS = 64  # keys per consumer
@@ -318,3 +322,89 @@ def scale_add_rows(acc, stage, row, X, kv_base, k0, N, DST, DSUM, j_off, cid,
         tl.atomic_add(DST + offs, x * row[None, :], mask=ok, sem="relaxed")
     tl.atomic_add(DSUM + j_off + tl.arange(0, D), col, sem="relaxed")
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every chunk read: stage is free
+
+
+@triton.jit
+def build_keys_values(K1, V1, k2_tiles, v2_tiles, k2b_tiles, b_tiles, c_tiles, kv_row, n_rows,
+                      D: tl.constexpr, CH: tl.constexpr, DET: tl.constexpr,
+                      VARLEN: tl.constexpr):
+    """Producer: each consumer's B = K1[j] * K2 and C = V1[j] * V2 from the K2 and V2 halves in
+    k2_tiles and v2_tiles (form "det": B = K1a[j] * K2a + K1b[j] * K2b, K2b's halves in
+    k2b_tiles, K1 packed); kv_row is j's row offset in V1 (K1's times 2 when packed); rows
+    from n_rows on (of the 128) build as zeros (VARLEN)."""
+    if DET:  # B for both consumers, then C: two K1 rows held, not three (they spilled)
+        k1 = row_tile(K1, 2 * kv_row, D, CH)
+        k1b = row_tile(K1, 2 * kv_row + D, D, CH)
+        for c in tl.static_range(NUM_CONSUMERS):
+            build(k1, tlx.local_view(k2_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH, DET,
+                  k1b, tlx.local_view(k2b_tiles, c), MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+        v1 = row_tile(V1, kv_row, D, CH)
+        for c in tl.static_range(NUM_CONSUMERS):
+            build(v1, tlx.local_view(v2_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
+                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+    else:
+        k1 = row_tile(K1, kv_row, D, CH)
+        v1 = row_tile(V1, kv_row, D, CH)
+        for c in tl.static_range(NUM_CONSUMERS):
+            build(k1, tlx.local_view(k2_tiles, c), tlx.local_view(b_tiles, c), D, 64, CH,
+                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+            build(v1, tlx.local_view(v2_tiles, c), tlx.local_view(c_tiles, c), D, 64, CH,
+                  MASK_ROWS=VARLEN, n_rows=n_rows - c * 64)
+
+
+@triton.jit
+def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles, do_tiles,
+              ds_tiles, b_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, ds_fulls,
+              ds_empties, dq_stage, DQacc, b, g, j, i_end, keys, qk_scale, w2, N, cid: tl.constexpr,
+              NUM_Q: tl.constexpr, G: tl.constexpr, HQ: tl.constexpr, DH: tl.constexpr,
+              PROFILE: tl.constexpr, PACKED: tl.constexpr = False):
+    """One consumer's tile u: its GEMMs where `active` (its keys seen by a token of the tile),
+    its dS^T into ring slot u % 2, then (HAS_PREV) tile u - 1's dQ share issued behind dC and dB
+    and waited with them, and reduce-added."""
+    s = u % NUM_Q
+    d = u % 2
+    i0, _ = first_token(j, u, G)
+    tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(u, NUM_Q))
+    q_tile = tlx.local_view(q_tiles, s)
+    do_tile = tlx.local_view(do_tiles, s)
+    ds_tile = tlx.local_view(ds_tiles, d * NUM_CONSUMERS + cid)
+    tlx.barrier_wait(tlx.local_view(ds_empties, d), empty_phase(u, 2))
+    if active:
+        enter("qk_gemm", PROFILE)
+        st = tlx.async_dot(b_tile, tlx.local_trans(q_tile))
+        dpt = tlx.async_dot(c_tile, tlx.local_trans(do_tile))
+        lse2 = row_values(lse_tiles, s, G)  # [1, ROWS], log2 units
+        st = tlx.async_dot_wait(1, st)  # dP^T still in flight under the exp2
+        leave("qk_gemm", PROFILE)
+        enter("softmax", PROFILE)
+        pt = probabilities(st, lse2, qk_scale, keys, i0, i_end, j, w2, G, PACKED)
+        delta = row_values(delta_tiles, s, G)
+        dpt = tlx.async_dot_wait(0, dpt)
+        dst = (pt * (dpt - delta)).to(tl.bfloat16)
+        leave("softmax", PROFILE)
+        enter("pv_gemm", PROFILE)
+        dv = tlx.async_dot(pt.to(tl.bfloat16), do_tile, dv)
+        dk = tlx.async_dot(dst, q_tile, dk)
+        tlx.local_store(ds_tile, dst)
+        if HAS_PREV:
+            dq = dq_issue(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
+            dq = tlx.async_dot_wait(0, dq)
+        dv = tlx.async_dot_wait(0, dv)
+        dk = tlx.async_dot_wait(0, dk)
+        leave("pv_gemm", PROFILE)
+    else:
+        tlx.local_store(ds_tile, tl.zeros([64, ROWS], tl.bfloat16))
+        if HAS_PREV:
+            dq = dq_issue(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
+            dq = tlx.async_dot_wait(0, dq)
+    # dS^T announced only after this tile's dC and dB are done: past the last tile's ds_full the
+    # other consumer writes its end's staging tiles, which are the Q and dO rings' bytes
+    tlx.fence_async_shared()
+    tlx.barrier_arrive(tlx.local_view(ds_fulls, d), 1)
+    tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
+    if HAS_PREV:
+        enter("epilogue", PROFILE)
+        tlx.barrier_arrive(tlx.local_view(ds_empties, 1 - d), 1)
+        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
+        leave("epilogue", PROFILE)
+    return dk, dv

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.simplicial.common import EPILOGUE_BARRIER
+from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, opaque
 from kernels_tlx.simplicial.hadamard import build, row_tile
 from kernels_tlx.simplicial.pairs_parts import remainder_keys, scale_add_rows, slot_rows
 
@@ -26,67 +26,86 @@ def slot_chunk(CHUNK, PACK):
 
 
 @triton.jit
-def load_remainder_kv(K2, V2, k2_tiles, v2_tiles, full, b, g, j0, N, w1, w2, n_kb,
-                      D: tl.constexpr, PACK: tl.constexpr, Seq=None, VARLEN: tl.constexpr = False):
-    """Producer: each slot's K2 and V2 rows (its j's last key block; K2 and V2 descriptors of
-    slot_rows(PACK) rows) into the consumers' halves of the row ring, on `full`."""
+def load_remainder_kv(K2, V2, k2_tiles, v2_tiles, k2b_tiles, full, b, g, j0, N, w1, w2, n_kb,
+                      D: tl.constexpr, PACK: tl.constexpr, DET: tl.constexpr = False, Seq=None,
+                      VARLEN: tl.constexpr = False):
+    """Producer: each slot's K2 and V2 rows (its j's last key block; descriptors of
+    slot_rows(PACK) rows) into the consumers' halves of the row ring, on `full`; form "det":
+    K2a there, K2b into k2b_tiles (K2 packed, det_keys_side)."""
     for a in tl.static_range(PACK):
         _, k_first, _, _ = remainder_keys(j0 + a, N, w1, w2, n_kb, Seq, VARLEN)
-        load_slot(K2, V2, k2_tiles, v2_tiles, full, [b, k_first, g * D], a, PACK, D)
+        load_slot(K2, k2_tiles, full, [b, k_first, (1 + DET) * g * D], a, PACK, D)
+        if DET:
+            load_slot(K2, k2b_tiles, full, [b, k_first, (2 * g + 1) * D], a, PACK, D)
+        load_slot(V2, v2_tiles, full, [b, k_first, g * D], a, PACK, D)
 
 
 @triton.jit
-def load_slot(K2, V2, k2_tiles, v2_tiles, full, coords, a: tl.constexpr, PACK: tl.constexpr,
-              D: tl.constexpr):
-    """Slot a's K2 and V2 rows at `coords` (a slot's rows lie in one consumer's 64)."""
+def load_slot(X, tiles, full, coords, a: tl.constexpr, PACK: tl.constexpr, D: tl.constexpr):
+    """Slot a's rows of X at `coords` (a slot's rows lie in one consumer's 64)."""
     SLOT: tl.constexpr = slot_rows(PACK)
     c: tl.constexpr = a // (64 // SLOT)
     r: tl.constexpr = a % (64 // SLOT) * SLOT
-    tlx.async_descriptor_load(K2, tlx.local_slice(tlx.local_view(k2_tiles, c), [r, 0], [SLOT, D]),
-                              coords, full)
-    tlx.async_descriptor_load(V2, tlx.local_slice(tlx.local_view(v2_tiles, c), [r, 0], [SLOT, D]),
+    tlx.async_descriptor_load(X, tlx.local_slice(tlx.local_view(tiles, c), [r, 0], [SLOT, D]),
                               coords, full)
 
 
 @triton.jit
-def build_remainder(K1, V1, k2_tiles, v2_tiles, b_tiles, c_tiles, kv_base, j0, N, w1, w2, n_kb,
-                    HK: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, PACK: tl.constexpr,
-                    Seq=None, VARLEN: tl.constexpr = False):
-    """Producer: each slot's B = K1[j] * K2 and C = V1[j] * V2, its rows past the block's keys
-    (and every row of a j past N) zeros."""
+def build_remainder(K1, V1, k2_tiles, v2_tiles, k2b_tiles, b_tiles, c_tiles, kv_base, j0, N, w1,
+                    w2, n_kb, HK: tl.constexpr, D: tl.constexpr, CH: tl.constexpr,
+                    PACK: tl.constexpr, DET: tl.constexpr = False, Seq=None,
+                    VARLEN: tl.constexpr = False):
+    """Producer: each slot's B = K1[j] * K2 (form "det": K1a[j] * K2a + K1b[j] * K2b) and
+    C = V1[j] * V2, its rows past the block's keys (and every row of a j past N) zeros. (Each
+    slot's keys found again from an opaque j0: else the loads' are held through the builds,
+    and spill.)"""
+    j0 = opaque(j0)
     for a in tl.static_range(PACK):
         jc, _, count, _ = remainder_keys(j0 + a, N, w1, w2, n_kb, Seq, VARLEN)
         kv_row = kv_base + jc.to(tl.int64) * (HK * D)
-        build_slot(row_tile(K1, kv_row, D, CH), k2_tiles, b_tiles, count, a, PACK, D, CH)
+        if DET:
+            build_slot(row_tile(K1, 2 * kv_row, D, CH), k2_tiles, b_tiles, count, a, PACK, D,
+                       CH, DET, row_tile(K1, 2 * kv_row + D, D, CH), k2b_tiles)
+        else:
+            build_slot(row_tile(K1, kv_row, D, CH), k2_tiles, b_tiles, count, a, PACK, D, CH)
         build_slot(row_tile(V1, kv_row, D, CH), v2_tiles, c_tiles, count, a, PACK, D, CH)
 
 
 @triton.jit
 def build_slot(row, src_tiles, dst_tiles, count, a: tl.constexpr, PACK: tl.constexpr,
-               D: tl.constexpr, CH: tl.constexpr):
-    """Slot a's rows of dst = row * src, rows count on zeros (`build`)."""
+               D: tl.constexpr, CH: tl.constexpr, DET: tl.constexpr = False, row_b=None,
+               src_b_tiles=None):
+    """Slot a's rows of dst = row * src (DET: + row_b * src_b), rows count on zeros (`build`)."""
     SLOT: tl.constexpr = slot_rows(PACK)
     c: tl.constexpr = a // (64 // SLOT)
     r: tl.constexpr = a % (64 // SLOT) * SLOT
-    build(row, tlx.local_view(src_tiles, c), tlx.local_view(dst_tiles, c), D, SLOT, CH,
-          MASK_ROWS=True, n_rows=count, ROW0=r)
+    if DET:
+        build(row, tlx.local_view(src_tiles, c), tlx.local_view(dst_tiles, c), D, SLOT, CH, DET,
+              row_b, tlx.local_view(src_b_tiles, c), MASK_ROWS=True, n_rows=count, ROW0=r)
+    else:
+        build(row, tlx.local_view(src_tiles, c), tlx.local_view(dst_tiles, c), D, SLOT, CH,
+              MASK_ROWS=True, n_rows=count, ROW0=r)
 
 
 @triton.jit
 def remainder_end(acc, stage, X1, X2rows, DST, DSUM, j0, kv_base, cid, N, w1, w2, n_kb,
                   HK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, PACK: tl.constexpr,
-                  Seq=None, VARLEN: tl.constexpr = False):
+                  Seq=None, VARLEN: tl.constexpr = False, SL: tl.constexpr = 1, col=0,
+                  STAGED: tl.constexpr = False):
     """A consumer's end in a remainder program, for dB (X = K) or dC (X = V): per slot of its 64
-    rows, DST[k] += X1[j] * acc[k] and DSUM[j] += sum_k X2[k] * acc[k] (`scale_add_rows`)."""
+    rows, DST[k] += X1[j] * acc[k] and DSUM[j] += sum_k X2[k] * acc[k] (`scale_add_rows`).
+    Form "det" (SL = 2: K1, K2 and their sums in det_keys_side's packing): the columns from
+    `col` (0, then D for the b slot, acc then already STAGED)."""
     SLOT: tl.constexpr = slot_rows(PACK)
-    tlx.local_store(stage, acc)
-    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+    if not STAGED:
+        tlx.local_store(stage, acc)
+        tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     for s in tl.static_range(64 // SLOT):
         jc, k_first, count, _ = remainder_keys(j0 + cid * (64 // SLOT) + s, N, w1, w2, n_kb, Seq,
                                                VARLEN)
         if count > 0:
-            kv_row = kv_base + jc.to(tl.int64) * (HK * D)
+            kv_row = SL * (kv_base + jc.to(tl.int64) * (HK * D)) + col
             x1 = tl.load(X1 + kv_row + tl.arange(0, D)).to(tl.float32)
-            scale_add_rows(acc, stage, x1, X2rows, kv_base, k_first, k_first + count, DST, DSUM,
-                           kv_row, cid, HK, D, slot_chunk(CHUNK, PACK), STAGED=True, ROW0=s * SLOT,
-                           N_ROWS=SLOT)
+            scale_add_rows(acc, stage, x1, X2rows, SL * kv_base + col, k_first, k_first + count,
+                           DST, DSUM, kv_row, cid, SL * HK, D, slot_chunk(CHUNK, PACK),
+                           STAGED=True, ROW0=s * SLOT, N_ROWS=SLOT)

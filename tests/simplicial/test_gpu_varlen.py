@@ -104,7 +104,7 @@ def test_packed_training_step_against_reference(Hq, Hk, D):
 
 # w2 256 and 280: j's last key block holds 31 and 55 keys, packed 4 and 2 to a program
 @pytest.mark.parametrize("form,w2", [("trilinear", W2), ("det", W2), ("trilinear", 256),
-                                     ("trilinear", 280)])
+                                     ("det", 256), ("trilinear", 280)])
 def test_packed_backward_matches_dense_tlx_pairs(form, w2):
     """The packed tlx_pairs backward against the dense tlx_pairs backward per sequence (its
     reduce-adds run in the hardware's order: equal within fp32 summation noise)."""

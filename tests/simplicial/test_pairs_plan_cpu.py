@@ -27,9 +27,11 @@ def test_remainder_pack(shape, pack):
     assert bwd_pairs.remainder_pack(validate_shape(*shape)) == pack
 
 
-def test_no_pack_in_form_det():
-    spec = replace(validate_shape(4, 1024, 128, 1, 128, 32, 512), form="det")
-    assert bwd_pairs.remainder_pack(spec) == 0
+@pytest.mark.parametrize("Hq,D,pack", [(128, 128, 4), (64, 128, 4), (16, 128, 0), (128, 64, 0)])
+def test_form_det_packs_at_d128_g64_and_up(Hq, D, pack):
+    spec = validate_shape(4, 1024, Hq, 1, D, 32, 512)
+    assert bwd_pairs.remainder_pack(replace(spec, form="det")) == pack
+    assert bwd_pairs.remainder_pack(spec) == 4
 
 
 @pytest.mark.parametrize("N,w1,w2", [(300, 32, 512), (700, 32, 256), (700, 32, 280), (257, 300, 5),
