@@ -108,7 +108,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
     # form "det": K1 and K2 (and their fp32 gradients) in det_keys_side's packing, SL = 2 rows of
     # D per token and head; B = K1a[j] * K2a + K1b[j] * K2b
     SL: tl.constexpr = 2 if DET else 1
-    tl.static_assert(NUM_Q == NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
+    tl.static_assert(NUM_Q >= NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
     DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
     b_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS)
     c_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS)
@@ -323,8 +323,11 @@ def supports(spec: ProblemSpec) -> str | None:
 
 
 def config(spec: ProblemSpec) -> dict:
-    """Two Q/dO slots, the producer's build in 8-row chunks, the consumers at 232 registers."""
-    return dict(NUM_Q=2, CH=8, CONSUMER_REGS=232, num_warps=4, num_stages=1)
+    """Q/dO ring slots: 2 at D = 128 (202 KB of shared memory), 4 at D = 64 (152 KB; +3.8% at
+    S* with D 64 against 2, docs/perf-bwd-remainder.md); the producer's build in 8-row chunks,
+    the consumers at 232 registers."""
+    return dict(NUM_Q=4 if spec.D == 64 else 2, CH=8, CONSUMER_REGS=232, num_warps=4,
+                num_stages=1)
 
 
 def key_blocks(spec: ProblemSpec) -> int:
