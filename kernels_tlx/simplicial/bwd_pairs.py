@@ -72,6 +72,7 @@ from kernels_tlx.simplicial.pairs_parts import (
     load_rows,
     pair_program,
     pair_step,
+    program_of,
     remainder_program,
     remainder_rows,
     remainder_tiles,
@@ -141,13 +142,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
 
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: K2/V2 -> B, C; then Q, dO per tile
-            if PACK:
-                b, g, j, kv_base, n_tiles, t_end = remainder_program(
-                    tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
-                live = j < N  # (not n_tiles > 0: the loop below then spills)
-            else:
-                b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(
-                    tl.program_id(0), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
+            b, g, j, kb, kv_base, n_tiles, live, t_end = program_of(
+                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
             if live:
                 # K2 and V2 (64 keys per consumer) land in the row ring, free until the first
                 # tile's rows; B and C are built from there
@@ -205,13 +201,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
 
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
-            if PACK:
-                b, g, j, kv_base, n_tiles, t_end = remainder_program(
-                    tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
-                live = j < N  # (not n_tiles > 0: the loop below then spills)
-            else:
-                b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(
-                    tl.program_id(0), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
+            b, g, j, kb, kv_base, n_tiles, live, t_end = program_of(
+                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
             if live:
                 if PACK:  # each row its own pair (j, k); every tile computed (masks)
                     keys = remainder_rows(j, cid, N, w1, w2, n_kb, PACK, Seq, VARLEN)

@@ -75,16 +75,40 @@ def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.
     bg = pid // n_kb // N
     b = bg // HK
     g = bg % HK
+    k_lo, t_end = first_key(j, N, w2, Seq, VARLEN)
+    k_hi = tl.minimum(j + w1, t_end) - 1
+    kb = k_lo + m * (2 * 64)
+    n_tiles = tl.cdiv(tl.minimum(j + w1, t_end) - j, tile_tokens(G)) * token_tiles(G)
+    return b, g, j, kb, b.to(tl.int64) * N * (HK * D) + g * D, n_tiles, kb <= k_hi, t_end
+
+
+@triton.jit
+def first_key(j, N, w2, Seq=None, VARLEN: tl.constexpr = False):
+    """j's first key, max(j - w2 + 1, the start of j's sequence), and the end of j's sequence
+    (N; VARLEN: Seq [N, 2] holds each token's sequence start and end)."""
     if VARLEN:
         t_end = tl.load(Seq + 2 * j + 1)
         k_lo = tl.maximum(j - w2 + 1, tl.load(Seq + 2 * j))
     else:
         t_end = N
         k_lo = tl.maximum(j + 1, w2) - w2
-    k_hi = tl.minimum(j + w1, t_end) - 1
-    kb = k_lo + m * (2 * 64)
-    n_tiles = tl.cdiv(tl.minimum(j + w1, t_end) - j, tile_tokens(G)) * token_tiles(G)
-    return b, g, j, kb, b.to(tl.int64) * N * (HK * D) + g * D, n_tiles, kb <= k_hi, t_end
+    return k_lo, t_end
+
+
+@triton.jit
+def program_of(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+               PACK: tl.constexpr, Seq=None, VARLEN: tl.constexpr = False):
+    """`pair_program`'s coordinates, or (PACK) a remainder program's, kb 0 there (unused) and
+    live j0 < N, always true (not n_tiles > 0: the tile loop under it then spills)."""
+    if PACK:
+        b, g, j, kv_base, n_tiles, t_end = remainder_program(pid, N, w1, w2, n_kb, HK, D, G,
+                                                             PACK, Seq, VARLEN)
+        kb = 0 * j
+        live = j < N
+    else:
+        b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(pid, N, w1, w2, n_kb, HK, D,
+                                                                  G, Seq, VARLEN)
+    return b, g, j, kb, kv_base, n_tiles, live, t_end
 
 
 @triton.jit
@@ -94,12 +118,7 @@ def remainder_keys(j, N, w1, w2, n_kb, Seq=None, VARLEN: tl.constexpr = False):
     key, its key count (<= 0: none; 0 for j >= N) and the end of j's tokens, min(j + w1, the
     end of j's sequence)."""
     jc = tl.minimum(j, N - 1)
-    if VARLEN:
-        t_end = tl.load(Seq + 2 * jc + 1)
-        k_lo = tl.maximum(jc - w2 + 1, tl.load(Seq + 2 * jc))
-    else:
-        t_end = N
-        k_lo = tl.maximum(jc + 1, w2) - w2
+    k_lo, t_end = first_key(jc, N, w2, Seq, VARLEN)
     k_first = k_lo + n_kb * (NUM_CONSUMERS * 64)
     i_end = tl.minimum(jc + w1, t_end)
     return jc, k_first, tl.where(j < N, i_end - k_first, 0), i_end
