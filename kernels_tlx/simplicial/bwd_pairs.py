@@ -204,7 +204,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
             b, g, j, kb, kv_base, n_tiles, live, t_end = program_of(
                 tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
             if live:
-                if PACK:  # each row its own pair (j, k); every tile computed (masks)
+                if PACK:  # each row its own pair (j, k): its tokens' bounds, packed
                     keys = remainder_rows(j, cid, N, w1, w2, n_kb, PACK, Seq, VARLEN)
                     u_lo, u_hi = remainder_tiles(j, cid, n_tiles, w1, t_end, G, PACK)
                     i_end = t_end
@@ -221,16 +221,14 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 # tile u's GEMMs, then tile u - 1's dQ issued behind its dC/dB and waited with
                 # them: the consumers meet at the dS of the tile before, so either may run a tile
                 # ahead (the first tile has no dQ before it: peeled)
-                dk, dv = pair_step(0, dk, dv, (0 >= u_lo) & (0 < u_hi), False,
-                                   b_tile, c_tile,
+                dk, dv = pair_step(0, dk, dv, (0 >= u_lo) & (0 < u_hi), False, b_tile, c_tile,
                                    q_tiles, do_tiles, ds_tiles, b_tiles, lse_tiles, delta_tiles,
                                    q_fulls, q_empties, ds_fulls, ds_empties, dq_stage, DQacc, b,
                                    g, j, i_end, keys, qk_scale, w2, N, cid, NUM_Q, G, HQ, DH,
                                    PROFILE, PACK > 0)
                 for u in range(1, n_tiles):
-                    dk, dv = pair_step(u, dk, dv, (u >= u_lo) & (u < u_hi),
-                                       True, b_tile, c_tile, q_tiles, do_tiles, ds_tiles, b_tiles,
-                                       lse_tiles,
+                    dk, dv = pair_step(u, dk, dv, (u >= u_lo) & (u < u_hi), True, b_tile, c_tile,
+                                       q_tiles, do_tiles, ds_tiles, b_tiles, lse_tiles,
                                        delta_tiles, q_fulls, q_empties, ds_fulls, ds_empties,
                                        dq_stage, DQacc, b, g, j, i_end, keys, qk_scale, w2, N,
                                        cid, NUM_Q, G, HQ, DH, PROFILE, PACK > 0)

@@ -66,10 +66,10 @@ def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.
     tl.program_id(0), or an opaque copy of it (what is derived from it is then not held in
     registers across a loop before). Grid: key blocks fastest, then j, then B * HK; j's keys
     are max(j - w2 + 1, 0) .. min(j + w1 - 1, N - 1), in blocks of 128 from the first,
-    n_kb = cdiv(w1 + w2 - 1, 128) per j (`key_blocks`; a kernel argument, which ptxas reloads
-    where it is needed instead of holding it). Last: the end of j's sequence (N; VARLEN,
-    packed sequences: Seq [N, 2] int32 holds each token's sequence start and end, which bound
-    its keys and tokens as 0 and N bound a batch element's)."""
+    n_kb per j (`key_blocks`, less the last where remainder programs take it; a kernel
+    argument, which ptxas reloads where it is needed instead of holding it). Last: the end of j's
+    sequence (N; VARLEN, packed sequences: Seq [N, 2] int32 holds each token's sequence start
+    and end, which bound its keys and tokens as 0 and N bound a batch element's)."""
     m = pid % n_kb
     j = (pid // n_kb) % N
     bg = pid // n_kb // N
