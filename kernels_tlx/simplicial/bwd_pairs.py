@@ -340,8 +340,10 @@ def remainder_pack(spec: ProblemSpec) -> int:
 def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False):
     """The launches of `spec`, made once: run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1,
     dk2, dv1, dv2) (kernels_triton.simplicial.bwd.prepare's): Delta (`prepare_delta`),
-    `_pairs_kernel` into zeroed fp32 accumulators (profile: True or "pairs" runs its
-    Proton-scoped copy), then the bf16 gradients (dQ, dK1, dK2 scaled by sm_scale) by
+    `_pairs_kernel` into zeroed fp32 accumulators, twice where j's last key block is packed
+    (`remainder_pack`: the programs of one j, then the remainder programs; the per-call
+    descriptors of Q, dO, LSE and Delta made once for both; profile: True or "pairs" runs its
+    Proton-scoped copies), then the bf16 gradients (dQ, dK1, dK2 scaled by sm_scale) by
     `_finish_kernel` and `_sum_parts_kernel` (prepare_sum_parts). Form "det": K1 and K2 packed
     per call (det_keys_side), B built from both slots, dK1 and dK2 summed in the packing's
     columns and unpacked by its adjoint (det_keys_side_grads: a few small torch passes each way).
@@ -358,21 +360,24 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     row_values = Desc([rows // r, r], [r, 1], [1, r])  # LSE or Delta, [B, N, Hq] fp32
     heads = q_layout(spec, ROWS.value)
     det = det_of(spec)
-    keys = kv_layout(spec, KEYS, (spec.B, spec.N, spec.Hk, 2, spec.D) if det else None)
-    values = kv_layout(spec, KEYS)
+    k2_shape = (spec.B, spec.N, spec.Hk, 2, spec.D) if det else None  # det_keys_side's K2
     pack = remainder_pack(spec)
-    slot_keys = kv_layout(spec, slot_rows(pack), (spec.B, spec.N, spec.Hk, 2, spec.D) if det
-                          else None) if pack else None  # a slot's K2 rows
-    slot_values = kv_layout(spec, slot_rows(pack)) if pack else None
     n_full = key_blocks(spec) - (pack > 0)  # the key blocks of a program of one j
     dq_halves = Desc([rows, spec.D], [spec.D, 1], [r, spec.D // 2])  # the fp32 dQ scratch
     options = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile),
                    **config(spec), **({"VARLEN": True} if packed else {}),
                    **({"DET": True} if det else {}))
-    pairs = (Kernel(_pairs_kernel, (spec.B * spec.Hk * spec.N * n_full,), **options)
-             if n_full else None)
-    remainders = (Kernel(_pairs_kernel, (spec.B * spec.Hk * triton.cdiv(spec.N, pack),),
-                         **options, PACK=pack) if pack else None)
+    # the launches: (kernel, K2's layout, V2's layout) for the programs of one j (key blocks of
+    # 64 rows a consumer) and the remainder programs (slots of slot_rows(pack) rows)
+    launches = []
+    if n_full:
+        launches.append((Kernel(_pairs_kernel, (spec.B * spec.Hk * spec.N * n_full,), **options),
+                         kv_layout(spec, KEYS, k2_shape), kv_layout(spec, KEYS)))
+    if pack:
+        launches.append((Kernel(_pairs_kernel, (spec.B * spec.Hk * triton.cdiv(spec.N, pack),),
+                                **options, PACK=pack),
+                         kv_layout(spec, slot_rows(pack), k2_shape),
+                         kv_layout(spec, slot_rows(pack))))
     n_dq = rows * spec.D
     finish = Kernel(_finish_kernel, (triton.cdiv(n_dq, FINISH_BLOCK),), BLOCK=FINISH_BLOCK,
                     num_warps=4)
@@ -394,13 +399,11 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
             dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros(
                 (4, *dk1.shape), dtype=torch.float32, device=q.device)
         seq = {"Seq": bounds} if packed else {}
+        q_d, do_d, lse_d, delta_d = heads(q), heads(dout), row_values(lse2), row_values(delta)
         grads = (dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc, dv2_acc)
-        if pairs is not None:
-            pairs(heads(q), k1, keys(k2), v1, values(v2), heads(dout), row_values(lse2),
-                  row_values(delta), k2, v2, *grads, *args, **seq)
-        if remainders is not None:
-            remainders(heads(q), k1, slot_keys(k2), v1, slot_values(v2), heads(dout),
-                       row_values(lse2), row_values(delta), k2, v2, *grads, *args, **seq)
+        for kernel, k2_layout, v2_layout in launches:
+            kernel(q_d, k1, k2_layout(k2), v1, v2_layout(v2), do_d, lse_d, delta_d, k2, v2,
+                   *grads, *args, **seq)
         finish(dq_acc, dq, n_dq, sm_scale)
         if det:
             dk1_acc, dk2_acc = det_keys_side_grads(dk1_acc, dk2_acc, det)
