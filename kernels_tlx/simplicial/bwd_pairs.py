@@ -57,7 +57,8 @@ import triton.language.extra.tlx as tlx
 
 from altattn.registry import CompileConfig
 from altattn.simplicial.spec import ProblemSpec
-from kernels_tlx.simplicial.common import NUM_CONSUMERS, opaque
+from kernels_tlx.simplicial.common import (CONSUMER_THREADS, ENDS_BARRIER, EPILOGUE_BARRIER,
+                                           NUM_CONSUMERS, opaque)
 from kernels_tlx.simplicial.pairs_parts import (
     BLOCK_N,
     KEYS,
@@ -106,16 +107,29 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                   Seq=None, VARLEN: tl.constexpr = False, DET: tl.constexpr = False,
                   PACK: tl.constexpr = 0):
     R: tl.constexpr = box_rows(G)  # rows of one token in a tile
+    E_ROWS: tl.constexpr = epilogue_rows(G, D)  # rows per chunk of the end's passes
+    # the end of a full program at G < 64: dB's pass, then dC through the same staging tile, the
+    # sums over the keys a chunk at a time (both staged at once and summed once, as elsewhere,
+    # spills there: 20 bytes at G = 16)
+    ONE_STAGE: tl.constexpr = G < 64 and PACK == 0
+    # a barrier between the end's passes, a fence to the compiler: without it their loads and
+    # atomics overlap and spill (form det; sm_90a, fbtriton 3.7.4)
+    FENCE: tl.constexpr = DET
     # form "det": K1 and K2 (and their fp32 gradients) in det_keys_side's packing, SL = 2 rows of
     # D per token and head; B = K1a[j] * K2a + K1b[j] * K2b
     SL: tl.constexpr = 2 if DET else 1
     tl.static_assert(NUM_Q >= NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
     DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
-    b_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS)
-    c_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS)
-    # consumer 0's fp32 staging tile at its end is the Q row ring's bytes, consumer 1's the dO
-    # ring's: free once both consumers have waited for the last tile's dS (they have then read
-    # its Q and dO)
+    # consumer 0's staging tiles at its end are the Q row ring's bytes (dB) and the B tiles' (dC),
+    # consumer 1's the dO ring's and the C tiles': the rings are free once both consumers have
+    # waited for the last tile's dS (they have then read its Q and dO), B and C once both have
+    # waited for their last dQ GEMMs (ENDS_BARRIER)
+    rows_b = tlx.storage_alias_spec()
+    rows_c = tlx.storage_alias_spec()
+    b_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS, reuse=rows_b)
+    c_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS, reuse=rows_c)
+    stage_b = tlx.local_alloc((64, D), tl.float32, 1, reuse=rows_b)
+    stage_c = tlx.local_alloc((64, D), tl.float32, 1, reuse=rows_c)
     rows_q = tlx.storage_alias_spec()
     rows_do = tlx.storage_alias_spec()
     q_tiles = tlx.local_alloc((ROWS, D), tl.bfloat16, NUM_Q, reuse=rows_q)
@@ -251,41 +265,58 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 dq = dq_share(ds_tiles, b_tiles, ds_fulls, n_tiles - 1, cid, DH)
                 add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, i_end, cid, HQ, G, DH)
                 tlx.async_descriptor_store_wait(0)
+                # both consumers past their last dQ GEMMs: B and C are free for dC
+                tlx.named_barrier_wait(ENDS_BARRIER, CONSUMER_THREADS)
                 if any_keys:  # dB and dC are zero otherwise
                     if cid == 0:
-                        stage = tlx.local_view(stage_q, 0)
+                        stage_k = tlx.local_view(stage_q, 0)
+                        stage_v = tlx.local_view(stage_b, 0)
                     else:
-                        stage = tlx.local_view(stage_do, 0)
+                        stage_k = tlx.local_view(stage_do, 0)
+                        stage_v = tlx.local_view(stage_c, 0)
+                    # both staged at once, in two tiles (but ONE_STAGE): no accumulator held
+                    # through the passes and no wait between dB's and dC's
+                    tlx.local_store(stage_k, dk)
+                    if not ONE_STAGE:
+                        tlx.local_store(stage_v, dv)
+                    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
                     if PACK:
-                        remainder_end(dk, stage, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid,
-                                      n_end, w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK, Seq,
-                                      VARLEN, SL)
-                        if DET:  # the b slot's columns, from the staged dB
-                            remainder_end(dk, stage, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid,
-                                          n_end, w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK,
-                                          Seq, VARLEN, SL, opaque(tl.full([], D, tl.int32)),
-                                          STAGED=True)
-                        remainder_end(dv, stage, V1, V2rows, DV2acc, DV1acc, j, kv_base, cid, n_end,
-                                      w1, w2, n_kb, HK, D, epilogue_rows(G, D), PACK, Seq, VARLEN)
+                        remainder_end(stage_k, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid, n_end,
+                                      w1, w2, n_kb, HK, D, E_ROWS, PACK, Seq, VARLEN, SL)
+                        if DET:  # the b slot's columns
+                            tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # FENCE
+                            remainder_end(stage_k, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid,
+                                          n_end, w1, w2, n_kb, HK, D, E_ROWS, PACK, Seq, VARLEN, SL,
+                                          opaque(tl.full([], D, tl.int32)))
+                        if FENCE:
+                            tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+                        remainder_end(stage_v, V1, V2rows, DV2acc, DV1acc, j, kv_base, cid,
+                                      n_end, w1, w2, n_kb, HK, D, E_ROWS, PACK, Seq, VARLEN)
                     else:
                         kv_row = kv_base + j.to(tl.int64) * (HK * D)
                         offs_d = tl.arange(0, D)
                         # dK1a[j] += sum_k K2a[k] * dB[k], dK2a[k] += K1a[j] * dB[k], and the
-                        # same of the b slots (det) from the staged dB, in det_keys_side's packed
-                        # columns
+                        # same of the b slots (det), in det_keys_side's packed columns
                         k1 = tl.load(K1 + SL * kv_row + offs_d).to(tl.float32)
-                        scale_add_rows(dk, stage, k1, K2rows, SL * kv_base, k0, t_end, DK2acc,
-                                       DK1acc, SL * kv_row, cid, SL * HK, D, epilogue_rows(G, D))
+                        scale_add_rows(stage_k, k1, K2rows, SL * kv_base, k0, t_end, DK2acc,
+                                       DK1acc, SL * kv_row, SL * HK, D, E_ROWS, EACH=ONE_STAGE)
                         if DET:  # (the slot's offset opaque: else the first pass's row offsets
                             # are kept for this one, and spill)
+                            tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # FENCE
                             sl = opaque(tl.full([], D, tl.int32))
                             k1 = tl.load(K1 + SL * kv_row + sl + offs_d).to(tl.float32)
-                            scale_add_rows(dk, stage, k1, K2rows, SL * kv_base + sl, k0, t_end,
-                                           DK2acc, DK1acc, SL * kv_row + sl, cid, SL * HK, D,
-                                           epilogue_rows(G, D), STAGED=True)
+                            scale_add_rows(stage_k, k1, K2rows, SL * kv_base + sl, k0, t_end,
+                                           DK2acc, DK1acc, SL * kv_row + sl, SL * HK, D, E_ROWS,
+                                           EACH=ONE_STAGE)
+                        if ONE_STAGE:  # dB's passes have read the tile: dC through it
+                            tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
+                            tlx.local_store(stage_k, dv)
+                            stage_v = stage_k
+                        if FENCE or ONE_STAGE:
+                            tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
                         v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
-                        scale_add_rows(dv, stage, v1, V2rows, kv_base, k0, t_end, DV2acc, DV1acc,
-                                       kv_row, cid, HK, D, epilogue_rows(G, D))
+                        scale_add_rows(stage_v, v1, V2rows, kv_base, k0, t_end, DV2acc, DV1acc,
+                                       kv_row, HK, D, E_ROWS, EACH=ONE_STAGE)
                 leave("epilogue", PROFILE)
 
 
@@ -328,10 +359,10 @@ def remainder_pack(spec: ProblemSpec) -> int:
     """How many j's last key blocks a remainder program packs (kernels_tlx/simplicial/
     pairs_remainder.py): 4 when that block holds at most 32 keys (31 at S*), 2 at most 64, else 0:
     each key block its own program. Also 0 where its remainder kernel spills (sm_90a, fbtriton
-    3.7.4: 16 bytes at G = 32; form det 4-40 bytes at G < 64 or D = 64) and for w1 >= 2**15 - 4
-    (remainder_rows' packed token bounds)."""
+    3.7.4: 16 bytes at G = 32; form det 4-40 bytes at G < 64 or D = 64, 24 at Hk > 1) and for
+    w1 >= 2**15 - 4 (remainder_rows' packed token bounds)."""
     last = spec.w1 + spec.w2 - 1 - BLOCK_N * (key_blocks(spec) - 1)
-    spills = spec.G == 32 or (det_of(spec) and (spec.G < 64 or spec.D == 64))
+    spills = spec.G == 32 or (det_of(spec) and (spec.G < 64 or spec.D == 64 or spec.Hk > 1))
     if spills or spec.w1 + 4 >= 2 ** 15:
         return 0
     return 4 if last <= 32 else 2 if last <= 64 else 0

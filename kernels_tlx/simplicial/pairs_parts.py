@@ -318,29 +318,36 @@ def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: 
 
 
 @triton.jit
-def scale_add_rows(acc, stage, row, X, kv_base, k0, N, DST, DSUM, j_off, cid,
-                   HK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
-                   STAGED: tl.constexpr = False, ROW0: tl.constexpr = 0,
-                   N_ROWS: tl.constexpr = 64):
-    """One consumer's end: DST[k] += row * acc[k] for its keys k0 .. k0 + N_ROWS - 1 (< N), rows
-    ROW0 .. of acc, and DSUM[j] += sum_k X[k] * acc[k] (fp32 atomics), acc ([64, D] fp32)
-    passing through `stage` to meet X's rows in a coalesced layout, CHUNK rows at a time.
-    STAGED: acc is already in `stage` (a second pass over it: form "det"'s second slot, a
-    remainder program's slots), and not read."""
-    if not STAGED:
-        tlx.local_store(stage, acc)
-        tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
-    col = tl.zeros([D], tl.float32)
-    for c in tl.static_range(N_ROWS // CHUNK):
-        x = tlx.local_load(tlx.local_slice(stage, [ROW0 + c * CHUNK, 0], [CHUNK, D]))
-        kpos = k0 + c * CHUNK + tl.arange(0, CHUNK)
-        offs = kv_rows(kv_base, kpos, HK, D)
-        ok = (kpos < N)[:, None]
-        xk = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
-        col += tl.sum(xk * x, 0)
-        tl.atomic_add(DST + offs, x * row[None, :], mask=ok, sem="relaxed")
-    tl.atomic_add(DSUM + j_off + tl.arange(0, D), col, sem="relaxed")
-    tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # every chunk read: stage is free
+def scale_add_rows(stage, row, X, kv_base, k0, N, DST, DSUM, j_off, HK: tl.constexpr,
+                   D: tl.constexpr, CHUNK: tl.constexpr, ROW0: tl.constexpr = 0,
+                   N_ROWS: tl.constexpr = 64, EACH: tl.constexpr = False):
+    """One consumer's end, from its staged dB or dC (`stage`, [64, D] fp32, rows ROW0 .. ROW0 +
+    N_ROWS - 1: keys k0 .. (< N)): DST[k] += row * acc[k] and DSUM[j] += sum_k X[k] * acc[k]
+    (fp32 atomics), CHUNK rows at a time, the staged rows meeting X's in a coalesced layout.
+    The sum over the keys crosses the warps (a barrier): taken once, after the last chunk
+    (+2.7% at S* in the whole backward against once a chunk, docs/perf-bwd-end.md), or EACH
+    chunk (the end of bwd_pairs' ONE_STAGE, where the other spills)."""
+    if EACH:
+        col = tl.zeros([D], tl.float32)
+        for c in tl.static_range(N_ROWS // CHUNK):
+            x = tlx.local_load(tlx.local_slice(stage, [ROW0 + c * CHUNK, 0], [CHUNK, D]))
+            kpos = k0 + c * CHUNK + tl.arange(0, CHUNK)
+            offs = kv_rows(kv_base, kpos, HK, D)
+            ok = (kpos < N)[:, None]
+            xk = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
+            col += tl.sum(xk * x, 0)
+            tl.atomic_add(DST + offs, x * row[None, :], mask=ok, sem="relaxed")
+        tl.atomic_add(DSUM + j_off + tl.arange(0, D), col, sem="relaxed")
+    else:
+        col = tl.zeros([CHUNK, D], tl.float32)
+        for c in tl.static_range(N_ROWS // CHUNK):
+            kpos = k0 + c * CHUNK + tl.arange(0, CHUNK)
+            x = tlx.local_load(tlx.local_slice(stage, [ROW0 + c * CHUNK, 0], [CHUNK, D]))
+            xk = tl.load(X + kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
+            col += xk.to(tl.float32) * x
+            tl.atomic_add(DST + kv_rows(kv_base, kpos, HK, D), x * row[None, :],
+                          mask=(kpos < N)[:, None], sem="relaxed")
+        tl.atomic_add(DSUM + j_off + tl.arange(0, D), tl.sum(col, 0), sem="relaxed")
 
 
 @triton.jit

@@ -34,6 +34,12 @@ def test_form_det_packs_at_d128_g64_and_up(Hq, D, pack):
     assert bwd_pairs.remainder_pack(spec) == 4
 
 
+def test_form_det_does_not_pack_at_hk_2():  # its remainder kernel spills there
+    spec = validate_shape(1, 1024, 128, 2, 128, 32, 512)
+    assert bwd_pairs.remainder_pack(replace(spec, form="det")) == 0
+    assert bwd_pairs.remainder_pack(spec) == 4
+
+
 @pytest.mark.parametrize("N,w1,w2", [(300, 32, 512), (700, 32, 256), (700, 32, 280), (257, 300, 5),
                                      (40, 1, 2), (1000, 7, 129)])
 def test_plan_covers_each_key_once(N, w1, w2):
