@@ -325,7 +325,7 @@ def scale_add_rows(stage, row, X, kv_base, k0, N, DST, DSUM, j_off, HK: tl.const
     N_ROWS - 1: keys k0 .. (< N)): DST[k] += row * acc[k] and DSUM[j] += sum_k X[k] * acc[k]
     (fp32 atomics), CHUNK rows at a time, the staged rows meeting X's in a coalesced layout.
     The sum over the keys crosses the warps (a barrier): taken once, after the last chunk
-    (+2.7% at S* in the whole backward against once a chunk, docs/perf-bwd-end.md), or EACH
+    (+2.7-2.9% at S* in the whole backward against once a chunk, docs/perf-bwd-end.md), or EACH
     chunk (the end of bwd_pairs' ONE_STAGE, where the other spills)."""
     if EACH:
         col = tl.zeros([D], tl.float32)

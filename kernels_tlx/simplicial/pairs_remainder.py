@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, opaque
+from kernels_tlx.simplicial.common import opaque
 from kernels_tlx.simplicial.hadamard import build, row_tile
 from kernels_tlx.simplicial.pairs_parts import remainder_keys, scale_add_rows, slot_rows
 
@@ -97,7 +97,8 @@ def remainder_end(stage, X1, X2rows, DST, DSUM, j0, kv_base, cid, N, w1, w2, n_k
     det_keys_side's packing): the columns from `col` (0, then D for the b slot)."""
     SLOT: tl.constexpr = slot_rows(PACK)
     for s in tl.static_range(64 // SLOT):
-        jc, k_first, count, _ = remainder_keys(j0 + cid * (64 // SLOT) + s, N, w1, w2, n_kb, Seq, VARLEN)
+        jc, k_first, count, _ = remainder_keys(j0 + cid * (64 // SLOT) + s, N, w1, w2, n_kb, Seq,
+                                               VARLEN)
         if count > 0:
             kv_row = SL * (kv_base + jc.to(tl.int64) * (HK * D)) + col
             x1 = tl.load(X1 + kv_row + tl.arange(0, D)).to(tl.float32)
