@@ -263,10 +263,12 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     any_keys = u_lo < u_hi
                 enter("epilogue", PROFILE)
                 dq = dq_share(ds_tiles, b_tiles, ds_fulls, n_tiles - 1, cid, DH)
+                # both consumers past their last dQ GEMMs: B and C are free for dC (here, where
+                # every thread is converged: after add_dq's TMA issue synccheck saw a divergent
+                # warp at this barrier)
+                tlx.named_barrier_wait(ENDS_BARRIER, CONSUMER_THREADS)
                 add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, i_end, cid, HQ, G, DH)
                 tlx.async_descriptor_store_wait(0)
-                # both consumers past their last dQ GEMMs: B and C are free for dC
-                tlx.named_barrier_wait(ENDS_BARRIER, CONSUMER_THREADS)
                 if any_keys:  # dB and dC are zero otherwise
                     if cid == 0:
                         stage_k = tlx.local_view(stage_q, 0)
