@@ -120,10 +120,10 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
     SL: tl.constexpr = 2 if DET else 1
     tl.static_assert(NUM_Q >= NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
     DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
-    # consumer 0's staging tiles at its end are the Q row ring's bytes (dB) and the B tiles' (dC),
-    # consumer 1's the dO ring's and the C tiles': the rings are free once both consumers have
-    # waited for the last tile's dS (they have then read its Q and dO), B and C once both have
-    # waited for their last dQ GEMMs (ENDS_BARRIER)
+    # consumer 0's staging tiles at its end are the Q row ring's bytes (dB) and both B tiles'
+    # (dC), consumer 1's the dO ring's and both C tiles': the rings and C are free once both
+    # consumers have waited for the last tile's dS (they have then read its Q and dO, and C),
+    # B once consumer 1's last dQ GEMMs are done too (ENDS_BARRIER)
     rows_b = tlx.storage_alias_spec()
     rows_c = tlx.storage_alias_spec()
     b_tiles = tlx.local_alloc((64, D), tl.bfloat16, NUM_CONSUMERS, reuse=rows_b)
@@ -263,10 +263,16 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     any_keys = u_lo < u_hi
                 enter("epilogue", PROFILE)
                 dq = dq_share(ds_tiles, b_tiles, ds_fulls, n_tiles - 1, cid, DH)
-                # both consumers past their last dQ GEMMs: B and C are free for dC (here, where
-                # every thread is converged: after add_dq's TMA issue synccheck saw a divergent
-                # warp at this barrier)
-                tlx.named_barrier_wait(ENDS_BARRIER, CONSUMER_THREADS)
+                if not ONE_STAGE:
+                    # consumer 0's dC goes over both B tiles, which consumer 1's last dQ GEMMs
+                    # (just waited) read: a hand-over one way, consumer 1 arrives and consumer 0
+                    # waits (both replicas at one bar.sync, two instructions, fail synccheck:
+                    # docs/sanitizers.md); the C tiles under consumer 1's dC were last read by
+                    # consumer 0's dP^T GEMMs, waited before its last ds_full
+                    if cid == 0:
+                        tlx.named_barrier_wait(ENDS_BARRIER, CONSUMER_THREADS)
+                    else:
+                        tlx.named_barrier_arrive(ENDS_BARRIER, CONSUMER_THREADS)
                 add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, i_end, cid, HQ, G, DH)
                 tlx.async_descriptor_store_wait(0)
                 if any_keys:  # dB and dC are zero otherwise

@@ -18,7 +18,7 @@ from kernels_tlx.ring import empty_phase
 # tutorials reserve 0-6; tools.resources lists the ids each kernel uses):
 MERGE_BARRIER = tl.constexpr(9)    # the split-j hand-over of (acc, m, l): bar.arrive, bar.sync
 EPILOGUE_BARRIER = tl.constexpr(13)  # 13 + c: consumer c's epilogue (bwd row- and k-owner, 128)
-ENDS_BARRIER = tl.constexpr(10)  # both consumers at `tlx_pairs`' end (256)
+ENDS_BARRIER = tl.constexpr(10)  # `tlx_pairs`' end: consumer 1 arrives, consumer 0 waits (256)
 
 
 # The register layout of a 64-row wgmma accumulator of 4 warps (one warp group), as

@@ -321,9 +321,10 @@ def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: 
 def scale_add_rows(stage, row, X, kv_base, k0, N, DST, DSUM, j_off, HK: tl.constexpr,
                    D: tl.constexpr, CHUNK: tl.constexpr, ROW0: tl.constexpr = 0,
                    N_ROWS: tl.constexpr = 64, EACH: tl.constexpr = False):
-    """One consumer's end, from its staged dB or dC (`stage`, [64, D] fp32, rows ROW0 .. ROW0 +
-    N_ROWS - 1: keys k0 .. (< N)): DST[k] += row * acc[k] and DSUM[j] += sum_k X[k] * acc[k]
-    (fp32 atomics), CHUNK rows at a time, the staged rows meeting X's in a coalesced layout.
+    """One consumer's end, from its staged dB or dC (acc: `stage`, [64, D] fp32, rows ROW0 ..
+    ROW0 + N_ROWS - 1, keys k0 .. (< N)): DST[k] += row * acc[k] and DSUM[j] += sum_k X[k] *
+    acc[k] (fp32 atomics), CHUNK rows at a time, the staged rows meeting X's in a coalesced
+    layout.
     The sum over the keys crosses the warps (a barrier): taken once, after the last chunk
     (+2.7-2.9% at S* in the whole backward against once a chunk, docs/perf-bwd-end.md), or EACH
     chunk (the end of bwd_pairs' ONE_STAGE, where the other spills)."""
@@ -424,7 +425,8 @@ def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles
             dq = dq_issue(ds_tiles, b_tiles, ds_fulls, u - 1, cid, DH)
             dq = tlx.async_dot_wait(0, dq)
     # dS^T announced only after this tile's dC and dB are done: past the last tile's ds_full the
-    # other consumer writes its end's staging tiles, which are the Q and dO rings' bytes
+    # other consumer writes its end's staging tiles, which are the Q and dO rings' bytes and
+    # (consumer 1) the C tiles'
     tlx.fence_async_shared()
     tlx.barrier_arrive(tlx.local_view(ds_fulls, d), 1)
     tlx.barrier_arrive(tlx.local_view(q_empties, s), 1)
