@@ -93,8 +93,8 @@ def remainder_end(stage, X1, X2rows, DST, DSUM, j0, kv_base, cid, N, w1, w2, n_k
                   Seq=None, VARLEN: tl.constexpr = False, SL: tl.constexpr = 1, col=0):
     """A consumer's end in a remainder program, for its staged dB (X = K) or dC (X = V): per
     slot of its 64 rows (consumer cid's slots), DST[k] += X1[j] * acc[k] and DSUM[j] += sum_k
-    X2[k] * acc[k] (`scale_add_rows`; acc the staged rows). Form "det" (SL = 2: K1, K2 and their sums in
-    det_keys_side's packing): the columns from `col` (0, then D for the b slot)."""
+    X2[k] * acc[k] (`scale_add_rows`; acc the staged rows). Form "det" (SL = 2: K1, K2 and
+    their sums in det_keys_side's packing): the columns from `col` (0, then D for the b slot)."""
     SLOT: tl.constexpr = slot_rows(PACK)
     for s in tl.static_range(64 // SLOT):
         jc, k_first, count, _ = remainder_keys(j0 + cid * (64 // SLOT) + s, N, w1, w2, n_kb, Seq,
