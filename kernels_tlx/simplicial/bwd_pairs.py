@@ -82,6 +82,7 @@ from kernels_tlx.simplicial.pairs_parts import (
     slot_rows,
     tile_tokens,
 )
+from kernels_tlx.simplicial.pairs_order import box_flag, order_tables, release, visit
 from kernels_tlx.simplicial.pairs_remainder import (build_remainder, load_remainder_kv,
                                                     remainder_end)
 from kernels_triton.launch import Desc, Kernel, meta
@@ -105,7 +106,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                   HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_Q: tl.constexpr,
                   CH: tl.constexpr, CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False,
                   Seq=None, VARLEN: tl.constexpr = False, DET: tl.constexpr = False,
-                  PACK: tl.constexpr = 0):
+                  PACK: tl.constexpr = 0, Flags=None, Base=None, Off=None,
+                  ORDERED: tl.constexpr = False):
     R: tl.constexpr = box_rows(G)  # rows of one token in a tile
     E_ROWS: tl.constexpr = epilogue_rows(G, D)  # rows per chunk of the end's passes
     # the end of a full program at G < 64: dB's pass, then dC through the same staging tile, the
@@ -119,6 +121,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
     # D per token and head; B = K1a[j] * K2a + K1b[j] * K2b
     SL: tl.constexpr = 2 if DET else 1
     tl.static_assert(NUM_Q >= NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
+    tl.static_assert(not ORDERED or (G >= 64 and not VARLEN), "ORDERED: one dQ box a tile")
     DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
     # consumer 0's staging tiles at its end are the Q row ring's bytes (dB) and both B tiles'
     # (dC), consumer 1's the dO ring's and both C tiles': the rings and C are free once both
@@ -157,7 +160,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
     with tlx.async_tasks():
         with tlx.async_task("default"):  # producer: K2/V2 -> B, C; then Q, dO per tile
             b, g, j, kb, kv_base, n_tiles, live, t_end = program_of(
-                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
+                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN, ORDERED)
             if live:
                 # K2 and V2 (64 keys per consumer) land in the row ring, free until the first
                 # tile's rows; B and C are built from there
@@ -194,7 +197,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         VARLEN)
                 elif DET:
                     b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
-                        opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
+                        opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN, ORDERED)
                 tlx.barrier_arrive(bc_full, 1)
                 tlx.barrier_wait(bc_full, 0)  # every producer thread has read the ring
                 leave("build_a", PROFILE)
@@ -202,7 +205,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     s = u % NUM_Q
                     enter("load_kv", PROFILE)
                     tlx.barrier_wait(tlx.local_view(q_empties, s), empty_phase(u, NUM_Q))
-                    i0, h0 = first_token(j, u, G)
+                    i0, h0 = first_token(j, visit(u, n_tiles, ORDERED), G)
                     qf = tlx.local_view(q_fulls, s)
                     tlx.barrier_expect_bytes(qf, 2 * ROWS * D * BF16_BYTES + 2 * ROWS * 4)
                     for t in tl.static_range(tile_tokens(G)):
@@ -216,7 +219,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid = tlx.async_task_replica_id()
             b, g, j, kb, kv_base, n_tiles, live, t_end = program_of(
-                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN)
+                tl.program_id(0), N, w1, w2, n_kb, HK, D, G, PACK, Seq, VARLEN, ORDERED)
             if live:
                 if PACK:  # each row its own pair (j, k): its tokens' bounds, packed
                     keys = remainder_rows(j, cid, N, w1, w2, n_kb, PACK, Seq, VARLEN)
@@ -235,17 +238,21 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 # tile u's GEMMs, then tile u - 1's dQ issued behind its dC/dB and waited with
                 # them: the consumers meet at the dS of the tile before, so either may run a tile
                 # ahead (the first tile has no dQ before it: peeled)
-                dk, dv = pair_step(0, dk, dv, (0 >= u_lo) & (0 < u_hi), False, b_tile, c_tile,
+                v = visit(0, n_tiles, ORDERED)
+                dk, dv = pair_step(0, dk, dv, (v >= u_lo) & (v < u_hi), False, b_tile, c_tile,
                                    q_tiles, do_tiles, ds_tiles, b_tiles, lse_tiles, delta_tiles,
                                    q_fulls, q_empties, ds_fulls, ds_empties, dq_stage, DQacc, b,
                                    g, j, i_end, keys, qk_scale, w2, N, cid, NUM_Q, G, HQ, DH,
-                                   PROFILE, PACK > 0)
+                                   PROFILE, PACK > 0, n_tiles, Flags, Base, Off, n_kb, PACK,
+                                   ORDERED)
                 for u in range(1, n_tiles):
-                    dk, dv = pair_step(u, dk, dv, (u >= u_lo) & (u < u_hi), True, b_tile, c_tile,
+                    v = visit(u, n_tiles, ORDERED)
+                    dk, dv = pair_step(u, dk, dv, (v >= u_lo) & (v < u_hi), True, b_tile, c_tile,
                                        q_tiles, do_tiles, ds_tiles, b_tiles, lse_tiles,
                                        delta_tiles, q_fulls, q_empties, ds_fulls, ds_empties,
                                        dq_stage, DQacc, b, g, j, i_end, keys, qk_scale, w2, N,
-                                       cid, NUM_Q, G, HQ, DH, PROFILE, PACK > 0)
+                                       cid, NUM_Q, G, HQ, DH, PROFILE, PACK > 0, n_tiles, Flags,
+                                       Base, Off, n_kb, PACK, ORDERED)
                 # the coordinates again, from an opaque program id (held over the loop they spill)
                 if PACK:  # (N opaque too: N - 1 held over the loop spilled)
                     n_end = opaque(N)
@@ -256,7 +263,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     any_keys = True
                 else:
                     b, g, j, kb, kv_base, n_tiles, _, t_end = pair_program(
-                        opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN)
+                        opaque(tl.program_id(0)), N, w1, w2, n_kb, HK, D, G, Seq, VARLEN, ORDERED)
                     k0 = kb + cid * 64
                     u_lo, u_hi = active_tiles(j, k0, n_tiles, w2, G)
                     i_end = tl.minimum(j + w1, t_end)
@@ -273,7 +280,16 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         tlx.named_barrier_wait(ENDS_BARRIER, CONSUMER_THREADS)
                     else:
                         tlx.named_barrier_arrive(ENDS_BARRIER, CONSUMER_THREADS)
-                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, i_end, cid, HQ, G, DH)
+                if ORDERED:
+                    last = visit(n_tiles - 1, n_tiles, ORDERED)
+                    add_dq(dq, dq_stage, DQacc, b, g, j, last, N, i_end, cid, HQ, G, DH, Flags,
+                           Base, Off, n_kb,
+                           tl.where(n_tiles >= 2, visit(n_tiles - 2, n_tiles, ORDERED), -1),
+                           PACK, ORDERED)
+                    i1, h1 = first_token(j, last, G)
+                    release(box_flag(Flags, b, i1, g, h1, cid, N, HQ, G), 0)
+                else:
+                    add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, i_end, cid, HQ, G, DH)
                 tlx.async_descriptor_store_wait(0)
                 if any_keys:  # dB and dC are zero otherwise
                     if cid == 0:
@@ -376,7 +392,8 @@ def remainder_pack(spec: ProblemSpec) -> int:
     return 4 if last <= 32 else 2 if last <= 64 else 0
 
 
-def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False):
+def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False,
+            ordered: bool = False):
     """The launches of `spec`, made once: run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1,
     dk2, dv1, dv2) (kernels_triton.simplicial.bwd.prepare's): Delta (`prepare_delta`),
     `_pairs_kernel` into zeroed fp32 accumulators, twice where j's last key block is packed
@@ -405,7 +422,7 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     dq_halves = Desc([rows, spec.D], [spec.D, 1], [r, spec.D // 2])  # the fp32 dQ scratch
     options = dict(HQ=spec.Hq, HK=spec.Hk, G=spec.G, D=spec.D, PROFILE=bool(profile),
                    **config(spec), **({"VARLEN": True} if packed else {}),
-                   **({"DET": True} if det else {}))
+                   **({"DET": True} if det else {}), **({"ORDERED": True} if ordered else {}))
     # the launches: (kernel, K2's layout, V2's layout) for the programs of one j (key blocks of
     # 64 rows a consumer) and the remainder programs (slots of slot_rows(pack) rows)
     launches = []
@@ -438,6 +455,10 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
             dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros(
                 (4, *dk1.shape), dtype=torch.float32, device=q.device)
         seq = {"Seq": bounds} if packed else {}
+        if ordered:  # the dQ boxes' counters (two per 64 rows) and the rank tables
+            base, off = order_tables(spec.N, spec.w1, spec.w2, n_full, pack, q.device)
+            seq.update(Flags=torch.zeros(rows // 32, dtype=torch.int32, device=q.device),
+                       Base=base, Off=off)
         q_d, do_d, lse_d, delta_d = heads(q), heads(dout), row_values(lse2), row_values(delta)
         grads = (dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc, dv2_acc)
         for kernel, k2_layout, v2_layout in launches:
@@ -475,7 +496,8 @@ def compile_configs() -> list[CompileConfig]:
     """The kernel at every compile shape it supports, and packed (VARLEN) at the first."""
     kernels = {_pairs_kernel: lambda launch: (
         ("pairs_remainder" if launch.constexprs.get("PACK") else "pairs")
-        + ("_packed" if launch.constexprs.get("VARLEN") else ""))}
+        + ("_packed" if launch.constexprs.get("VARLEN") else "")
+        + ("_ordered" if launch.constexprs.get("ORDERED") else ""))}
     specs = [s for s in compile_specs() if supports(s) is None]
     # form "det" at each (one kernel for both signs: the sign is in det_keys_side's packing)
     out = build_compile_configs(prepare, kernels, specs + [replace(s, form="det") for s in specs])
@@ -485,4 +507,7 @@ def compile_configs() -> list[CompileConfig]:
         out += build_compile_configs(
             lambda s: functools.partial(prepare(s, packed=True), bounds=bounds), kernels,
             [spec, replace(spec, form="det")])
+    # ordered dQ adds (pairs_order.py) at G >= 64
+    out += build_compile_configs(lambda s: prepare(s, ordered=True), kernels,
+                                 [s for s in specs if s.G >= 64])
     return out

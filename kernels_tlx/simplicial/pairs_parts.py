@@ -13,6 +13,7 @@ import triton.language.extra.tlx as tlx
 
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS
 from kernels_tlx.simplicial.hadamard import build, row_tile
+from kernels_tlx.simplicial.pairs_order import acquire, box_flag, rank_of, release, visit
 from kernels_triton.simplicial.bwd_common import kv_rows
 from kernels_triton.simplicial.tiling import enter, leave
 from kernels_tlx.ring import empty_phase, full_phase
@@ -59,7 +60,7 @@ def box_rows(G):
 
 @triton.jit
 def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                 Seq=None, VARLEN: tl.constexpr = False):
+                 Seq=None, VARLEN: tl.constexpr = False, ORDERED: tl.constexpr = False):
     """This program's batch b, KV head g, j, first key kb, kv_base (token 0 of (b, g) in a
     [B, N, HK, D] tensor), its tile count (over the tokens j .. min(j + w1, N) - 1: token_tiles
     tiles per token, or tile_tokens tokens per tile) and whether it has keys at all. pid is
@@ -69,9 +70,14 @@ def pair_program(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.
     n_kb per j (`key_blocks`, less the last where remainder programs take it; a kernel
     argument, which ptxas reloads where it is needed instead of holding it). Last: the end of j's
     sequence (N; VARLEN, packed sequences: Seq [N, 2] int32 holds each token's sequence start
-    and end, which bound its keys and tokens as 0 and N bound a batch element's)."""
-    m = pid % n_kb
-    j = (pid // n_kb) % N
+    and end, which bound its keys and tokens as 0 and N bound a batch element's). ORDERED
+    (pairs_order.py): j fastest, then key blocks, then B * HK."""
+    if ORDERED:
+        j = pid % N
+        m = (pid // N) % n_kb
+    else:
+        m = pid % n_kb
+        j = (pid // n_kb) % N
     bg = pid // n_kb // N
     b = bg // HK
     g = bg % HK
@@ -97,7 +103,8 @@ def first_key(j, N, w2, Seq=None, VARLEN: tl.constexpr = False):
 
 @triton.jit
 def program_of(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-               PACK: tl.constexpr, Seq=None, VARLEN: tl.constexpr = False):
+               PACK: tl.constexpr, Seq=None, VARLEN: tl.constexpr = False,
+               ORDERED: tl.constexpr = False):
     """`pair_program`'s coordinates, or (PACK) a remainder program's, kb 0 there (unused) and
     live j0 < N, always true (not n_tiles > 0: the tile loop under it then spills)."""
     if PACK:
@@ -107,7 +114,7 @@ def program_of(pid, N, w1, w2, n_kb, HK: tl.constexpr, D: tl.constexpr, G: tl.co
         live = j < N
     else:
         b, g, j, kb, kv_base, n_tiles, live, t_end = pair_program(pid, N, w1, w2, n_kb, HK, D,
-                                                                  G, Seq, VARLEN)
+                                                                  G, Seq, VARLEN, ORDERED)
     return b, g, j, kb, kv_base, n_tiles, live, t_end
 
 
@@ -295,18 +302,30 @@ def dq_share(ds_tiles, b_tiles, ds_fulls, u, cid: tl.constexpr, DH: tl.constexpr
 
 @triton.jit
 def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: tl.constexpr,
-           DH: tl.constexpr):
+           DH: tl.constexpr, Flags=None, Base=None, Off=None, n_kb=0, done=-1,
+           PACK: tl.constexpr = 0, ORDERED: tl.constexpr = False):
     """Reduce-add consumer cid's columns of tile u's dQ share into the fp32 dQ through its staging
-    tile, once the previous add has read it: one TMA box per token of the tile below i_end."""
+    tile, once the previous add has read it: one TMA box per token of the tile below i_end.
+    ORDERED (pairs_order.py; G >= 64): after the programs before it at the box (`rank_of`), and
+    tile `done`'s box (>= 0) counted up once its add landed."""
     R: tl.constexpr = box_rows(G)
     i0, h0 = first_token(j, u, G)
     stage = tlx.local_view(dq_stage, cid)
+    if ORDERED:
+        rank = rank_of(Base, Off, j, i0, N, n_kb, PACK)
     tlx.async_descriptor_store_wait(0)
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     tlx.local_store(stage, dq)
     tlx.fence_async_shared()
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
-    if tile_tokens(G) == 1:
+    if ORDERED:
+        acquire(box_flag(Flags, b, i0, g, h0, cid, N, HQ, G), rank)
+        tlx.async_descriptor_store(DQacc, stage, [(b * N + i0) * HQ + g * G + h0, cid * DH],
+                                   store_reduce="add")
+        if done >= 0:
+            i1, h1 = first_token(j, done, G)
+            release(box_flag(Flags, b, i1, g, h1, cid, N, HQ, G), 1)
+    elif tile_tokens(G) == 1:
         tlx.async_descriptor_store(DQacc, stage, [(b * N + i0) * HQ + g * G + h0, cid * DH],
                                    store_reduce="add")
     else:
@@ -384,13 +403,15 @@ def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles
               ds_tiles, b_tiles, lse_tiles, delta_tiles, q_fulls, q_empties, ds_fulls,
               ds_empties, dq_stage, DQacc, b, g, j, i_end, keys, qk_scale, w2, N, cid: tl.constexpr,
               NUM_Q: tl.constexpr, G: tl.constexpr, HQ: tl.constexpr, DH: tl.constexpr,
-              PROFILE: tl.constexpr, PACKED: tl.constexpr = False):
+              PROFILE: tl.constexpr, PACKED: tl.constexpr = False, n_tiles=0, Flags=None,
+              Base=None, Off=None, n_kb=0, PACK: tl.constexpr = 0, ORDERED: tl.constexpr = False):
     """One consumer's tile u: its GEMMs where `active` (its keys seen by a token of the tile),
     its dS^T into ring slot u % 2, then (HAS_PREV) tile u - 1's dQ share issued behind dC and dB
-    and waited with them, and reduce-added."""
+    and waited with them, and reduce-added. The u-th tile taken is `visit`'s (ORDERED: from the
+    last down; `add_dq`'s order)."""
     s = u % NUM_Q
     d = u % 2
-    i0, _ = first_token(j, u, G)
+    i0, _ = first_token(j, visit(u, n_tiles, ORDERED), G)
     tlx.barrier_wait(tlx.local_view(q_fulls, s), full_phase(u, NUM_Q))
     q_tile = tlx.local_view(q_tiles, s)
     do_tile = tlx.local_view(do_tiles, s)
@@ -433,6 +454,11 @@ def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles
     if HAS_PREV:
         enter("epilogue", PROFILE)
         tlx.barrier_arrive(tlx.local_view(ds_empties, 1 - d), 1)
-        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
+        if ORDERED:
+            add_dq(dq, dq_stage, DQacc, b, g, j, visit(u - 1, n_tiles, ORDERED), N, i_end, cid,
+                   HQ, G, DH, Flags, Base, Off, n_kb,
+                   tl.where(u >= 2, visit(u - 2, n_tiles, ORDERED), -1), PACK, ORDERED)
+        else:
+            add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
         leave("epilogue", PROFILE)
     return dk, dv

@@ -1,0 +1,111 @@
+"""`tlx_pairs`' dQ reduce-adds in a fixed order (ORDERED): every program adds its share of a
+64-row dQ box after the programs before it in launch order have added theirs, so the fp32 sums
+are bitwise repeatable with the same bytes as the unordered adds (integer sums in any order
+would double them, and the unordered adds already move about half of what L2 reduces at its
+rate: docs/perf-bwd-end.md).
+
+The order is the launch order: programs of one (b, g) as key block m, then j (fastest), then the
+remainder launch's groups. A program visits its tokens from the last down, so the next in order
+(j + 1, one launch later) reaches a token one launch gap plus a token's time after this one
+(ascending visits would bring it first). Each box and consumer half has a counter (zeroed per
+call); a program's rank at a box is the number of programs before it there. A consumer spins
+until the counter holds its rank (`acquire`), issues its reduce-add, and counts up once the add
+has landed (`release`, one tile later: the bulk group's wait then finds it complete).
+
+Ranks come from two host tables per (N, w1, w2, key blocks, pack) (`order_tables`): base[r, i]
+(r: a full program's key block m, or n_kb for the remainder launch) and off[m, j], with
+rank = base[r, i] + off[m, j] (a remainder group q's off is q)."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def visit(u, n_tiles, ORDERED: tl.constexpr):
+    """The tile a program takes u-th: its tiles from the last down (ORDERED), else in order."""
+    if ORDERED:
+        return n_tiles - 1 - u
+    else:
+        return u
+
+
+@triton.jit
+def box_flag(Flags, b, i0, g, h0, cid, N, HQ: tl.constexpr, G: tl.constexpr):
+    """Consumer cid's counter of the 64-row dQ box from row (b, i0, g * G + h0) (G >= 64; the
+    row index is the TMA box's, int32)."""
+    return Flags + (((b * N + i0) * HQ + g * G + h0) // 64) * 2 + cid
+
+
+@functools.lru_cache(maxsize=32)
+def _tables(N: int, w1: int, w2: int, n_kb: int, pack: int) -> tuple[np.ndarray, np.ndarray]:
+    j = np.arange(N)
+    k_lo = np.maximum(j + 1, w2) - w2
+    k_hi = np.minimum(j + w1, N) - 1
+    lo = np.maximum(j - w1 + 1, 0)  # token i's first j (i = j here as an index)
+    base = np.zeros((n_kb + 1, N), np.int64)
+    off = np.zeros((max(n_kb, 1), N), np.int64)
+    before = np.zeros(N, np.int64)  # contributions to token i from the key blocks before
+    for m in range(n_kb):
+        live = (k_lo + 128 * m <= k_hi).astype(np.int64)  # pair_program's `live`
+        prefix = np.concatenate([[0], np.cumsum(live)])  # live j' < t
+        off[m] = prefix[:N]
+        base[m] = before - prefix[lo]
+        before = before + prefix[j + 1] - prefix[lo]
+    if pack:  # group q: tokens q * pack .. min(min(q * pack + pack - 1, N - 1) + w1, N) - 1
+        q = np.arange(triton.cdiv(N, pack))
+        tok_end = np.minimum(np.minimum(q * pack + pack - 1, N - 1) + w1, N)
+        first = np.searchsorted(tok_end, j, side="right")  # the first group whose tokens reach i
+        base[n_kb] = before - first
+    return base.astype(np.int32), off.astype(np.int32)
+
+
+def order_tables(N: int, w1: int, w2: int, n_kb: int, pack: int, device) -> tuple:
+    """The rank tables (module docstring) as int32 tensors on `device`."""
+    return tuple(torch.from_numpy(t).to(device) for t in _tables(N, w1, w2, n_kb, pack))
+
+
+@triton.jit
+def rank_of(Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
+    """This program's rank at token i's boxes, from the tables read per tile (from a volatile
+    copy of the program id: hoisted out of the tile loop, its offset was held there and spilled)."""
+    if PACK:
+        return tl.load(Base + n_kb * N + i) + j // PACK
+    else:
+        mj = fresh(tl.program_id(0)) % (n_kb * N)  # m * N + j (`pair_program`'s ORDERED grid)
+        return tl.load(Base + (mj - j) + i) + tl.load(Off + mj)
+
+
+@triton.jit
+def fresh(x):
+    """An int32 equal to x from a volatile inline-asm move: not hoisted out of a loop."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def acquire(flag, rank):
+    """Spin (every thread of the consumer) until the counter `flag` holds at least `rank`, then
+    order what follows after it, the async proxy's (the TMA reduce-add) too."""
+    while tl.load(flag, volatile=True) < rank:
+        pass
+    tl.inline_asm_elementwise("fence.acq_rel.gpu; fence.proxy.async; mov.b32 $0, 0;", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def release(flag, PENDING: tl.constexpr):
+    """Count `flag` up (thread 0 of the warp group) once every bulk group but the last PENDING
+    has landed (the TMA issuer's wait, then its warp's barrier: the issuer is in warp 0)."""
+    if PENDING == 0:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; bar.warp.sync -1; "
+                                  "fence.proxy.async; mov.b32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 1; bar.warp.sync -1; "
+                                  "fence.proxy.async; mov.b32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    tl.atomic_add(flag, 1, sem="release", scope="gpu")
