@@ -88,12 +88,10 @@ def fresh(x):
 
 @triton.jit
 def acquire(flag, rank):
-    """Spin (every thread of the consumer) until the counter `flag` holds at least `rank`, then
-    order what follows after it, the async proxy's (the TMA reduce-add) too."""
+    """Spin (every thread of the consumer) until the counter `flag` holds at least `rank`. No
+    fence after it (module docstring: the order is causal)."""
     while tl.load(flag, volatile=True) < rank:
         pass
-    tl.inline_asm_elementwise("fence.acq_rel.gpu; fence.proxy.async; mov.b32 $0, 0;", "=r", [],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -101,11 +99,9 @@ def release(flag, PENDING: tl.constexpr):
     """Count `flag` up (thread 0 of the warp group) once every bulk group but the last PENDING
     has landed (the TMA issuer's wait, then its warp's barrier: the issuer is in warp 0)."""
     if PENDING == 0:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; bar.warp.sync -1; "
-                                  "fence.proxy.async; mov.b32 $0, 0;", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; bar.warp.sync -1; mov.b32 $0, 0;",
+                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 1; bar.warp.sync -1; "
-                                  "fence.proxy.async; mov.b32 $0, 0;", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-    tl.atomic_add(flag, 1, sem="release", scope="gpu")
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 1; bar.warp.sync -1; mov.b32 $0, 0;",
+                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.atomic_add(flag, 1, sem="relaxed", scope="gpu")
