@@ -84,6 +84,11 @@ BWD = (
             supports="G = Hq/Hk >= 16; D in {64, 128}", warps=12,
             scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES, deterministic=False,
             accepts={**DET, "varlen": PACKED}),
+    # bitwise repeatable: above `tlx_ws` (measured faster), below `tlx_pairs`
+    Variant(name="tlx_pairs_ordered", family="simplicial", pass_="bwd",
+            module=_TLX + "bwd_pairs_ordered", needs_hopper=True, rank=2.5,
+            supports="G = Hq/Hk >= 64, Hk = 1; D in {64, 128}; form trilinear", warps=12,
+            scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES),
 )
 
 # Small shapes compute-sanitizer runs each variant on: the first it takes of each group

@@ -82,7 +82,7 @@ from kernels_tlx.simplicial.pairs_parts import (
     slot_rows,
     tile_tokens,
 )
-from kernels_tlx.simplicial.pairs_order import box_flag, order_tables, release, visit
+from kernels_tlx.simplicial.pairs_order import end_scale, from_fixed, order_tables, visit
 from kernels_tlx.simplicial.pairs_remainder import (build_remainder, load_remainder_kv,
                                                     remainder_end)
 from kernels_triton.launch import Desc, Kernel, meta
@@ -106,7 +106,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                   HK: tl.constexpr, G: tl.constexpr, D: tl.constexpr, NUM_Q: tl.constexpr,
                   CH: tl.constexpr, CONSUMER_REGS: tl.constexpr, PROFILE: tl.constexpr = False,
                   Seq=None, VARLEN: tl.constexpr = False, DET: tl.constexpr = False,
-                  PACK: tl.constexpr = 0, Flags=None, Base=None, Off=None,
+                  PACK: tl.constexpr = 0, Flags=None, Base=None, Off=None, Scale=None,
                   ORDERED: tl.constexpr = False):
     R: tl.constexpr = box_rows(G)  # rows of one token in a tile
     E_ROWS: tl.constexpr = epilogue_rows(G, D)  # rows per chunk of the end's passes
@@ -121,7 +121,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
     # D per token and head; B = K1a[j] * K2a + K1b[j] * K2b
     SL: tl.constexpr = 2 if DET else 1
     tl.static_assert(NUM_Q >= NUM_CONSUMERS, "the row ring holds the raw K2/V2 halves first")
-    tl.static_assert(not ORDERED or (G >= 64 and not VARLEN), "ORDERED: one dQ box a tile")
+    tl.static_assert(not ORDERED or (G >= 64 and not VARLEN and not DET),
+                     "ORDERED: one dQ box a tile, the plain form")
     DH: tl.constexpr = D // NUM_CONSUMERS  # dQ columns per consumer
     # consumer 0's staging tiles at its end are the Q row ring's bytes (dB) and both B tiles'
     # (dC), consumer 1's the dO ring's and both C tiles': the rings and C are free once both
@@ -280,16 +281,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         tlx.named_barrier_wait(ENDS_BARRIER, CONSUMER_THREADS)
                     else:
                         tlx.named_barrier_arrive(ENDS_BARRIER, CONSUMER_THREADS)
-                if ORDERED:
-                    last = visit(n_tiles - 1, n_tiles, ORDERED)
-                    add_dq(dq, dq_stage, DQacc, b, g, j, last, N, i_end, cid, HQ, G, DH, Flags,
-                           Base, Off, n_kb,
-                           tl.where(n_tiles >= 2, visit(n_tiles - 2, n_tiles, ORDERED), -1),
-                           PACK, ORDERED)
-                    i1, h1 = first_token(j, last, G)
-                    release(box_flag(Flags, b, i1, g, h1, cid, N, HQ, G), 0)
-                else:
-                    add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, i_end, cid, HQ, G, DH)
+                add_dq(dq, dq_stage, DQacc, b, g, j, n_tiles - 1, N, i_end, cid, HQ, G, DH,
+                       n_tiles, Flags, Base, Off, n_kb, PACK, ORDERED, LAST=True)
                 tlx.async_descriptor_store_wait(0)
                 if any_keys:  # dB and dC are zero otherwise
                     if cid == 0:
@@ -306,7 +299,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
                     if PACK:
                         remainder_end(stage_k, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid, n_end,
-                                      w1, w2, n_kb, HK, D, E_ROWS, PACK, Seq, VARLEN, SL)
+                                      w1, w2, n_kb, HK, D, E_ROWS, PACK, Seq, VARLEN, SL,
+                                      Scale=Scale)
                         if DET:  # the b slot's columns
                             tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # FENCE
                             remainder_end(stage_k, K1, K2rows, DK2acc, DK1acc, j, kv_base, cid,
@@ -315,7 +309,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         if FENCE:
                             tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
                         remainder_end(stage_v, V1, V2rows, DV2acc, DV1acc, j, kv_base, cid,
-                                      n_end, w1, w2, n_kb, HK, D, E_ROWS, PACK, Seq, VARLEN)
+                                      n_end, w1, w2, n_kb, HK, D, E_ROWS, PACK, Seq, VARLEN,
+                                      Scale=Scale)
                     else:
                         kv_row = kv_base + j.to(tl.int64) * (HK * D)
                         offs_d = tl.arange(0, D)
@@ -323,7 +318,8 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                         # same of the b slots (det), in det_keys_side's packed columns
                         k1 = tl.load(K1 + SL * kv_row + offs_d).to(tl.float32)
                         scale_add_rows(stage_k, k1, K2rows, SL * kv_base, k0, t_end, DK2acc,
-                                       DK1acc, SL * kv_row, SL * HK, D, E_ROWS, EACH=ONE_STAGE)
+                                       DK1acc, SL * kv_row, SL * HK, D, E_ROWS, EACH=ONE_STAGE,
+                                       Scale=Scale)
                         if DET:  # (the slot's offset opaque: else the first pass's row offsets
                             # are kept for this one, and spill)
                             tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # FENCE
@@ -340,7 +336,7 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                             tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
                         v1 = tl.load(V1 + kv_row + offs_d).to(tl.float32)
                         scale_add_rows(stage_v, v1, V2rows, kv_base, k0, t_end, DV2acc, DV1acc,
-                                       kv_row, HK, D, E_ROWS, EACH=ONE_STAGE)
+                                       kv_row, HK, D, E_ROWS, EACH=ONE_STAGE, Scale=Scale)
                 leave("epilogue", PROFILE)
 
 
@@ -451,14 +447,15 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
             k1, k2 = det_keys_side(k1, k2, det)
             dk1_acc, dk2_acc = torch.zeros((2, *k1.shape), dtype=torch.float32, device=q.device)
             dv1_acc, dv2_acc = torch.zeros((2, *dv1.shape), dtype=torch.float32, device=q.device)
-        else:
+        else:  # (ordered: int64 fixed point, pairs_order.py's `end_scale`)
             dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros(
-                (4, *dk1.shape), dtype=torch.float32, device=q.device)
+                (4, *dk1.shape), dtype=torch.int64 if ordered else torch.float32, device=q.device)
         seq = {"Seq": bounds} if packed else {}
-        if ordered:  # the dQ boxes' counters (two per 64 rows) and the rank tables
+        if ordered:  # the dQ boxes' counters (two per 64 rows), the rank tables, the end's scale
             base, off = order_tables(spec.N, spec.w1, spec.w2, n_full, pack, q.device)
+            scale = end_scale(spec, q, k1, k2, v1, v2, dout, lse, dlse)
             seq.update(Flags=torch.zeros(rows // 32, dtype=torch.int32, device=q.device),
-                       Base=base, Off=off)
+                       Base=base, Off=off, Scale=scale)
         q_d, do_d, lse_d, delta_d = heads(q), heads(dout), row_values(lse2), row_values(delta)
         grads = (dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc, dv2_acc)
         for kernel, k2_layout, v2_layout in launches:
@@ -467,6 +464,9 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
         finish(dq_acc, dq, n_dq, sm_scale)
         if det:
             dk1_acc, dk2_acc = det_keys_side_grads(dk1_acc, dk2_acc, det)
+        if ordered:
+            dk1_acc, dk2_acc, dv1_acc, dv2_acc = (from_fixed(t, scale)
+                                                  for t in (dk1_acc, dk2_acc, dv1_acc, dv2_acc))
         sum_parts(dk1_acc, dv1_acc, dk1, dv1)
         sum_parts(dk2_acc, dv2_acc, dk2, dv2)
 
@@ -496,8 +496,7 @@ def compile_configs() -> list[CompileConfig]:
     """The kernel at every compile shape it supports, and packed (VARLEN) at the first."""
     kernels = {_pairs_kernel: lambda launch: (
         ("pairs_remainder" if launch.constexprs.get("PACK") else "pairs")
-        + ("_packed" if launch.constexprs.get("VARLEN") else "")
-        + ("_ordered" if launch.constexprs.get("ORDERED") else ""))}
+        + ("_packed" if launch.constexprs.get("VARLEN") else ""))}
     specs = [s for s in compile_specs() if supports(s) is None]
     # form "det" at each (one kernel for both signs: the sign is in det_keys_side's packing)
     out = build_compile_configs(prepare, kernels, specs + [replace(s, form="det") for s in specs])
@@ -507,7 +506,4 @@ def compile_configs() -> list[CompileConfig]:
         out += build_compile_configs(
             lambda s: functools.partial(prepare(s, packed=True), bounds=bounds), kernels,
             [spec, replace(spec, form="det")])
-    # ordered dQ adds (pairs_order.py) at G >= 64
-    out += build_compile_configs(lambda s: prepare(s, ordered=True), kernels,
-                                 [s for s in specs if s.G >= 64])
     return out

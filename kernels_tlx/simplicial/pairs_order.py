@@ -18,6 +18,7 @@ rank = base[r, i] + off[m, j] (a remainder group q's off is q)."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -80,6 +81,16 @@ def rank_of(Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
 
 
 @triton.jit
+def acquire_at(Flags, row, cid, Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
+    """Spin until consumer cid's counter of the dQ box at `row` (its first row of [B * N * HQ])
+    holds this program's rank (`rank_of`, read again at each poll: held, it spilled). No fence
+    after it (module docstring: the order is causal)."""
+    while tl.load(Flags + (row // 64) * 2 + cid, volatile=True) < rank_of(Base, Off, j, i, N,
+                                                                          n_kb, PACK):
+        pass
+
+
+@triton.jit
 def fresh(x):
     """An int32 equal to x from a volatile inline-asm move: not hoisted out of a loop."""
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
@@ -105,3 +116,38 @@ def release(flag, PENDING: tl.constexpr):
         tl.inline_asm_elementwise("cp.async.bulk.wait_group 1; bar.warp.sync -1; mov.b32 $0, 0;",
                                   "=r", [], dtype=tl.int32, is_pure=False, pack=1)
     tl.atomic_add(flag, 1, sem="relaxed", scope="gpu")
+
+
+SCALE_BITS = 61  # a bound maps to at most 2**61: two bits below int64's range
+SCALE_EXP = 100  # scales from 2**-100 to 2**100 (fp32)
+
+
+def _amax(t: torch.Tensor) -> torch.Tensor:
+    """max |t| in float64 (one pass, no |t| copy); NaN if t holds a NaN."""
+    lo, hi = torch.aminmax(t)
+    return torch.maximum(hi.double(), -lo.double())
+
+
+def end_scale(spec, q, k1, k2, v1, v2, dout, lse, dlse) -> torch.Tensor:
+    """[s, 1 / s] (fp32, on the inputs' device; no host sync): the power of two the end's dK/dV
+    sums are taken in, as int64 llrint(s * value), so that every sum and partial sum stays within
+    2**SCALE_BITS; 1 / s NaN where an input (LSE and dLSE too) is not finite or a bound exceeds
+    2**(SCALE_BITS + SCALE_EXP), which makes every dK and dV of the call NaN. The bounds (D the
+    head dim, G = Hq / Hk, sums before sm_scale): |dP| = |dO . C| <= D max|dO| 2 max|V1| max|V2|
+    (C = bf16(V1[j] V2[k])); a dK1 or dK2 row sums K times dS^T Q over at most G max(w1, w2)
+    rows, each row's P summing to 1 and |dP - Delta| <= 2 max|dP|; dV likewise with P dO; each
+    doubled once for the roundings."""
+    mq, mk1, mk2, mv1, mv2, mdo = m = [_amax(t) for t in (q, k1, k2, v1, v2, dout)]
+    m += [_amax(t) for t in (lse, dlse) if t is not None]
+    dp = spec.D * mdo * (2 * mv1 * mv2)
+    rows = spec.G * max(spec.w1, spec.w2)
+    bound = 2 * torch.maximum(rows * torch.maximum(mk1, mk2) * mq * 2 * dp,
+                              rows * torch.maximum(mv1, mv2) * mdo)
+    s = torch.exp2((SCALE_BITS - torch.ceil(torch.log2(bound))).clamp(-SCALE_EXP, SCALE_EXP))
+    ok = torch.isfinite(torch.stack(m)).all() & (bound * s <= 2.0 ** SCALE_BITS)
+    return torch.stack([s, torch.where(ok, 1 / s, math.nan)]).float()
+
+
+def from_fixed(acc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """An int64 sum of `end_scale`'s fixed point back to fp32: acc / s."""
+    return (acc.double() * scale[1].double()).float()

@@ -10,10 +10,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import libdevice
 
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS
 from kernels_tlx.simplicial.hadamard import build, row_tile
-from kernels_tlx.simplicial.pairs_order import acquire, box_flag, rank_of, release, visit
+from kernels_tlx.simplicial.pairs_order import acquire_at, box_flag, rank_of, release, visit
 from kernels_triton.simplicial.bwd_common import kv_rows
 from kernels_triton.simplicial.tiling import enter, leave
 from kernels_tlx.ring import empty_phase, full_phase
@@ -302,29 +303,30 @@ def dq_share(ds_tiles, b_tiles, ds_fulls, u, cid: tl.constexpr, DH: tl.constexpr
 
 @triton.jit
 def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: tl.constexpr,
-           DH: tl.constexpr, Flags=None, Base=None, Off=None, n_kb=0, done=-1,
-           PACK: tl.constexpr = 0, ORDERED: tl.constexpr = False):
-    """Reduce-add consumer cid's columns of tile u's dQ share into the fp32 dQ through its staging
-    tile, once the previous add has read it: one TMA box per token of the tile below i_end.
-    ORDERED (pairs_order.py; G >= 64): after the programs before it at the box (`rank_of`), and
-    tile `done`'s box (>= 0) counted up once its add landed."""
+           DH: tl.constexpr, n_tiles=0, Flags=None, Base=None, Off=None, n_kb=0,
+           PACK: tl.constexpr = 0, ORDERED: tl.constexpr = False, LAST: tl.constexpr = False):
+    """Reduce-add consumer cid's columns of the dQ share of the u-th tile taken (`visit`) into the
+    fp32 dQ through its staging tile, once the previous add has read it: one TMA box per token of
+    the tile below i_end. ORDERED (pairs_order.py; G >= 64): after the programs before it at the
+    box (`acquire_at`), then the box of the tile taken before counted up, its add landed (LAST:
+    this one's too)."""
     R: tl.constexpr = box_rows(G)
-    i0, h0 = first_token(j, u, G)
+    i0, h0 = first_token(j, visit(u, n_tiles, ORDERED), G)
     stage = tlx.local_view(dq_stage, cid)
-    if ORDERED:
-        rank = rank_of(Base, Off, j, i0, N, n_kb, PACK)
     tlx.async_descriptor_store_wait(0)
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     tlx.local_store(stage, dq)
     tlx.fence_async_shared()
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)
     if ORDERED:
-        acquire(box_flag(Flags, b, i0, g, h0, cid, N, HQ, G), rank)
-        tlx.async_descriptor_store(DQacc, stage, [(b * N + i0) * HQ + g * G + h0, cid * DH],
-                                   store_reduce="add")
-        if done >= 0:
-            i1, h1 = first_token(j, done, G)
+        row = (b * N + i0) * HQ + g * G + h0
+        acquire_at(Flags, row, cid, Base, Off, j, i0, N, n_kb, PACK)
+        tlx.async_descriptor_store(DQacc, stage, [row, cid * DH], store_reduce="add")
+        if u >= 1:
+            i1, h1 = first_token(j, visit(u - 1, n_tiles, ORDERED), G)
             release(box_flag(Flags, b, i1, g, h1, cid, N, HQ, G), 1)
+        if LAST:
+            release(Flags + (row // 64) * 2 + cid, 0)
     elif tile_tokens(G) == 1:
         tlx.async_descriptor_store(DQacc, stage, [(b * N + i0) * HQ + g * G + h0, cid * DH],
                                    store_reduce="add")
@@ -339,14 +341,16 @@ def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: 
 @triton.jit
 def scale_add_rows(stage, row, X, kv_base, k0, N, DST, DSUM, j_off, HK: tl.constexpr,
                    D: tl.constexpr, CHUNK: tl.constexpr, ROW0: tl.constexpr = 0,
-                   N_ROWS: tl.constexpr = 64, EACH: tl.constexpr = False):
+                   N_ROWS: tl.constexpr = 64, EACH: tl.constexpr = False, Scale=None):
     """One consumer's end, from its staged dB or dC (acc: `stage`, [64, D] fp32, rows ROW0 ..
     ROW0 + N_ROWS - 1, keys k0 .. (< N)): DST[k] += row * acc[k] and DSUM[j] += sum_k X[k] *
     acc[k] (fp32 atomics), CHUNK rows at a time, the staged rows meeting X's in a coalesced
     layout.
     The sum over the keys crosses the warps (a barrier): taken once, after the last chunk
     (+2.7-2.9% at S* in the whole backward against once a chunk, docs/perf-bwd-end.md), or EACH
-    chunk (the end of bwd_pairs' ONE_STAGE, where the other spills)."""
+    chunk (the end of bwd_pairs' ONE_STAGE, where the other spills). Scale (a pointer to a power
+    of two s, pairs_order.py's `end_scale`; not with EACH): int64 atomics of llrint(s * value)
+    instead, which commute."""
     if EACH:
         col = tl.zeros([D], tl.float32)
         for c in tl.static_range(N_ROWS // CHUNK):
@@ -365,9 +369,18 @@ def scale_add_rows(stage, row, X, kv_base, k0, N, DST, DSUM, j_off, HK: tl.const
             x = tlx.local_load(tlx.local_slice(stage, [ROW0 + c * CHUNK, 0], [CHUNK, D]))
             xk = tl.load(X + kv_rows(kv_base, kpos, HK, D), mask=(kpos < N)[:, None], other=0.0)
             col += xk.to(tl.float32) * x
-            tl.atomic_add(DST + kv_rows(kv_base, kpos, HK, D), x * row[None, :],
-                          mask=(kpos < N)[:, None], sem="relaxed")
-        tl.atomic_add(DSUM + j_off + tl.arange(0, D), tl.sum(col, 0), sem="relaxed")
+            if Scale is None:
+                tl.atomic_add(DST + kv_rows(kv_base, kpos, HK, D), x * row[None, :],
+                              mask=(kpos < N)[:, None], sem="relaxed")
+            else:
+                tl.atomic_add(DST + kv_rows(kv_base, kpos, HK, D),
+                              libdevice.llrint(x * (row * tl.load(Scale))[None, :]),
+                              mask=(kpos < N)[:, None], sem="relaxed")
+        if Scale is None:
+            tl.atomic_add(DSUM + j_off + tl.arange(0, D), tl.sum(col, 0), sem="relaxed")
+        else:
+            tl.atomic_add(DSUM + j_off + tl.arange(0, D),
+                          libdevice.llrint(tl.sum(col, 0) * tl.load(Scale)), sem="relaxed")
 
 
 @triton.jit
@@ -454,11 +467,7 @@ def pair_step(u, dk, dv, active, HAS_PREV: tl.constexpr, b_tile, c_tile, q_tiles
     if HAS_PREV:
         enter("epilogue", PROFILE)
         tlx.barrier_arrive(tlx.local_view(ds_empties, 1 - d), 1)
-        if ORDERED:
-            add_dq(dq, dq_stage, DQacc, b, g, j, visit(u - 1, n_tiles, ORDERED), N, i_end, cid,
-                   HQ, G, DH, Flags, Base, Off, n_kb,
-                   tl.where(u >= 2, visit(u - 2, n_tiles, ORDERED), -1), PACK, ORDERED)
-        else:
-            add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH)
+        add_dq(dq, dq_stage, DQacc, b, g, j, u - 1, N, i_end, cid, HQ, G, DH, n_tiles, Flags, Base,
+               Off, n_kb, PACK, ORDERED)
         leave("epilogue", PROFILE)
     return dk, dv

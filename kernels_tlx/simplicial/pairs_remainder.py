@@ -90,11 +90,13 @@ def build_slot(row, src_tiles, dst_tiles, count, a: tl.constexpr, PACK: tl.const
 @triton.jit
 def remainder_end(stage, X1, X2rows, DST, DSUM, j0, kv_base, cid, N, w1, w2, n_kb,
                   HK: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr, PACK: tl.constexpr,
-                  Seq=None, VARLEN: tl.constexpr = False, SL: tl.constexpr = 1, col=0):
+                  Seq=None, VARLEN: tl.constexpr = False, SL: tl.constexpr = 1, col=0,
+                  Scale=None):
     """A consumer's end in a remainder program, for its staged dB (X = K) or dC (X = V): per
     slot of its 64 rows (consumer cid's slots), DST[k] += X1[j] * acc[k] and DSUM[j] += sum_k
     X2[k] * acc[k] (`scale_add_rows`; acc the staged rows). Form "det" (SL = 2: K1, K2 and
-    their sums in det_keys_side's packing): the columns from `col` (0, then D for the b slot)."""
+    their sums in det_keys_side's packing): the columns from `col` (0, then D for the b slot).
+    Scale: int64 sums (`scale_add_rows`)."""
     SLOT: tl.constexpr = slot_rows(PACK)
     for s in tl.static_range(64 // SLOT):
         jc, k_first, count, _ = remainder_keys(j0 + cid * (64 // SLOT) + s, N, w1, w2, n_kb, Seq,
@@ -104,4 +106,4 @@ def remainder_end(stage, X1, X2rows, DST, DSUM, j0, kv_base, cid, N, w1, w2, n_k
             x1 = tl.load(X1 + kv_row + tl.arange(0, D)).to(tl.float32)
             scale_add_rows(stage, x1, X2rows, SL * kv_base + col, k_first, k_first + count,
                            DST, DSUM, kv_row, SL * HK, D, slot_chunk(CHUNK, PACK), ROW0=s * SLOT,
-                           N_ROWS=SLOT)
+                           N_ROWS=SLOT, Scale=Scale)

@@ -266,15 +266,18 @@ def test_auto_rank_order_and_hopper_filter(fake_variants):
 
 def test_deterministic_backward_selection():
     """"auto" takes the reduce-adding `tlx_pairs` at G >= 16 (D 64 and 128); deterministic=True
-    takes a bitwise-repeatable variant there (`tlx_ws` at G >= 64 and D 128, `triton`
-    otherwise), and refuses `tlx_pairs` by name."""
+    takes a bitwise-repeatable variant there (`tlx_pairs_ordered` at G >= 64 and Hk = 1,
+    `tlx_ws` at G >= 64 and D 128 otherwise, else `triton`), and refuses `tlx_pairs` by name."""
     for G, D in [(G, D) for G in (16, 32, 64, 128) for D in (64, 128)]:
         s = spec(Hq=G, Hk=1, D=D)
         assert launcher.pick(s, "auto", True, "bwd", family=FAM).name == "tlx_pairs"
         v = launcher.pick(s, "auto", True, "bwd", deterministic=True, family=FAM)
-        assert v.deterministic and v.name == ("tlx_ws" if G >= 64 and D == 128 else "triton")
+        assert v.deterministic and v.name == ("tlx_pairs_ordered" if G >= 64 else "triton")
         with pytest.raises(ValueError, match="'tlx_pairs' is not deterministic"):
             launcher.pick(s, "tlx_pairs", True, "bwd", deterministic=True, family=FAM)
+    gqa = launcher.pick(spec(Hq=128, Hk=2, D=128), "auto", True, "bwd", deterministic=True,
+                        family=FAM)
+    assert gqa.name == "tlx_ws"
     assert [v.name for v in registry.all_variants("bwd", FAM)
             if not v.deterministic] == ["tlx_pairs"]
     huge = spec(B=2 ** 31 // (4096 * 128) + 1)  # B*N*Hq >= 2**31: tlx_pairs's int32 TMA rows
