@@ -84,9 +84,10 @@ BWD = (
             supports="G = Hq/Hk >= 16; D in {64, 128}", warps=12,
             scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES, deterministic=False,
             accepts={**DET, "varlen": PACKED}),
-    # bitwise repeatable: above `tlx_ws` (measured faster), below `tlx_pairs`
+    # bitwise repeatable; measured faster than `tlx_ws` at S* (G 128, D 128) only
     Variant(name="tlx_pairs_ordered", family="simplicial", pass_="bwd",
-            module=_TLX + "bwd_pairs_ordered", needs_hopper=True, rank=2.5,
+            module=_TLX + "bwd_pairs_ordered", needs_hopper=True,
+            rank=lambda s: 2.5 if s.G >= 128 and s.D == 128 else 0,
             supports="G = Hq/Hk >= 64, Hk = 1; D in {64, 128}; form trilinear", warps=12,
             scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES),
 )

@@ -123,31 +123,37 @@ SCALE_EXP = 100  # scales from 2**-100 to 2**100 (fp32)
 
 
 def _amax(t: torch.Tensor) -> torch.Tensor:
-    """max |t| in float64 (one pass, no |t| copy); NaN if t holds a NaN."""
-    lo, hi = torch.aminmax(t)
+    """max |t| per batch element (dim 0) in float64 (no |t| copy); NaN where one holds a NaN."""
+    lo, hi = torch.aminmax(t.flatten(1), dim=1)
     return torch.maximum(hi.double(), -lo.double())
 
 
 def end_scale(spec, q, k1, k2, v1, v2, dout, lse, dlse) -> torch.Tensor:
-    """[s, 1 / s] (fp32, on the inputs' device; no host sync): the power of two the end's dK/dV
-    sums are taken in, as int64 llrint(s * value), so that every sum and partial sum stays within
-    2**SCALE_BITS; 1 / s NaN where an input (LSE and dLSE too) is not finite or a bound exceeds
-    2**(SCALE_BITS + SCALE_EXP), which makes every dK and dV of the call NaN. The bounds (D the
-    head dim, G = Hq / Hk, sums before sm_scale): |dP| = |dO . C| <= D max|dO| 2 max|V1| max|V2|
-    (C = bf16(V1[j] V2[k])); a dK1 or dK2 row sums K times dS^T Q over at most G max(w1, w2)
-    rows, each row's P summing to 1 and |dP - Delta| <= 2 max|dP|; dV likewise with P dO; each
-    doubled once for the roundings."""
+    """[s, 1 / s per batch element] (fp32, B + 1 values on the inputs' device; no host sync): the
+    power of two the end's dK/dV sums are taken in, as int64 llrint(s * value), so that every
+    sum and partial sum stays within 2**SCALE_BITS; s from the bounds of the batch elements
+    whose inputs are finite. 1 / s is NaN for a batch element with a non-finite input (LSE and
+    dLSE too; its int64 sums are then garbage, in its own rows only) or a bound over
+    2**(SCALE_BITS + SCALE_EXP): its dK and dV come out NaN, the other elements' as they would
+    alone. The bounds (D the head dim, G = Hq / Hk, sums before sm_scale): |dP| = |dO . C| <=
+    D max|dO| 2 max|V1| max|V2| (C = bf16(V1[j] V2[k])); a dK1 or dK2 row sums K times dS^T Q
+    over at most G max(w1, w2) rows, each row's P summing to 1 and |dP - Delta| <= 2 max|dP|;
+    dV likewise with P dO; each doubled once for the roundings."""
     mq, mk1, mk2, mv1, mv2, mdo = m = [_amax(t) for t in (q, k1, k2, v1, v2, dout)]
     m += [_amax(t) for t in (lse, dlse) if t is not None]
     dp = spec.D * mdo * (2 * mv1 * mv2)
     rows = spec.G * max(spec.w1, spec.w2)
     bound = 2 * torch.maximum(rows * torch.maximum(mk1, mk2) * mq * 2 * dp,
-                              rows * torch.maximum(mv1, mv2) * mdo)
-    s = torch.exp2((SCALE_BITS - torch.ceil(torch.log2(bound))).clamp(-SCALE_EXP, SCALE_EXP))
-    ok = torch.isfinite(torch.stack(m)).all() & (bound * s <= 2.0 ** SCALE_BITS)
-    return torch.stack([s, torch.where(ok, 1 / s, math.nan)]).float()
+                              rows * torch.maximum(mv1, mv2) * mdo)  # [B]
+    finite = torch.isfinite(torch.stack(m)).all(0) & torch.isfinite(bound)
+    top = torch.where(finite, bound, 0.0).max()
+    s = torch.exp2((SCALE_BITS - torch.ceil(torch.log2(top))).clamp(-SCALE_EXP, SCALE_EXP))
+    ok = finite & (bound * s <= 2.0 ** SCALE_BITS)
+    return torch.cat([s.view(1), torch.where(ok, 1 / s, math.nan)]).float()
 
 
 def from_fixed(acc: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """An int64 sum of `end_scale`'s fixed point back to fp32: acc / s."""
-    return (acc.double() * scale[1].double()).float()
+    """An int64 sum [B, ...] of `end_scale`'s fixed point back to fp32: acc / s (NaN for a batch
+    element whose inputs were not finite)."""
+    inv = scale[1:].double().view(-1, *([1] * (acc.dim() - 1)))
+    return (acc.double() * inv).float()

@@ -266,16 +266,17 @@ def test_auto_rank_order_and_hopper_filter(fake_variants):
 
 def test_deterministic_backward_selection():
     """"auto" takes the reduce-adding `tlx_pairs` at G >= 16 (D 64 and 128); deterministic=True
-    takes a bitwise-repeatable variant there (`tlx_pairs_ordered` at G >= 64 and Hk = 1,
+    takes a bitwise-repeatable variant there (`tlx_pairs_ordered` at G >= 128, D 128, Hk = 1,
     `tlx_ws` at G >= 64 and D 128 otherwise, else `triton`), and refuses `tlx_pairs` by name."""
     for G, D in [(G, D) for G in (16, 32, 64, 128) for D in (64, 128)]:
         s = spec(Hq=G, Hk=1, D=D)
         assert launcher.pick(s, "auto", True, "bwd", family=FAM).name == "tlx_pairs"
         v = launcher.pick(s, "auto", True, "bwd", deterministic=True, family=FAM)
-        assert v.deterministic and v.name == ("tlx_pairs_ordered" if G >= 64 else "triton")
+        assert v.deterministic and v.name == ("triton" if G < 64 or D == 64 else
+                                              "tlx_pairs_ordered" if G >= 128 else "tlx_ws")
         with pytest.raises(ValueError, match="'tlx_pairs' is not deterministic"):
             launcher.pick(s, "tlx_pairs", True, "bwd", deterministic=True, family=FAM)
-    gqa = launcher.pick(spec(Hq=128, Hk=2, D=128), "auto", True, "bwd", deterministic=True,
+    gqa = launcher.pick(spec(Hq=256, Hk=2, D=128), "auto", True, "bwd", deterministic=True,
                         family=FAM)
     assert gqa.name == "tlx_ws"
     assert [v.name for v in registry.all_variants("bwd", FAM)

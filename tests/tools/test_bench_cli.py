@@ -79,7 +79,7 @@ BWD_BAD = {
     "variant_of_fwd": (["--variant", "tlx_pipelined_kv"],
                        "argument --variant: invalid choice: 'tlx_pipelined_kv' ('tlx_pipelined_kv' "
                        "is a fwd variant: use bench/fwd.py); bwd variants of simplicial: triton, "
-                       "tlx_ws, tlx_pairs, or 'auto' or 'all'"),
+                       "tlx_ws, tlx_pairs, tlx_pairs_ordered, or 'auto' or 'all'"),
     "family_unknown": (["--family", "nope"], "argument --family: invalid choice: 'nope'"),
     "all_refused_shape": (["--variant", "all", "--hq", "3"], "G = Hq/Hk = 3"),
     "shape_variant_refuses": (["--variant", "tlx_ws", "--hq", "16"], "G = Hq/Hk = 16 < 64"),
