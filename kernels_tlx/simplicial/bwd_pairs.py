@@ -82,7 +82,7 @@ from kernels_tlx.simplicial.pairs_parts import (
     slot_rows,
     tile_tokens,
 )
-from kernels_tlx.simplicial.pairs_order import end_scale, from_fixed, order_tables, visit
+from kernels_tlx.simplicial.pairs_order import from_fixed, order_args, visit
 from kernels_tlx.simplicial.pairs_remainder import (build_remainder, load_remainder_kv,
                                                     remainder_end)
 from kernels_triton.launch import Desc, Kernel, meta
@@ -91,6 +91,7 @@ from kernels_triton.simplicial.bwd_common import (
     build_compile_configs,
     compile_specs,
     prepare_delta,
+    prepare_finish,
     prepare_sum_parts,
 )
 from kernels_triton.simplicial.det import det_keys_side, det_keys_side_grads, det_of
@@ -340,17 +341,6 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 leave("epilogue", PROFILE)
 
 
-@triton.jit
-def _finish_kernel(ACC, OUT, numel, scale, BLOCK: tl.constexpr):
-    """OUT = bf16(scale * ACC), fp32 -> bf16 (dQ; dK/dV go through `prepare_sum_parts`)."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < numel
-    tl.store(OUT + i, (tl.load(ACC + i, mask=ok, other=0.0) * scale).to(tl.bfloat16), mask=ok)
-
-
-FINISH_BLOCK = 2048
-
-
 def supports(spec: ProblemSpec) -> str | None:
     why = tiling_supports(spec)
     if why is None and spec.G < 16:
@@ -396,8 +386,9 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
     (`remainder_pack`: the programs of one j, then the remainder programs; the per-call
     descriptors of Q, dO, LSE and Delta made once for both; profile: True or "pairs" runs its
     Proton-scoped copies), then the bf16 gradients (dQ, dK1, dK2 scaled by sm_scale) by
-    `_finish_kernel` and `_sum_parts_kernel` (prepare_sum_parts). Form "det": K1 and K2 packed
-    per call (det_keys_side), B built from both slots, dK1 and dK2 summed in the packing's
+    `prepare_finish` and `prepare_sum_parts`. ordered=True (`tlx_pairs_ordered`): ORDERED, its
+    per-call arguments (pairs_order.py's `order_args`), dK/dV summed in int64. Form "det": K1 and
+    K2 packed per call (det_keys_side), B built from both slots, dK1 and dK2 summed in the packing's
     columns and unpacked by its adjoint (det_keys_side_grads: a few small torch passes each way).
     Scratch: fp32 copies of the five gradients (B*N*Hq*D*4 bytes for dQ: 4.3 GB at S*; form
     "det": dK1 and dK2 twice, and the packed bf16 K1 and K2) and [B, N, Hq] copies of LSE (log2)
@@ -430,13 +421,10 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
                                 **options, PACK=pack),
                          kv_layout(spec, slot_rows(pack), k2_shape),
                          kv_layout(spec, slot_rows(pack))))
-    n_dq = rows * spec.D
-    finish = Kernel(_finish_kernel, (triton.cdiv(n_dq, FINISH_BLOCK),), BLOCK=FINISH_BLOCK,
-                    num_warps=4)
+    finish = prepare_finish(rows * spec.D, spec.sm_scale)  # dQ = bf16(sm_scale * its sum)
     # dK = sm_scale * its sum, dV its sum, in bf16: the k-owner's sum of one part
     sum_parts = prepare_sum_parts(spec.B * spec.N * spec.Hk * spec.D, spec.sm_scale, 1)
     args = (spec.N, spec.w1, spec.w2, n_full, spec.sm_scale * LOG2E)
-    sm_scale = spec.sm_scale
 
     def run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1, dv2, bounds=None
             ) -> None:
@@ -451,21 +439,18 @@ def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False
             dk1_acc, dk2_acc, dv1_acc, dv2_acc = torch.zeros(
                 (4, *dk1.shape), dtype=torch.int64 if ordered else torch.float32, device=q.device)
         seq = {"Seq": bounds} if packed else {}
-        if ordered:  # the dQ boxes' counters (two per 64 rows), the rank tables, the end's scale
-            base, off = order_tables(spec.N, spec.w1, spec.w2, n_full, pack, q.device)
-            scale = end_scale(spec, q, k1, k2, v1, v2, dout, lse, dlse)
-            seq.update(Flags=torch.zeros(rows // 32, dtype=torch.int32, device=q.device),
-                       Base=base, Off=off, Scale=scale)
+        if ordered:
+            seq.update(order_args(spec, n_full, pack, q, k1, k2, v1, v2, dout, lse, dlse))
         q_d, do_d, lse_d, delta_d = heads(q), heads(dout), row_values(lse2), row_values(delta)
         grads = (dq_halves(dq_acc), dk1_acc, dk2_acc, dv1_acc, dv2_acc)
         for kernel, k2_layout, v2_layout in launches:
             kernel(q_d, k1, k2_layout(k2), v1, v2_layout(v2), do_d, lse_d, delta_d, k2, v2,
                    *grads, *args, **seq)
-        finish(dq_acc, dq, n_dq, sm_scale)
+        finish(dq_acc, dq)
         if det:
             dk1_acc, dk2_acc = det_keys_side_grads(dk1_acc, dk2_acc, det)
         if ordered:
-            dk1_acc, dk2_acc, dv1_acc, dv2_acc = (from_fixed(t, scale)
+            dk1_acc, dk2_acc, dv1_acc, dv2_acc = (from_fixed(t, seq["Scale"])
                                                   for t in (dk1_acc, dk2_acc, dv1_acc, dv2_acc))
         sum_parts(dk1_acc, dv1_acc, dk1, dv1)
         sum_parts(dk2_acc, dv2_acc, dk2, dv2)

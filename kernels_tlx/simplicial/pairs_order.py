@@ -1,16 +1,21 @@
-"""`tlx_pairs`' dQ reduce-adds in a fixed order (ORDERED): every program adds its share of a
-64-row dQ box after the programs before it in launch order have added theirs, so the fp32 sums
-are bitwise repeatable with the same bytes as the unordered adds (integer sums in any order
-would double them, and the unordered adds already move about half of what L2 reduces at its
-rate: docs/perf-bwd-end.md).
+"""`tlx_pairs_ordered`'s order (kernels_tlx/simplicial/bwd_pairs_ordered.py; `tlx_pairs`' kernel
+with ORDERED): every program reduce-adds its share of a 64-row dQ box after the programs before
+it in launch order have added theirs, so the fp32 sums are bitwise repeatable with the same bytes
+as the unordered adds (integer sums in any order would double them, and the unordered adds
+already move about half of what L2 reduces at its rate: docs/perf-bwd-ordered.md); and the end's
+dK/dV sums in int64 fixed point (`end_scale`), which commute.
 
 The order is the launch order: programs of one (b, g) as key block m, then j (fastest), then the
-remainder launch's groups. A program visits its tokens from the last down, so the next in order
-(j + 1, one launch later) reaches a token one launch gap plus a token's time after this one
-(ascending visits would bring it first). Each box and consumer half has a counter (zeroed per
+remainder launch's groups. A program visits its tokens from the last down (`visit`), so the next
+in order (j + 1, one launch later) reaches a token one launch gap plus a token's time after this
+one (ascending visits would bring it first). Each box and consumer half has a counter (zeroed per
 call); a program's rank at a box is the number of programs before it there. A consumer spins
-until the counter holds its rank (`acquire`), issues its reduce-add, and counts up once the add
-has landed (`release`, one tile later: the bulk group's wait then finds it complete).
+until the counter holds its rank (`acquire_at`), issues its reduce-add, and counts up once the
+add has landed (`release`, one tile later: the bulk group's wait then finds it complete).
+No memory fences (with them it ran 0.62x of `tlx_pairs` at S*, without 0.90x): the order is
+causal. The count is written after the bulk group's wait returned, the add performed in L2, and
+the next program issues its add only after its load saw the count (behind a branch on it); both
+adds are performed at the same L2 slice.
 
 Ranks come from two host tables per (N, w1, w2, key blocks, pack) (`order_tables`): base[r, i]
 (r: a full program's key block m, or n_kb for the remainder launch) and off[m, j], with
@@ -25,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def visit(u, n_tiles, ORDERED: tl.constexpr):
     """The tile a program takes u-th: its tiles from the last down (ORDERED), else in order."""
@@ -32,6 +38,47 @@ def visit(u, n_tiles, ORDERED: tl.constexpr):
         return n_tiles - 1 - u
     else:
         return u
+
+
+@triton.jit
+def fresh(x):
+    """An int32 equal to x from a volatile inline-asm move: not hoisted out of a loop."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def rank_of(Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
+    """This program's rank at token i's boxes, from the tables read per tile (from a volatile
+    copy of the program id: hoisted out of the tile loop, its offset was held there and spilled)."""
+    if PACK:
+        return tl.load(Base + n_kb * N + i) + j // PACK
+    else:
+        mj = fresh(tl.program_id(0)) % (n_kb * N)  # m * N + j (`pair_program`'s ORDERED grid)
+        return tl.load(Base + (mj - j) + i) + tl.load(Off + mj)
+
+
+@triton.jit
+def acquire_at(Flags, row, cid, Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
+    """Spin until consumer cid's counter of the dQ box at `row` (its first row of [B * N * HQ])
+    holds this program's rank (`rank_of`, read again at each poll: held, it spilled). No fence
+    after it (module docstring: the order is causal)."""
+    while tl.load(Flags + (row // 64) * 2 + cid, volatile=True) < rank_of(Base, Off, j, i, N,
+                                                                          n_kb, PACK):
+        pass
+
+
+@triton.jit
+def release(flag, PENDING: tl.constexpr):
+    """Count `flag` up (thread 0 of the warp group) once every bulk group but the last PENDING
+    has landed (the TMA issuer's wait, then its warp's barrier: the issuer is in warp 0)."""
+    if PENDING == 0:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; bar.warp.sync -1; mov.b32 $0, 0;",
+                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 1; bar.warp.sync -1; mov.b32 $0, 0;",
+                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.atomic_add(flag, 1, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -69,53 +116,14 @@ def order_tables(N: int, w1: int, w2: int, n_kb: int, pack: int, device) -> tupl
     return tuple(torch.from_numpy(t).to(device) for t in _tables(N, w1, w2, n_kb, pack))
 
 
-@triton.jit
-def rank_of(Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
-    """This program's rank at token i's boxes, from the tables read per tile (from a volatile
-    copy of the program id: hoisted out of the tile loop, its offset was held there and spilled)."""
-    if PACK:
-        return tl.load(Base + n_kb * N + i) + j // PACK
-    else:
-        mj = fresh(tl.program_id(0)) % (n_kb * N)  # m * N + j (`pair_program`'s ORDERED grid)
-        return tl.load(Base + (mj - j) + i) + tl.load(Off + mj)
-
-
-@triton.jit
-def acquire_at(Flags, row, cid, Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
-    """Spin until consumer cid's counter of the dQ box at `row` (its first row of [B * N * HQ])
-    holds this program's rank (`rank_of`, read again at each poll: held, it spilled). No fence
-    after it (module docstring: the order is causal)."""
-    while tl.load(Flags + (row // 64) * 2 + cid, volatile=True) < rank_of(Base, Off, j, i, N,
-                                                                          n_kb, PACK):
-        pass
-
-
-@triton.jit
-def fresh(x):
-    """An int32 equal to x from a volatile inline-asm move: not hoisted out of a loop."""
-    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def acquire(flag, rank):
-    """Spin (every thread of the consumer) until the counter `flag` holds at least `rank`. No
-    fence after it (module docstring: the order is causal)."""
-    while tl.load(flag, volatile=True) < rank:
-        pass
-
-
-@triton.jit
-def release(flag, PENDING: tl.constexpr):
-    """Count `flag` up (thread 0 of the warp group) once every bulk group but the last PENDING
-    has landed (the TMA issuer's wait, then its warp's barrier: the issuer is in warp 0)."""
-    if PENDING == 0:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; bar.warp.sync -1; mov.b32 $0, 0;",
-                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 1; bar.warp.sync -1; mov.b32 $0, 0;",
-                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    tl.atomic_add(flag, 1, sem="relaxed", scope="gpu")
+def order_args(spec, n_kb: int, pack: int, q, k1, k2, v1, v2, dout, lse, dlse) -> dict:
+    """The ORDERED kernel's arguments of one call: the dQ boxes' counters (two per 64 rows,
+    zeroed), the rank tables (n_kb full key blocks, remainder groups of `pack`) and the end's
+    scale (`end_scale`)."""
+    base, off = order_tables(spec.N, spec.w1, spec.w2, n_kb, pack, q.device)
+    flags = torch.zeros(spec.B * spec.N * spec.Hq // 32, dtype=torch.int32, device=q.device)
+    return dict(Flags=flags, Base=base, Off=off,
+                Scale=end_scale(spec, q, k1, k2, v1, v2, dout, lse, dlse))
 
 
 SCALE_BITS = 61  # a bound maps to at most 2**61: two bits below int64's range

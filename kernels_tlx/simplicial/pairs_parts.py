@@ -14,7 +14,7 @@ from triton.language.extra.cuda import libdevice
 
 from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS
 from kernels_tlx.simplicial.hadamard import build, row_tile
-from kernels_tlx.simplicial.pairs_order import acquire_at, box_flag, rank_of, release, visit
+from kernels_tlx.simplicial.pairs_order import acquire_at, box_flag, release, visit
 from kernels_triton.simplicial.bwd_common import kv_rows
 from kernels_triton.simplicial.tiling import enter, leave
 from kernels_tlx.ring import empty_phase, full_phase

@@ -8,7 +8,8 @@ TLX ones that reuse its split (kernels_tlx/simplicial/bwd_ws.py, bwd_dq_ws.py) o
   partial slices (per head split) that cover each j, as a row-owner (`_dq_kernel`,
   `_dq_ws_kernel`) wrote them; form "det" two dK1 partial buffers read through permuted columns.
 - `_sum_parts_kernel` / `prepare_sum_parts`: dK = sm_scale * the sum of fp32 partials, dV theirs,
-  in part order, in bf16 (the k-owner's head halves in bwd_ws.py; bwd_pairs.py's accumulators).
+  in part order, in bf16 (the k-owner's head halves in bwd_ws.py; bwd_pairs.py's accumulators);
+  `_finish_kernel` / `prepare_finish`: bf16(scale * an fp32 sum) (bwd_pairs.py's dQ).
 - `Scratch`: a row-owner's grid and scratch sizes.
 - Inlined @triton.jit helpers: `fresh_rows` (an arange the compiler cannot hoist), `tile` and
   `kv_rows` (row pointers/offsets of a dense block, of a [B, N, HK, D] tensor), `row_stats` (a row
@@ -245,6 +246,29 @@ def prepare_sum_parts(numel: int, sm_scale: float, parts: int):
 
     def run(dk_parts, dv_parts, dk, dv) -> None:
         kernel(dk_parts, dv_parts, dk, dv, numel, sm_scale)
+
+    return run
+
+
+@triton.jit
+def _finish_kernel(ACC, OUT, numel, scale, BLOCK: tl.constexpr):
+    """OUT = bf16(scale * ACC), fp32 -> bf16."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < numel
+    tl.store(OUT + i, (tl.load(ACC + i, mask=ok, other=0.0) * scale).to(tl.bfloat16), mask=ok)
+
+
+FINISH_BLOCK = 2048  # elements per program of `_finish_kernel`
+
+
+def prepare_finish(numel: int, scale: float):
+    """`_finish_kernel`'s launch, made once: run(acc, out) writes out = bf16(scale * acc), numel
+    fp32 elements."""
+    kernel = Kernel(_finish_kernel, (triton.cdiv(numel, FINISH_BLOCK),), BLOCK=FINISH_BLOCK,
+                    num_warps=4)
+
+    def run(acc, out) -> None:
+        kernel(acc, out, numel, scale)
 
     return run
 
