@@ -98,7 +98,8 @@ SANITIZER_SHAPES = (
     (Shape(1, 256, 8, 1, 64, 32, 64),      # G = 8: triton
      Shape(1, 256, 64, 2, 128, 32, 64),    # G = 32: tlx_ws, tlx_pingpong
      Shape(1, 256, 128, 2, 128, 32, 64),   # G = 64: the tlx_ws backward
-     Shape(1, 256, 256, 2, 128, 32, 64)),  # G = 128 only
+     Shape(1, 256, 256, 2, 128, 32, 64),   # G = 128 only
+     Shape(1, 256, 128, 1, 128, 32, 64)),  # G = 128 at Hk = 1: tlx_pairs_ordered (Hk = 1 only)
     (Shape(2, 333, 128, 1, 128, 32, 96),),  # ragged N, G = 128: every variant today
 )
 

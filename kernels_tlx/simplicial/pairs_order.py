@@ -22,10 +22,8 @@ Ranks come from two host tables per (N, w1, w2, key blocks, pack) (`order_tables
 rank = base[r, i] + off[m, j] (a remainder group q's off is q)."""
 from __future__ import annotations
 
-import functools
 import math
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -88,32 +86,46 @@ def box_flag(Flags, b, i0, g, h0, cid, N, HQ: tl.constexpr, G: tl.constexpr):
     return Flags + (((b * N + i0) * HQ + g * G + h0) // 64) * 2 + cid
 
 
-@functools.lru_cache(maxsize=32)
-def _tables(N: int, w1: int, w2: int, n_kb: int, pack: int) -> tuple[np.ndarray, np.ndarray]:
-    j = np.arange(N)
-    k_lo = np.maximum(j + 1, w2) - w2
-    k_hi = np.minimum(j + w1, N) - 1
-    lo = np.maximum(j - w1 + 1, 0)  # token i's first j (i = j here as an index)
-    base = np.zeros((n_kb + 1, N), np.int64)
-    off = np.zeros((max(n_kb, 1), N), np.int64)
-    before = np.zeros(N, np.int64)  # contributions to token i from the key blocks before
+def _tables(N: int, w1: int, w2: int, n_kb: int, pack: int, device) -> tuple:
+    """The rank tables (module docstring) as int32 tensors on `device`, built there by torch
+    ops (no copy from the host, so a CUDA graph may capture them)."""
+    j = torch.arange(N, device=device)
+    k_lo = torch.clamp(j + 1, min=w2) - w2
+    k_hi = torch.clamp(j + w1, max=N) - 1
+    lo = torch.clamp(j - w1 + 1, min=0)  # token i's first j (i = j here as an index)
+    base = torch.zeros((n_kb + 1, N), dtype=torch.int64, device=device)
+    off = torch.zeros((max(n_kb, 1), N), dtype=torch.int64, device=device)
+    before = torch.zeros(N, dtype=torch.int64, device=device)  # from the key blocks before
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
     for m in range(n_kb):
-        live = (k_lo + 128 * m <= k_hi).astype(np.int64)  # pair_program's `live`
-        prefix = np.concatenate([[0], np.cumsum(live)])  # live j' < t
+        live = (k_lo + 128 * m <= k_hi).long()  # pair_program's `live`
+        prefix = torch.cat([zero, torch.cumsum(live, 0)])  # live j' < t
         off[m] = prefix[:N]
         base[m] = before - prefix[lo]
         before = before + prefix[j + 1] - prefix[lo]
     if pack:  # group q: tokens q * pack .. min(min(q * pack + pack - 1, N - 1) + w1, N) - 1
-        q = np.arange(triton.cdiv(N, pack))
-        tok_end = np.minimum(np.minimum(q * pack + pack - 1, N - 1) + w1, N)
-        first = np.searchsorted(tok_end, j, side="right")  # the first group whose tokens reach i
-        base[n_kb] = before - first
-    return base.astype(np.int32), off.astype(np.int32)
+        q = torch.arange(triton.cdiv(N, pack), device=device)
+        tok_end = torch.clamp(torch.clamp(q * pack + pack - 1, max=N - 1) + w1, max=N)
+        # the first group whose tokens reach token i
+        base[n_kb] = before - torch.searchsorted(tok_end, j, right=True)
+    return base.int(), off.int()
+
+
+_TABLES: dict = {}
 
 
 def order_tables(N: int, w1: int, w2: int, n_kb: int, pack: int, device) -> tuple:
-    """The rank tables (module docstring) as int32 tensors on `device`."""
-    return tuple(torch.from_numpy(t).to(device) for t in _tables(N, w1, w2, n_kb, pack))
+    """`_tables`, built on the first call and kept (never freed: a CUDA graph may read them at
+    every replay); a first call under CUDA-graph capture builds them in the graph and does not
+    keep them (kernels_triton/simplicial/det.py's rule for its tables)."""
+    key = (N, w1, w2, n_kb, pack, torch.device(device))
+    tables = _TABLES.get(key)
+    if tables is None:
+        with torch.inference_mode(False):
+            tables = _tables(*key)
+        if not (key[-1].type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _TABLES[key] = tables
+    return tables
 
 
 def order_args(spec, n_kb: int, pack: int, q, k1, k2, v1, v2, dout, lse, dlse) -> dict:
@@ -145,14 +157,19 @@ def end_scale(spec, q, k1, k2, v1, v2, dout, lse, dlse) -> torch.Tensor:
     2**(SCALE_BITS + SCALE_EXP): its dK and dV come out NaN, the other elements' as they would
     alone. The bounds (D the head dim, G = Hq / Hk, sums before sm_scale): |dP| = |dO . C| <=
     D max|dO| 2 max|V1| max|V2| (C = bf16(V1[j] V2[k])); a dK1 or dK2 row sums K times dS^T Q
-    over at most G max(w1, w2) rows, each row's P summing to 1 and |dP - Delta| <= 2 max|dP|;
-    dV likewise with P dO; each doubled once for the roundings."""
+    over at most G max(w1, w2) rows, each row's P summing to 1 and |dP - Delta| <= 2 max|dP| +
+    max|dLSE| (Delta = rowsum(dO * O) - dLSE); dV likewise with P dO; each doubled once for the
+    roundings; and at least max|K|, max|V| times 2**-64, so that s times a K1 or V1 row (the
+    kernel's first product) stays below 2**125."""
     mq, mk1, mk2, mv1, mv2, mdo = m = [_amax(t) for t in (q, k1, k2, v1, v2, dout)]
     m += [_amax(t) for t in (lse, dlse) if t is not None]
+    mdlse = _amax(dlse) if dlse is not None else 0.0
     dp = spec.D * mdo * (2 * mv1 * mv2)
     rows = spec.G * max(spec.w1, spec.w2)
-    bound = 2 * torch.maximum(rows * torch.maximum(mk1, mk2) * mq * 2 * dp,
-                              rows * torch.maximum(mv1, mv2) * mdo)  # [B]
+    keys, values = torch.maximum(mk1, mk2), torch.maximum(mv1, mv2)
+    bound = 2 * torch.maximum(rows * keys * mq * (2 * dp + mdlse), rows * values * mdo)  # [B]
+    # (not below the K1 and V1 rows' 2**-64: the kernel multiplies them by s first)
+    bound = torch.maximum(bound, torch.maximum(keys, values) * 2.0 ** -64)
     finite = torch.isfinite(torch.stack(m)).all(0) & torch.isfinite(bound)
     top = torch.where(finite, bound, 0.0).max()
     s = torch.exp2((SCALE_BITS - torch.ceil(torch.log2(top))).clamp(-SCALE_EXP, SCALE_EXP))

@@ -351,6 +351,7 @@ def scale_add_rows(stage, row, X, kv_base, k0, N, DST, DSUM, j_off, HK: tl.const
     chunk (the end of bwd_pairs' ONE_STAGE, where the other spills). Scale (a pointer to a power
     of two s, pairs_order.py's `end_scale`; not with EACH): int64 atomics of llrint(s * value)
     instead, which commute."""
+    tl.static_assert(Scale is None or not EACH, "fixed-point sums: not with EACH")
     if EACH:
         col = tl.zeros([D], tl.float32)
         for c in tl.static_range(N_ROWS // CHUNK):

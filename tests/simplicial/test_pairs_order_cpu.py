@@ -41,7 +41,7 @@ def launch_order_ranks(N, w1, w2, n_kb, pack):
                                                (50, 8, 100, 1, 2), (1, 32, 512, 4, 4),
                                                (200, 16, 64, 0, 4), (400, 64, 64, 1, 0)])
 def test_rank_tables_follow_launch_order(N, w1, w2, n_kb, pack):
-    base, off = _tables(N, w1, w2, n_kb, pack)
+    base, off = (t.numpy() for t in _tables(N, w1, w2, n_kb, pack, "cpu"))
     for (launch, who, i), rank in launch_order_ranks(N, w1, w2, n_kb, pack).items():
         if launch == "full":
             m, j = who
@@ -75,7 +75,7 @@ def test_end_scale_is_a_power_of_two_within_the_bound(gen):
     dp = spec.D * amax(dout) * 2 * amax(v1) * amax(v2)
     rows = spec.G * max(spec.w1, spec.w2)
     bound = 2 * max(rows * max(amax(k1), amax(k2)) * amax(q) * 2 * dp,
-                    rows * max(amax(v1), amax(v2)) * amax(dout))
+                    rows * max(amax(v1), amax(v2)) * amax(dout))  # (dLSE None here)
     assert 2.0 ** (SCALE_BITS - 1) < bound * s <= 2.0 ** SCALE_BITS
     acc = torch.tensor([[1234.5678, -5.0]], dtype=torch.float64)
     assert torch.equal(from_fixed((acc * s).round().long(), scale)[0],
@@ -104,3 +104,19 @@ def test_variant_refusals():
     assert "Hk = 1" in bwd_pairs_ordered.supports(replace(star, Hq=256, Hk=2))
     assert "trilinear" in bwd_pairs_ordered.supports(replace(star, form="det"))
     assert registry.get("tlx_pairs_ordered", "bwd", "simplicial").deterministic
+
+
+def test_end_scale_bounds_dlse_and_the_rows(gen):
+    """dS = P (dP - Delta) with Delta = rowsum(dO * O) - dLSE: a dLSE alone (dO = 0) still
+    bounds the dK sums; with every gradient zero, s stays where s * K1 is finite in fp32."""
+    spec = replace(SPEC, B=1)
+    x = inputs(gen, spec)
+    x[5] = torch.zeros_like(x[5])  # dO = 0
+    x[7] = torch.full_like(x[6], 1e3)  # dLSE
+    s = end_scale(spec, *x)[0].item()
+    amax = lambda t: t.abs().max().item()  # noqa: E731
+    rows = spec.G * max(spec.w1, spec.w2)
+    assert rows * max(amax(x[1]), amax(x[2])) * amax(x[0]) * 1e3 * s <= 2.0 ** SCALE_BITS
+    x[7] = None
+    s = end_scale(spec, *x)[0].item()  # no gradient at all
+    assert max(amax(t) for t in x[1:5]) * s < 2.0 ** 126
