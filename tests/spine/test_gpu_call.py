@@ -36,6 +36,9 @@ CASES = {
                   [(2, 333, 8, 64), (2, 333, 2, 64), (2, 333, 2, 64)]),
     "simplicial": (lambda *x, **kw: altattn.simplicial_attention(*x, 16, 64, **kw),
                    [(2, 333, 64, 128)] + [(2, 333, 1, 128)] * 4),
+    # G = 128: deterministic=True takes tlx_pairs_ordered (its counters, tables and scale)
+    "simplicial_g128": (lambda *x, **kw: altattn.simplicial_attention(*x, 16, 64, **kw),
+                        [(2, 333, 128, 128)] + [(2, 333, 1, 128)] * 4),
     "triple": (lambda *x, **kw: altattn.triple_attention(*x, causal=True, scale=0.01, **kw),
                [(2, 333, 2, 64)] * 5),
 }
