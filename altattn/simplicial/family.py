@@ -86,7 +86,7 @@ BWD = (
             accepts={**DET, "varlen": PACKED}),
     # bitwise repeatable; measured faster than `tlx_ws` at S* (G 128, D 128) only
     Variant(name="tlx_pairs_ordered", family="simplicial", pass_="bwd",
-            module=_TLX + "bwd_pairs_ordered", needs_hopper=True,
+            module=_TLX + "bwd_pairs", switches=(("ordered", True),), needs_hopper=True,
             rank=lambda s: 2.5 if s.G >= 128 and s.D == 128 else 0,
             supports="G = Hq/Hk >= 64, Hk = 1; D in {64, 128}; form trilinear", warps=12,
             scopes=BWD_WS_SCOPES, pipelined=True, traits=BOTH_SIDES),

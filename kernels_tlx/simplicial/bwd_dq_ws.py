@@ -43,7 +43,8 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from kernels_tlx.simplicial.common import EPILOGUE_BARRIER, NUM_CONSUMERS, dot_pair_release
+from kernels_tlx.simplicial.common import (EPILOGUE_BARRIER, NUM_CONSUMERS, bulk_wait,
+                                           dot_pair_release)
 from kernels_tlx.simplicial.hadamard import mul_bf16x2, row_tile
 from kernels_triton.launch import Desc, Kernel, sm_count
 from kernels_triton.simplicial.bwd_common import Scratch, fresh_rows, prepare_dkv1, scalars
@@ -113,16 +114,6 @@ def window_starts(t, w1, w2):
 
 
 @triton.jit
-def bulk_wait_all():
-    """Wait until this thread's bulk (TMA) stores and reduce-adds have completed, their writes to
-    global memory included (`cp.async.bulk.wait_group 0`; tlx.async_descriptor_store_wait(0) is
-    the `.read` form: the shared-memory source has been read). A no-op in a thread that issued
-    none."""
-    tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n mov.b32 $0, 0;", "=r", [],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L, n_chunks, tc,
              ok, j, j_first, j_last, sm_scale, cid, HQ: tl.constexpr, HK: tl.constexpr,
              G: tl.constexpr, D: tl.constexpr, PROFILE: tl.constexpr):
@@ -160,7 +151,7 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     tlx.local_store(ep, xs * k1[None, :])  # each thread over the elements it read
     tlx.fence_async_shared()
     do = _load(DO + rows + tile, ok, MASKED)
-    bulk_wait_all()  # j - 1's reduce-add has landed (in every thread that issued a part of it)
+    bulk_wait()  # j - 1's reduce-add has landed (in every thread that issued a part of it)
     tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # so the tile's adds are in j order
     if j == j_first:
         tlx.async_descriptor_store(DQtma, ep, [tile_row, 0])
@@ -175,7 +166,7 @@ def epilogue(x, z, ep, a_empty, Q, K1, DO, DQ, DQacc, DQtma, PK1, PV1, N, w1, L,
     tl.store(PV1 + slot + offs_d, pv1)
     tlx.barrier_arrive(a_empty, 1)  # this thread has read ep
     if j == j_last:
-        bulk_wait_all()
+        bulk_wait()
         tlx.named_barrier_wait(EPILOGUE_BARRIER + cid, 128)  # the tile's last add has landed
         # read from L2 (.cg): the TMA writes went there, and L1 may hold the last token's tile
         acc = tl.load(DQacc + tile_row.to(tl.int64) * D + tile, cache_modifier=".cg")

@@ -60,7 +60,6 @@ from altattn.simplicial.spec import ProblemSpec
 from kernels_tlx.simplicial.common import (CONSUMER_THREADS, ENDS_BARRIER, EPILOGUE_BARRIER,
                                            NUM_CONSUMERS, opaque)
 from kernels_tlx.simplicial.pairs_parts import (
-    BLOCK_N,
     KEYS,
     ROWS,
     active_tiles,
@@ -83,6 +82,8 @@ from kernels_tlx.simplicial.pairs_parts import (
     tile_tokens,
 )
 from kernels_tlx.simplicial.pairs_order import from_fixed, order_args, visit
+from kernels_tlx.simplicial.pairs_plan import (config, key_blocks,  # noqa: F401 - the module's
+                                               ordered_supports, remainder_pack, supports)
 from kernels_tlx.simplicial.pairs_remainder import (build_remainder, load_remainder_kv,
                                                     remainder_end)
 from kernels_triton.launch import Desc, Kernel, meta
@@ -97,7 +98,6 @@ from kernels_triton.simplicial.bwd_common import (
 from kernels_triton.simplicial.det import det_keys_side, det_keys_side_grads, det_of
 from kernels_triton.simplicial.host import kv_layout, q_layout
 from kernels_triton.simplicial.tiling import BF16_BYTES, LOG2E, enter, leave
-from kernels_triton.simplicial.tiling import supports as tiling_supports
 from kernels_tlx.ring import empty_phase
 
 
@@ -341,43 +341,6 @@ def _pairs_kernel(Q, K1, K2, V1, V2, DO, Lse2, Delta, K2rows, V2rows, DQacc, DK1
                 leave("epilogue", PROFILE)
 
 
-def supports(spec: ProblemSpec) -> str | None:
-    why = tiling_supports(spec)
-    if why is None and spec.G < 16:
-        why = (f"G = Hq/Hk = {spec.G}: G >= 16 only (a tile is 64 heads of one token or all G "
-               "heads of 64 / G tokens, a TMA box of >= 16 rows per token)")
-    if why is None and spec.B * spec.N * spec.Hq >= 2 ** 31:
-        why = (f"B*N*Hq = {spec.B * spec.N * spec.Hq} rows: its TMA boxes take int32 row "
-               "coordinates (fewer than 2**31 rows)")
-    return why
-
-
-def config(spec: ProblemSpec) -> dict:
-    """Q/dO ring slots: 2 at D = 128 (202 KB of shared memory), 4 at D = 64 (152 KB; +3.8% at
-    S* with D 64 against 2, docs/perf-bwd-remainder.md); the producer's build in 8-row chunks,
-    the consumers at 232 registers."""
-    return dict(NUM_Q=4 if spec.D == 64 else 2, CH=8, CONSUMER_REGS=232, num_warps=4,
-                num_stages=1)
-
-
-def key_blocks(spec: ProblemSpec) -> int:
-    """Key blocks per j: j's keys span w1 + w2 - 1 tokens."""
-    return triton.cdiv(spec.w1 + spec.w2 - 1, BLOCK_N)
-
-
-def remainder_pack(spec: ProblemSpec) -> int:
-    """How many j's last key blocks a remainder program packs (kernels_tlx/simplicial/
-    pairs_remainder.py): 4 when that block holds at most 32 keys (31 at S*), 2 at most 64, else 0:
-    each key block its own program. Also 0 where its remainder kernel spills (sm_90a, fbtriton
-    3.7.4: 16 bytes at G = 32; form det 4-40 bytes at G < 64 or D = 64, 24 at Hk > 1) and for
-    w1 >= 2**15 - 4 (remainder_rows' packed token bounds)."""
-    last = spec.w1 + spec.w2 - 1 - BLOCK_N * (key_blocks(spec) - 1)
-    spills = spec.G == 32 or (det_of(spec) and (spec.G < 64 or spec.D == 64 or spec.Hk > 1))
-    if spills or spec.w1 + 4 >= 2 ** 15:
-        return 0
-    return 4 if last <= 32 else 2 if last <= 64 else 0
-
-
 def prepare(spec: ProblemSpec, profile: bool | str = False, packed: bool = False,
             ordered: bool = False):
     """The launches of `spec`, made once: run(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1,
@@ -492,3 +455,27 @@ def compile_configs() -> list[CompileConfig]:
             lambda s: functools.partial(prepare(s, packed=True), bounds=bounds), kernels,
             [spec, replace(spec, form="det")])
     return out
+
+
+def variant(ordered: bool) -> dict:
+    """`tlx_pairs_ordered` (altattn/registry.py: Variant.switches): this kernel with ORDERED,
+    bitwise-repeatable sums (pairs_order.py: each tile's dQ share reduce-added in fp32 in launch
+    order behind per-box counters, the end's dK/dV in int64 fixed point; the same GEMMs and dQ
+    bytes), at `ordered_supports`' shapes; speed in docs/perf-bwd-ordered.md."""
+    def prepare_variant(spec: ProblemSpec, profile: bool | str = False):
+        return prepare(spec, profile, ordered=ordered)
+
+    def launch_variant(spec: ProblemSpec, q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2,
+                       dv1, dv2, profile: bool | str = False) -> None:
+        prepare_variant(spec, profile)(q, k1, k2, v1, v2, out, lse, dout, dlse, dq, dk1, dk2, dv1,
+                                       dv2)
+
+    def compile_configs_variant() -> list[CompileConfig]:
+        kernels = {_pairs_kernel: lambda launch: (
+            "pairs_ordered_remainder" if launch.constexprs.get("PACK") else "pairs_ordered")}
+        return build_compile_configs(prepare_variant, kernels,
+                                     [s for s in compile_specs() if ordered_supports(s) is None])
+
+    return dict(supports=ordered_supports, config=config, prepare=prepare_variant,
+                launch=launch_variant, compile_configs=compile_configs_variant,
+                profiled_kernels=profiled_kernels)

@@ -1,7 +1,8 @@
-"""Device pieces every TLX variant shares: the consumer count, named barriers, accumulator layouts,
-the TMA producer loop, the pingpong turns, the split-j merge epilogue, `opaque`, `held`. The host
-side (descriptors, launch, compile configs) is kernels_triton/simplicial/host.py, shared with the Triton
-kernel; the G = 128 build pieces are in hadamard.py. A variant file holds only its technique."""
+"""Device pieces every TLX variant shares: the consumer count, named barriers, accumulator
+layouts, the TMA producer loop, the pingpong turns, the split-j merge epilogue, `opaque`, `fresh`,
+`held`, `bulk_wait`. The host side (descriptors, launch, compile configs) is
+kernels_triton/simplicial/host.py, shared with the Triton kernel; the G = 128 build pieces are in
+hadamard.py. A variant file holds only its technique."""
 from __future__ import annotations
 
 import triton
@@ -90,6 +91,29 @@ def opaque(x):
     of a warp-specialized region or keeping it alive across a loop (ptxas then spills it)."""
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True,
                                      pack=1)
+
+
+@triton.jit
+def fresh(x):
+    """An int32 equal to x from a volatile inline-asm move, where it stands: not hoisted out of a
+    loop (what is derived from it is recomputed in each iteration, not held across it)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def bulk_wait(PENDING: tl.constexpr = 0):
+    """Wait until this thread's bulk (TMA) stores and reduce-adds but the last PENDING (0 or 1)
+    have completed, their writes to global memory included (`cp.async.bulk.wait_group`;
+    tlx.async_descriptor_store_wait is the `.read` form: the shared-memory source has been
+    read). A no-op in a thread that issued none."""
+    tl.static_assert(PENDING == 0 or PENDING == 1, "bulk_wait: PENDING 0 or 1")
+    if PENDING == 0:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n mov.b32 $0, 0;", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("cp.async.bulk.wait_group 1;\n mov.b32 $0, 0;", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -1,9 +1,9 @@
-"""`tlx_pairs_ordered`'s order (kernels_tlx/simplicial/bwd_pairs_ordered.py; `tlx_pairs`' kernel
-with ORDERED): every program reduce-adds its share of a 64-row dQ box after the programs before
-it in launch order have added theirs, so the fp32 sums are bitwise repeatable with the same bytes
-as the unordered adds (integer sums in any order would double them, and the unordered adds
-already move about half of what L2 reduces at its rate: docs/perf-bwd-ordered.md); and the end's
-dK/dV sums in int64 fixed point (`end_scale`), which commute.
+"""`tlx_pairs_ordered`'s order (`tlx_pairs`' kernel with ORDERED: kernels_tlx/simplicial/
+bwd_pairs.py's `variant`): every program reduce-adds its share of a 64-row dQ box after the
+programs before it in launch order have added theirs, so the fp32 sums are bitwise repeatable
+with the same bytes as the unordered adds (integer sums in any order would double them, and the
+unordered adds already move about half of what L2 reduces at its rate: docs/perf-bwd-ordered.md);
+and the end's dK/dV sums in int64 fixed point (`end_scale`), which commute.
 
 The order is the launch order: programs of one (b, g) as key block m, then j (fastest), then the
 remainder launch's groups. A program visits its tokens from the last down (`visit`), so the next
@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels_tlx.simplicial.common import bulk_wait, fresh
+
 
 @triton.jit
 def visit(u, n_tiles, ORDERED: tl.constexpr):
@@ -36,13 +38,6 @@ def visit(u, n_tiles, ORDERED: tl.constexpr):
         return n_tiles - 1 - u
     else:
         return u
-
-
-@triton.jit
-def fresh(x):
-    """An int32 equal to x from a volatile inline-asm move: not hoisted out of a loop."""
-    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
-                                     is_pure=False, pack=1)
 
 
 @triton.jit
@@ -61,8 +56,8 @@ def acquire_at(Flags, row, cid, Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
     """Spin until consumer cid's counter of the dQ box at `row` (its first row of [B * N * HQ])
     holds this program's rank (`rank_of`, read again at each poll: held, it spilled). No fence
     after it (module docstring: the order is causal)."""
-    while tl.load(Flags + (row // 64) * 2 + cid, volatile=True) < rank_of(Base, Off, j, i, N,
-                                                                          n_kb, PACK):
+    while tl.load(box_flag(Flags, row, cid), volatile=True) < rank_of(Base, Off, j, i, N, n_kb,
+                                                                       PACK):
         pass
 
 
@@ -70,20 +65,17 @@ def acquire_at(Flags, row, cid, Base, Off, j, i, N, n_kb, PACK: tl.constexpr):
 def release(flag, PENDING: tl.constexpr):
     """Count `flag` up (thread 0 of the warp group) once every bulk group but the last PENDING
     has landed (the TMA issuer's wait, then its warp's barrier: the issuer is in warp 0)."""
-    if PENDING == 0:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0; bar.warp.sync -1; mov.b32 $0, 0;",
-                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 1; bar.warp.sync -1; mov.b32 $0, 0;",
-                                  "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    bulk_wait(PENDING)
+    tl.inline_asm_elementwise("bar.warp.sync -1; mov.b32 $0, 0;", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
     tl.atomic_add(flag, 1, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def box_flag(Flags, b, i0, g, h0, cid, N, HQ: tl.constexpr, G: tl.constexpr):
-    """Consumer cid's counter of the 64-row dQ box from row (b, i0, g * G + h0) (G >= 64; the
-    row index is the TMA box's, int32)."""
-    return Flags + (((b * N + i0) * HQ + g * G + h0) // 64) * 2 + cid
+def box_flag(Flags, row, cid):
+    """Consumer cid's counter of the 64-row dQ box from `row` (its first row of [B * N * HQ], the
+    TMA box's int32 row; G >= 64)."""
+    return Flags + (row // 64) * 2 + cid
 
 
 def _tables(N: int, w1: int, w2: int, n_kb: int, pack: int, device) -> tuple:

@@ -324,9 +324,9 @@ def add_dq(dq, dq_stage, DQacc, b, g, j, u, N, i_end, cid, HQ: tl.constexpr, G: 
         tlx.async_descriptor_store(DQacc, stage, [row, cid * DH], store_reduce="add")
         if u >= 1:
             i1, h1 = first_token(j, visit(u - 1, n_tiles, ORDERED), G)
-            release(box_flag(Flags, b, i1, g, h1, cid, N, HQ, G), 1)
+            release(box_flag(Flags, (b * N + i1) * HQ + g * G + h1, cid), 1)
         if LAST:
-            release(Flags + (row // 64) * 2 + cid, 0)
+            release(box_flag(Flags, row, cid), 0)
     elif tile_tokens(G) == 1:
         tlx.async_descriptor_store(DQacc, stage, [(b * N + i0) * HQ + g * G + h0, cid * DH],
                                    store_reduce="add")

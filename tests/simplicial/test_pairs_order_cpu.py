@@ -13,7 +13,6 @@ import torch
 pytest.importorskip("triton")
 from altattn import registry
 from altattn.simplicial.spec import ProblemSpec
-from kernels_tlx.simplicial import bwd_pairs_ordered
 from kernels_tlx.simplicial.pairs_order import SCALE_BITS, _tables, end_scale, from_fixed
 
 
@@ -99,11 +98,13 @@ def test_a_non_finite_input_makes_only_its_batch_element_nan(gen, value, poisone
 
 def test_variant_refusals():
     star = registry.get_family("simplicial").presets["star"].spec()
-    assert bwd_pairs_ordered.supports(star) is None
-    assert "G >= 64" in bwd_pairs_ordered.supports(replace(star, Hq=32))
-    assert "Hk = 1" in bwd_pairs_ordered.supports(replace(star, Hq=256, Hk=2))
-    assert "trilinear" in bwd_pairs_ordered.supports(replace(star, form="det"))
-    assert registry.get("tlx_pairs_ordered", "bwd", "simplicial").deterministic
+    v = registry.get("tlx_pairs_ordered", "bwd", "simplicial")
+    supports = v.load().supports
+    assert supports(star) is None
+    assert "G >= 64" in supports(replace(star, Hq=32))
+    assert "Hk = 1" in supports(replace(star, Hq=256, Hk=2))
+    assert "trilinear" in supports(replace(star, form="det"))
+    assert v.deterministic and v.cannot_take(replace(star, varlen=True)) is not None
 
 
 def test_end_scale_bounds_dlse_and_the_rows(gen):
